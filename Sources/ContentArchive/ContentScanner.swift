@@ -1,0 +1,209 @@
+import Foundation
+import SystemPackage
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// A file to pack: where it is on disk and where it goes in the archive.
+struct SourceFile: Sendable {
+    let archivePath: String
+    let diskPath: String
+    let size: UInt64
+}
+
+/// What a content folder holds, checked and sorted, ready to pack.
+struct ScannedContent: Sendable {
+    let info: ContentInfo
+    /// The bytes of `ContentInfo.plist` as they go into the archive.
+    let plist: [UInt8]
+    let files: [SourceFile]
+    /// Archive paths of every folder under `Contents/`, each ending in `/`, `Contents/` included.
+    let directories: [String]
+}
+
+/// Reads a content folder in either accepted form:
+/// - a plain folder, whose files become `Contents/` (product id and version come from flags);
+/// - an Xcode "In-App Purchase Content" folder that already holds `ContentInfo.plist` and
+///   `Contents/` (flags may be omitted, and must agree with the plist when given).
+///
+/// Symbolic links are refused rather than followed: Apple's hosted content refused links that
+/// leave the content, and a link inside it would extract differently on different systems.
+enum ContentScanner {
+    static func scan(folder: String, productId: ProductIdentifier?, contentVersion: ContentVersion?) throws(ArchiveError) -> ScannedContent {
+        let root = URL(fileURLWithPath: folder).standardizedFileURL.path
+        guard let rootKind = try fileKind(root, display: folder) else {
+            throw .invalid("content folder '\(folder)' does not exist: pass the folder that holds the content to pack")
+        }
+        guard rootKind == .directory else {
+            throw .invalid("'\(folder)' is not a folder: pass the folder that holds the content to pack")
+        }
+        let plistPath = root + "/" + ContentInfo.fileName
+        let info: ContentInfo
+        let plist: [UInt8]
+        let payloadRoot: String
+        if try fileKind(plistPath, display: plistPath) != nil {
+            // Xcode-style folder: keep the developer's plist bytes, check the flags agree with it.
+            let data = try readSmallFile(plistPath)
+            info = try ContentInfo(plist: Data(data), source: plistPath)
+            if let productId, productId != info.productIdentifier {
+                throw .invalid("--product-id \(productId) disagrees with IAPProductIdentifier '\(info.productIdentifier)' in \(plistPath): drop the flag or fix the plist")
+            }
+            if let contentVersion, contentVersion != info.contentVersion {
+                throw .invalid("--content-version \(contentVersion) disagrees with ContentVersion '\(info.contentVersion)' in \(plistPath): drop the flag, or raise ContentVersion in the plist")
+            }
+            plist = data
+            payloadRoot = root + "/" + ContentInfo.payloadFolder
+            guard try fileKind(payloadRoot, display: payloadRoot) == .directory else {
+                throw .invalid("\(root) has a ContentInfo.plist but no Contents folder: put the payload in \(payloadRoot)")
+            }
+            for name in try listDirectory(root) where name != ContentInfo.fileName && name != ContentInfo.payloadFolder {
+                throw .invalid("\(root)/\(name) is beside ContentInfo.plist and Contents: an Xcode content folder holds only those two; move it into Contents or remove it")
+            }
+        } else {
+            guard let productId else {
+                throw .invalid("\(folder) has no ContentInfo.plist, so --product-id is required: pass the product identifier the content is sold as")
+            }
+            guard let contentVersion else {
+                throw .invalid("\(folder) has no ContentInfo.plist, so --content-version is required: pass a version such as 1.0")
+            }
+            info = ContentInfo(productIdentifier: productId, contentVersion: contentVersion)
+            plist = Array(info.plistData)
+            payloadRoot = root
+        }
+
+        var files: [SourceFile] = []
+        var directories: [String] = [ContentInfo.payloadFolder + "/"]
+        var seenKeys: [String: String] = [:]
+        try walk(diskFolder: payloadRoot, archiveFolder: ContentInfo.payloadFolder, files: &files, directories: &directories, seenKeys: &seenKeys)
+        guard !files.isEmpty else {
+            throw .invalid("\(payloadRoot) holds no files: put the content to sell in it")
+        }
+        let entryCount = files.count + directories.count + 1
+        guard entryCount <= Zip.maxEntryCount else {
+            throw .invalid("\(payloadRoot) holds \(entryCount) files and folders; an archive holds at most \(Zip.maxEntryCount): combine small files into larger ones (an asset bundle, say)")
+        }
+        files.sort { $0.archivePath.utf8.lexicographicallyPrecedes($1.archivePath.utf8) }
+        directories.sort { $0.utf8.lexicographicallyPrecedes($1.utf8) }
+        return ScannedContent(info: info, plist: plist, files: files, directories: directories)
+    }
+
+    private static func walk(diskFolder: String, archiveFolder: String, files: inout [SourceFile],
+                             directories: inout [String], seenKeys: inout [String: String]) throws(ArchiveError) {
+        for name in try listDirectory(diskFolder) {
+            let diskPath = diskFolder + "/" + name
+            try validateName(name, diskPath: diskPath)
+            let archivePath = archiveFolder + "/" + name
+            // Two names that a case-insensitive or normalising file system (APFS, NTFS) would treat as
+            // one would overwrite each other when an app extracts the archive.
+            let key = archivePath.precomposedStringWithCanonicalMapping.lowercased()
+            if let other = seenKeys[key] {
+                throw .invalid("'\(archivePath)' and '\(other)' differ only by case or Unicode normalisation and would collide on the devices that install them: rename one")
+            }
+            seenKeys[key] = archivePath
+            var info = stat()
+            guard lstat(diskPath, &info) == 0 else { throw ioError(errno, action: "read", path: diskPath) }
+            switch info.st_mode & S_IFMT {
+            case S_IFREG:
+                let size = UInt64(info.st_size)
+                guard size <= Zip.maxEntrySize else {
+                    throw .invalid("\(diskPath) is \(size) bytes; one file must be under 4 GiB (and a whole archive at most 2 GiB): split it into smaller files")
+                }
+                // Open it now, so an unreadable file is reported before anything is written.
+                let probe = try openFile(diskPath)
+                try? probe.close()
+                files.append(SourceFile(archivePath: archivePath, diskPath: diskPath, size: size))
+            case S_IFDIR:
+                directories.append(archivePath + "/")
+                try walk(diskFolder: diskPath, archiveFolder: archivePath, files: &files, directories: &directories, seenKeys: &seenKeys)
+            case S_IFLNK:
+                throw .invalid("\(diskPath) is a symbolic link; content archives hold no links: replace it with a copy of the file it points to")
+            default:
+                throw .invalid("\(diskPath) is a special file (a pipe, socket or device); content may hold only regular files and folders: remove it")
+            }
+        }
+    }
+
+    private static func validateName(_ name: String, diskPath: String) throws(ArchiveError) {
+        if name.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F || $0 == "\\" }) {
+            throw .invalid("\(diskPath.debugDescription) has a control character or backslash in its name, which devices cannot all store: rename it")
+        }
+        if name.utf8.count > 255 {
+            throw .invalid("\(diskPath) has a name longer than 255 bytes: shorten it")
+        }
+    }
+
+    enum Kind { case file, directory, other }
+
+    static func fileKind(_ path: String, display: String) throws(ArchiveError) -> Kind? {
+        var info = stat()
+        guard lstat(path, &info) == 0 else {
+            if errno == ENOENT || errno == ENOTDIR { return nil }
+            throw ioError(errno, action: "read", path: display)
+        }
+        switch info.st_mode & S_IFMT {
+        case S_IFREG: return .file
+        case S_IFDIR: return .directory
+        default: return .other
+        }
+    }
+
+    /// Lists a folder's entries; names that are not valid UTF-8 are refused, since the archive
+    /// stores UTF-8 names.
+    static func listDirectory(_ path: String) throws(ArchiveError) -> [String] {
+        guard let dir = opendir(path) else { throw ioError(errno, action: "list", path: path) }
+        defer { closedir(dir) }
+        var names: [String] = []
+        while let entry = readdir(dir) {
+            let name: String? = withUnsafeBytes(of: entry.pointee.d_name) { raw in
+                let bytes = raw.prefix(while: { $0 != 0 })
+                return String(validating: bytes, as: UTF8.self)
+            }
+            guard let name else {
+                throw .invalid("\(path) holds a file whose name is not valid UTF-8: rename it")
+            }
+            if name != "." && name != ".." { names.append(name) }
+        }
+        return names.sorted()
+    }
+
+    /// Reads a manifest (at most 64 MiB: 65,535 entries of generous size).
+    static func readManifest(_ path: String) throws(ArchiveError) -> [UInt8] {
+        let fd = try openFile(path)
+        defer { try? fd.close() }
+        let limit = 64 << 20
+        let bytes = try readFully(fd, at: 0, count: limit + 1, path: path)
+        guard bytes.count <= limit else { throw .corrupt("\(path) is larger than 64 MiB, too large for a manifest: check that it is the right file") }
+        return bytes
+    }
+
+    static func readSmallFile(_ path: String) throws(ArchiveError) -> [UInt8] {
+        let fd = try openFile(path)
+        defer { try? fd.close() }
+        let bytes = try readFully(fd, at: 0, count: (1 << 20) + 1, path: path)
+        guard bytes.count <= 1 << 20 else {
+            throw .invalid("\(path) is larger than 1 MiB; a ContentInfo.plist is a few hundred bytes: check that it is the right file")
+        }
+        return bytes
+    }
+}
+
+/// Turns an errno into an error that says what to do about it.
+func ioError(_ code: Int32, action: String, path: String) -> ArchiveError {
+    let reason = String(cString: strerror(code))
+    switch code {
+    case EACCES, EPERM:
+        return .io("cannot \(action) \(path): \(reason); fix its permissions (for example chmod u+rw) or choose another path")
+    case ENOSPC, EDQUOT, EFBIG:
+        return .io("cannot \(action) \(path): \(reason); free disk space (or raise the file size limit) and try again")
+    case EROFS:
+        return .io("cannot \(action) \(path): the file system is read-only; choose a writable location")
+    case ENOENT:
+        return .io("cannot \(action) \(path): it does not exist; check the path")
+    case ENOTDIR:
+        return .io("cannot \(action) \(path): part of the path is not a folder; check the path")
+    default:
+        return .io("cannot \(action) \(path): \(reason)")
+    }
+}

@@ -1,0 +1,246 @@
+import ArgumentParser
+import ContentArchive
+import Foundation
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// Exit codes, documented in the README.
+enum Exit {
+    static let invalidInput: Int32 = 1
+    static let capExceeded: Int32 = 2
+    static let ioFailure: Int32 = 3
+
+    static func code(for error: ArchiveError) -> Int32 {
+        switch error.code {
+        case .invalidInput, .corrupt: invalidInput
+        case .capExceeded: capExceeded
+        case .io: ioFailure
+        }
+    }
+}
+
+@main
+struct IAPPack: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "iap-pack",
+        abstract: "Packs In-App Purchase content into versioned, reproducible archives.",
+        discussion: """
+            Exit codes: 0 success, 1 invalid input (or an invalid archive), 2 the archive would \
+            exceed the size cap, 3 a file could not be read or written, 64 bad command-line usage.
+            """,
+        subcommands: [Build.self, Verify.self, Inspect.self])
+}
+
+/// Prints the outcome of a subcommand: JSON on stdout, or a human summary; errors on stderr.
+protocol Reporting {
+    var json: Bool { get }
+}
+
+extension Reporting {
+    func reporting(_ body: () throws(ArchiveError) -> Void) throws {
+        do {
+            try body()
+        } catch {
+            if json { printJSON(ErrorEnvelope(error: .init(code: error.code.rawValue, message: error.message))) }
+            FileHandle.standardError.write(Data("iap-pack: error: \(error.message)\n".utf8))
+            throw ExitCode(Exit.code(for: error))
+        }
+    }
+}
+
+struct ErrorEnvelope: Encodable {
+    struct Body: Encodable {
+        let code: String
+        let message: String
+    }
+    let error: Body
+}
+
+func printJSON<T: Encodable>(_ value: T) {
+    let encoder = JSONEncoder()
+    encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+    let data = (try? encoder.encode(value)) ?? Data("{}".utf8)
+    FileHandle.standardOutput.write(data + Data("\n".utf8))
+}
+
+func humanBytes(_ bytes: UInt64) -> String {
+    ByteCountFormatter.string(fromByteCount: Int64(bytes), countStyle: .binary)
+}
+
+struct Build: ParsableCommand, Reporting {
+    static let configuration = CommandConfiguration(
+        abstract: "Pack a content folder into <id>-<version>.zip and <id>-<version>.manifest.json.",
+        discussion: """
+            <folder> is a plain folder, whose files become Contents/, or an Xcode In-App Purchase \
+            Content folder holding ContentInfo.plist and Contents/ (the flags may then be omitted, and \
+            must agree with the plist when given). Symbolic links and special files are refused. \
+            Entries are sorted and carry the time in SOURCE_DATE_EPOCH (default 1980-01-01T00:00:00Z) \
+            and fixed permissions, so the same input always gives the same bytes.
+            """)
+
+    @Argument(help: "The content folder.")
+    var folder: String
+
+    @Option(name: .customLong("product-id"), help: "The product identifier, e.g. com.example.game.levels1.")
+    var productId: String?
+
+    @Option(name: .customLong("content-version"), help: "The content version: integers separated by periods, e.g. 1.0.")
+    var contentVersion: String?
+
+    @Option(name: .shortAndLong, help: "The folder to write into (created if missing).")
+    var output: String = "."
+
+    @Option(help: "Compression level, 0 (store) to 12 (smallest).")
+    var level: Int = 6
+
+    @Flag(help: "Print one JSON object describing the result on stdout.")
+    var json = false
+
+    func run() throws {
+        signal(SIGXFSZ, SIG_IGN)  // a file-size limit then fails the write cleanly instead of killing us
+        try reporting(pack)
+    }
+
+    private func pack() throws(ArchiveError) {
+        let started = Date()
+        var options = PackOptions(outputDirectory: output, level: level, timestamp: try ArchiveTimestamp.fromEnvironment())
+        if let productId { options.productId = try ProductIdentifier(productId) }
+        if let contentVersion { options.contentVersion = try ContentVersion(contentVersion) }
+        let line: ProgressLine? = isatty(STDERR_FILENO) == 1 && !json ? ProgressLine() : nil
+        var callback: (@Sendable (PackProgress) -> Void)?
+        if let line { callback = { line.update($0) } }
+        let result = try ArchivePacker.pack(folder: folder, options: options, progress: callback)
+        line?.finish()
+        let m = result.manifest
+        let seconds = Date().timeIntervalSince(started)
+        if json {
+            printJSON(BuildOutput(archive: result.archivePath, manifest: result.manifestPath, productId: m.productId.rawValue,
+                                  contentVersion: m.contentVersion.string, archiveSize: m.archiveSize, sha256: m.archiveSHA256,
+                                  contentLength: m.contentLength, entries: m.entries.count, seconds: seconds))
+        } else {
+            let percent = m.contentLength == 0 ? 100 : Double(m.archiveSize) * 100 / Double(m.contentLength)
+            print("""
+                packed \(m.productId) \(m.contentVersion)
+                  archive   \(result.archivePath) (\(humanBytes(m.archiveSize)), \(m.entries.count) entries)
+                  manifest  \(result.manifestPath)
+                  sha256    \(m.archiveSHA256)
+                  content   \(humanBytes(m.contentLength)) uncompressed; the archive is \(String(format: "%.1f", percent))% of that
+                  took      \(String(format: "%.2f", seconds)) s
+                """)
+        }
+    }
+
+    struct BuildOutput: Encodable {
+        let archive, manifest, productId, contentVersion: String
+        let archiveSize: UInt64
+        let sha256: String
+        let contentLength: UInt64
+        let entries: Int
+        let seconds: Double
+    }
+}
+
+/// A progress line on stderr, redrawn at most ten times a second.
+final class ProgressLine: @unchecked Sendable {
+    private let lock = NSLock()
+    private var last = Date.distantPast
+
+    func update(_ progress: PackProgress) {
+        lock.lock()
+        defer { lock.unlock() }
+        let now = Date()
+        guard now.timeIntervalSince(last) >= 0.1 || progress.bytesDone == progress.bytesTotal else { return }
+        last = now
+        let fraction = progress.bytesTotal == 0 ? 1 : Double(progress.bytesDone) / Double(progress.bytesTotal)
+        let line = "\rpacking " + String(format: "%3.0f%%", fraction * 100) + "  \(humanBytes(progress.bytesDone)) of \(humanBytes(progress.bytesTotal))   "
+        FileHandle.standardError.write(Data(line.utf8))
+    }
+
+    func finish() { FileHandle.standardError.write(Data("\r\u{1B}[K".utf8)) }
+}
+
+struct Verify: ParsableCommand, Reporting {
+    static let configuration = CommandConfiguration(
+        abstract: "Check an archive: structure, every CRC, the plist, and the manifest beside it if there is one.")
+
+    @Argument(help: "The archive.")
+    var archive: String
+
+    @Option(help: "The manifest to check against (default: <archive without .zip>.manifest.json, if present).")
+    var manifest: String?
+
+    @Flag(help: "Print one JSON object describing the result on stdout.")
+    var json = false
+
+    func run() throws {
+        try reporting { () throws(ArchiveError) in
+            let report = try ArchiveVerifier.verify(archive: archive, manifest: manifest)
+            if json {
+                printJSON(report)
+            } else {
+                print("""
+                    ok: \(report.archive) holds \(report.productId) \(report.contentVersion)
+                      \(report.entryCount) entries, \(humanBytes(report.contentLength)) uncompressed, every CRC-32 correct
+                      sha256 \(report.archiveSHA256)
+                      \(report.manifest.map { "matches \($0) (every entry's SHA-256, size and offset)" } ?? "no manifest beside it: hashes not compared")
+                    """)
+            }
+        }
+    }
+}
+
+struct Inspect: ParsableCommand, Reporting {
+    static let configuration = CommandConfiguration(abstract: "Print an archive's metadata and entries.")
+
+    @Argument(help: "The archive.")
+    var archive: String
+
+    @Flag(help: "Print one JSON object on stdout.")
+    var json = false
+
+    struct Output: Encodable {
+        let archive: String
+        let productId: String
+        let contentVersion: String
+        let archiveSize: UInt64
+        let contentLength: UInt64
+        let entries: [Entry]
+        struct Entry: Encodable {
+            let path: String
+            let method: String
+            let uncompressedSize: UInt64
+            let compressedSize: UInt64
+            let crc32: UInt32
+            let localHeaderOffset: UInt64
+            let dataOffset: UInt64
+        }
+    }
+
+    func run() throws {
+        try reporting { () throws(ArchiveError) in
+            let reader = try ArchiveReader(path: archive)
+            let info = try reader.contentInfo()
+            let entries = reader.entries.map {
+                Output.Entry(path: $0.path, method: $0.method.rawValue, uncompressedSize: $0.uncompressedSize,
+                             compressedSize: $0.compressedSize, crc32: $0.crc32,
+                             localHeaderOffset: $0.localHeaderOffset, dataOffset: $0.dataOffset)
+            }
+            let output = Output(archive: archive, productId: info.productIdentifier.rawValue,
+                                contentVersion: info.contentVersion.string, archiveSize: reader.size,
+                                contentLength: entries.reduce(0) { $0 + $1.uncompressedSize }, entries: entries)
+            if json {
+                printJSON(output)
+                return
+            }
+            print("\(archive): \(output.productId) \(output.contentVersion), \(humanBytes(output.archiveSize)), \(entries.count) entries, \(humanBytes(output.contentLength)) uncompressed")
+            print("  method   uncompressed   compressed  crc32     offset      path")
+            for e in entries {
+                let method = e.method.padding(toLength: 7, withPad: " ", startingAt: 0)
+                print("  " + method + String(format: " %13llu %12llu  %08x %10llu  ", e.uncompressedSize, e.compressedSize, e.crc32, e.localHeaderOffset) + e.path)
+            }
+        }
+    }
+}
