@@ -1,0 +1,62 @@
+import Foundation
+
+/// A compact JWS (`header.payload.signature`) split and decoded, not yet verified.
+struct CompactJWS {
+    struct Header: Decodable {
+        let alg: String?
+        let x5c: [String]?
+    }
+
+    let header: Header
+    let payload: Data
+    /// `header.payload` as ASCII: the bytes the signature covers.
+    let signingInput: Data
+    let signature: Data
+
+    init(_ token: String, maxSize: Int) throws(VerificationError) {
+        guard token.utf8.count <= maxSize else {
+            throw VerificationError(.tooLarge, "the signed data is \(token.utf8.count) bytes, more than the \(maxSize) accepted: it is not a StoreKit signed payload")
+        }
+        let parts = token.split(separator: ".", omittingEmptySubsequences: false)
+        guard parts.count == 3 else {
+            throw VerificationError(.malformed, "the signed data is not a compact JWS (expected three base64url parts separated by '.', found \(parts.count))")
+        }
+        guard let headerBytes = base64URLDecode(parts[0]) else {
+            throw VerificationError(.malformed, "the JWS header is not valid base64url")
+        }
+        guard let payload = base64URLDecode(parts[1]) else {
+            throw VerificationError(.malformed, "the JWS payload is not valid base64url")
+        }
+        guard let signature = base64URLDecode(parts[2]) else {
+            throw VerificationError(.malformed, "the JWS signature is not valid base64url")
+        }
+        do {
+            header = try JSONDecoder().decode(Header.self, from: headerBytes)
+        } catch {
+            throw VerificationError(.malformed, "the JWS header is not a JSON object with string 'alg' and an 'x5c' array of strings")
+        }
+        self.payload = payload
+        self.signature = signature
+        signingInput = Data(token.utf8.prefix(parts[0].utf8.count + 1 + parts[1].utf8.count))
+    }
+}
+
+/// Strict base64url (RFC 4648 §5) without padding, as JWS uses; also accepts padded input.
+func base64URLDecode(_ text: Substring) -> Data? {
+    guard !text.isEmpty else { return nil }
+    var s = String(text)
+    guard s.utf8.allSatisfy({ ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x61 && $0 <= 0x7A) || ($0 >= 0x30 && $0 <= 0x39) || $0 == 0x2D || $0 == 0x5F || $0 == 0x3D }) else {
+        return nil
+    }
+    s = s.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
+    while s.utf8.count % 4 != 0 { s += "=" }
+    return Data(base64Encoded: s)
+}
+
+/// base64url without padding.
+public func base64URLEncode<D: DataProtocol>(_ data: D) -> String {
+    Data(data).base64EncodedString()
+        .replacingOccurrences(of: "+", with: "-")
+        .replacingOccurrences(of: "/", with: "_")
+        .replacingOccurrences(of: "=", with: "")
+}

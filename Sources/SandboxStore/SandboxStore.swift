@@ -1,0 +1,256 @@
+import Crypto
+import Foundation
+import PurchaseVerification
+import TransactionQueue
+import X509
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// An error from the sandbox store, naming the problem and the fix.
+public struct SandboxError: Error, Sendable, CustomStringConvertible {
+    public let message: String
+    public init(_ message: String) { self.message = message }
+    public var description: String { message }
+}
+
+/// A local App Store for tests and demos, as Xcode's StoreKit testing is: it signs transactions
+/// and notifications with its own certificate chain and queues purchases on the "device".
+///
+/// Folder layout: `store.json` (bundle id, next transaction id, refunds), `root.cer` (DER: give it
+/// to the server with `--trust-root`), `*.key` (PEM, mode 0600), `*.cer`, and `queue/` (the
+/// device's ``FileTransactionQueue``).
+public final class SandboxStore: Sendable {
+    struct State: Codable {
+        var bundleId: String
+        var nextTransactionId: UInt64
+        var appAppleId: Int64
+        var refunds: [String: Date] = [:]
+    }
+
+    public let folder: String
+    public let bundleId: String
+    public let authority: SandboxCertificateAuthority
+    public let queue: FileTransactionQueue
+
+    public var rootCertificatePath: String { folder + "/root.cer" }
+
+    /// The first transaction id, 16 digits like Apple's.
+    static let firstTransactionId: UInt64 = 2_000_000_000_000_001
+
+    /// Creates a new store in `folder` (which must not hold one already).
+    @discardableResult
+    public static func initialize(folder: String, bundleId: String, profile: ChainProfile = ChainProfile()) throws(SandboxError) -> SandboxStore {
+        guard !bundleId.isEmpty, bundleId.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7F }) else {
+            throw SandboxError("'\(bundleId)' is not a bundle id: use the app's, such as com.example.app")
+        }
+        do {
+            try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        } catch {
+            throw SandboxError("cannot create \(folder): \(error.localizedDescription)")
+        }
+        guard !FileManager.default.fileExists(atPath: folder + "/store.json") else {
+            throw SandboxError("\(folder) already holds a sandbox store: use it, or choose an empty folder")
+        }
+        let authority: SandboxCertificateAuthority
+        do { authority = try SandboxCertificateAuthority.generate(profile: profile) } catch {
+            throw SandboxError("cannot make the sandbox certificates: \(error)")
+        }
+        try write(Data(authority.rootKey.pemRepresentation.utf8), folder + "/root.key", mode: 0o600)
+        try write(Data(authority.intermediateKey.pemRepresentation.utf8), folder + "/intermediate.key", mode: 0o600)
+        try write(Data(authority.leafKey.pemRepresentation.utf8), folder + "/leaf.key", mode: 0o600)
+        try write(Data(derBytes(authority.root)), folder + "/root.cer", mode: 0o644)
+        try write(Data(derBytes(authority.intermediate)), folder + "/intermediate.cer", mode: 0o644)
+        try write(Data(derBytes(authority.leaf)), folder + "/leaf.cer", mode: 0o644)
+        let state = State(bundleId: bundleId, nextTransactionId: firstTransactionId, appAppleId: Int64.random(in: 1_000_000_000...9_999_999_999))
+        try write(try encode(state), folder + "/store.json", mode: 0o600)
+        return try SandboxStore(folder: folder)
+    }
+
+    /// Opens an existing store.
+    public init(folder: String) throws(SandboxError) {
+        self.folder = folder
+        guard let data = FileManager.default.contents(atPath: folder + "/store.json") else {
+            throw SandboxError("\(folder) holds no sandbox store: create one with iap-sandbox init --dir \(folder) --bundle-id <id>")
+        }
+        let state: State
+        do { state = try Self.decoder.decode(State.self, from: data) } catch {
+            throw SandboxError("\(folder)/store.json is damaged: create a new store with iap-sandbox init")
+        }
+        bundleId = state.bundleId
+        func key(_ name: String) throws(SandboxError) -> P256.Signing.PrivateKey {
+            guard let data = FileManager.default.contents(atPath: folder + "/" + name), let pem = String(data: data, encoding: .utf8),
+                  let key = try? P256.Signing.PrivateKey(pemRepresentation: pem) else {
+                throw SandboxError("\(folder)/\(name) is missing or not a P-256 key: create a new store with iap-sandbox init")
+            }
+            return key
+        }
+        func certificate(_ name: String) throws(SandboxError) -> Certificate {
+            guard let data = FileManager.default.contents(atPath: folder + "/" + name), let cert = try? Certificate(derEncoded: Array(data)) else {
+                throw SandboxError("\(folder)/\(name) is missing or not a certificate: create a new store with iap-sandbox init")
+            }
+            return cert
+        }
+        authority = SandboxCertificateAuthority(
+            rootKey: try key("root.key"), root: try certificate("root.cer"),
+            intermediateKey: try key("intermediate.key"), intermediate: try certificate("intermediate.cer"),
+            leafKey: try key("leaf.key"), leaf: try certificate("leaf.cer"))
+        do { queue = try FileTransactionQueue(folder: folder + "/queue") } catch { throw SandboxError(error.message) }
+    }
+
+    /// A purchase as it appears on the device: the signed transaction, queued unfinished.
+    public struct Purchase: Sendable {
+        public let transaction: Transaction
+        public let signedTransaction: String
+    }
+
+    /// Buys a product: signs a transaction and puts it in the queue as unfinished.
+    public func purchase(productId: String, type: ProductType = .nonConsumable, environment: AppStoreEnvironment = .sandbox,
+                         expires: Date? = nil, now: Date = Date()) throws(SandboxError) -> Purchase {
+        guard !productId.isEmpty, productId.utf8.count <= 255 else {
+            throw SandboxError("'\(productId)' is not a product id: pass the product identifier of the content, such as com.example.levels1")
+        }
+        if type == .autoRenewable, let expires, expires <= now {
+            throw SandboxError("--expires \(expires) is in the past: an auto-renewable purchase must expire later")
+        }
+        let id = try nextTransactionId()
+        var transaction = Transaction(transactionId: id, originalTransactionId: id, bundleId: bundleId, productId: productId,
+                                      purchaseDate: now, type: type, environment: environment, signedDate: now)
+        transaction.quantity = 1
+        transaction.inAppOwnershipType = .purchased
+        transaction.storefront = "USA"
+        transaction.storefrontId = "143441"
+        transaction.transactionReason = .purchase
+        transaction.currency = "USD"
+        transaction.price = 1990
+        transaction.appTransactionId = "7\(id.dropFirst())"
+        if type == .autoRenewable {
+            transaction.expiresDate = expires ?? now.addingTimeInterval(30 * 86_400)
+            transaction.webOrderLineItemId = "6\(id.dropFirst())"
+            transaction.subscriptionGroupIdentifier = "21000001"
+        } else {
+            transaction.expiresDate = expires
+        }
+        let signed = try sign(transaction)
+        do {
+            try queue.add(QueuedTransaction(transactionId: id, productId: productId, signedTransaction: signed, addedAt: now))
+        } catch {
+            throw SandboxError(error.message)
+        }
+        return Purchase(transaction: transaction, signedTransaction: signed)
+    }
+
+    /// A transaction with its queue state and refund, for listings.
+    public struct Record: Sendable, Codable {
+        public let transactionId: String
+        public let productId: String
+        public let purchaseDate: Date?
+        public let environment: String?
+        public let type: String?
+        public let finishedAt: Date?
+        public let refundedAt: Date?
+    }
+
+    public func records() throws(SandboxError) -> [Record] {
+        let state = try loadState()
+        let queued: [QueuedTransaction]
+        do { queued = try queue.all() } catch { throw SandboxError(error.message) }
+        return queued.map { item in
+            let transaction = Self.decodeUnverified(item.signedTransaction)
+            return Record(transactionId: item.transactionId, productId: item.productId, purchaseDate: transaction?.purchaseDate,
+                          environment: transaction?.environment?.rawValue, type: transaction?.type?.rawValue,
+                          finishedAt: item.finishedAt, refundedAt: state.refunds[item.transactionId])
+        }
+    }
+
+    /// A refund: the revoked transaction and the signed `REFUND` notification that tells servers.
+    public struct Refund: Sendable {
+        public let transaction: Transaction
+        public let signedTransaction: String
+        public let notification: NotificationPayload
+        /// The body Apple POSTs: `{"signedPayload": "<JWS>"}`.
+        public let signedPayload: String
+    }
+
+    /// Refunds a purchase: signs the transaction again with `revocationDate`, and a REFUND
+    /// notification V2 carrying it.
+    public func refund(transactionId: String, reason: Int = 0, now: Date = Date()) throws(SandboxError) -> Refund {
+        let queued: QueuedTransaction?
+        do { queued = try queue.transaction(transactionId) } catch { throw SandboxError(error.message) }
+        guard let queued, var transaction = Self.decodeUnverified(queued.signedTransaction) else {
+            throw SandboxError("transaction \(transactionId) was not bought in this sandbox store: list them with iap-sandbox transactions")
+        }
+        transaction.revocationDate = now
+        transaction.revocationReason = reason
+        transaction.signedDate = now
+        let signedTransaction = try sign(transaction)
+        let notification = NotificationPayload(
+            notificationType: .refund, notificationUUID: UUID().uuidString.lowercased(), signedDate: now,
+            data: .init(bundleId: bundleId, environment: transaction.environment, signedTransactionInfo: signedTransaction))
+        var withApp = notification
+        withApp.data?.appAppleId = try loadState().appAppleId
+        let signedPayload = try sign(withApp)
+        try updateState { $0.refunds[transactionId] = now }
+        return Refund(transaction: transaction, signedTransaction: signedTransaction, notification: withApp, signedPayload: signedPayload)
+    }
+
+    public func sign<T: Encodable>(_ payload: T) throws(SandboxError) -> String {
+        do { return try authority.sign(payload) } catch { throw SandboxError("cannot sign: \(error)") }
+    }
+
+    static func decodeUnverified(_ jws: String) -> Transaction? {
+        let parts = jws.split(separator: ".")
+        guard parts.count == 3 else { return nil }
+        var b64 = parts[1].replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
+        while b64.count % 4 != 0 { b64 += "=" }
+        guard let data = Data(base64Encoded: b64) else { return nil }
+        return try? JSONDecoder().decode(Transaction.self, from: data)
+    }
+
+    private func nextTransactionId() throws(SandboxError) -> String {
+        var id: UInt64 = 0
+        try updateState { state in
+            id = state.nextTransactionId
+            state.nextTransactionId += 1
+        }
+        return String(id)
+    }
+
+    private func loadState() throws(SandboxError) -> State {
+        guard let data = FileManager.default.contents(atPath: folder + "/store.json"),
+              let state = try? Self.decoder.decode(State.self, from: data) else {
+            throw SandboxError("\(folder)/store.json is missing or damaged: create a new store with iap-sandbox init")
+        }
+        return state
+    }
+
+    /// Read-modify-write of store.json under an exclusive lock, written atomically.
+    private func updateState(_ change: (inout State) -> Void) throws(SandboxError) {
+        let fd = open(folder + "/.store.lock", O_CREAT | O_RDWR | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw SandboxError("cannot lock \(folder): \(String(cString: strerror(errno)))") }
+        defer { close(fd) }
+        while flock(fd, LOCK_EX) != 0 && errno == EINTR {}
+        var state = try loadState()
+        change(&state)
+        try Self.write(try Self.encode(state), folder + "/store.json", mode: 0o600)
+    }
+
+    private static let decoder: JSONDecoder = {
+        let d = JSONDecoder()
+        d.dateDecodingStrategy = .millisecondsSince1970
+        return d
+    }()
+
+    private static func encode(_ state: State) throws(SandboxError) -> Data {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
+        encoder.dateEncodingStrategy = .millisecondsSince1970
+        do { return try encoder.encode(state) } catch { throw SandboxError("cannot encode the store state") }
+    }
+
+    private static func write(_ data: Data, _ path: String, mode: mode_t) throws(SandboxError) {
+        do { try atomicWrite(data, to: path, permissions: mode) } catch { throw SandboxError(error.message) }
+    }
+}

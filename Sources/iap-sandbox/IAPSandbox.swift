@@ -1,0 +1,159 @@
+import ArgumentParser
+import Foundation
+import PurchaseVerification
+import SandboxStore
+import TransactionQueue
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+
+@main
+struct IAPSandbox: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "iap-sandbox",
+        abstract: "A local App Store for tests and demos: signs StoreKit 2 transactions and notifications with its own test chain.",
+        discussion: "Trust its root on a test server with: iap-server serve --trust-root <dir>/root.cer --environment sandbox",
+        subcommands: [Init.self, Purchase.self, Transactions.self, Refund.self])
+}
+
+/// Prints the error for a person and exits 1.
+func fail(_ message: String) -> ExitCode {
+    FileHandle.standardError.write(Data("iap-sandbox: error: \(message)\n".utf8))
+    return ExitCode(1)
+}
+
+func iso(_ date: Date?) -> String { date.map { $0.formatted(.iso8601) } ?? "-" }
+
+struct Init: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Create a store: a P-256 root → intermediate → leaf chain with Apple's marker OIDs; exports <dir>/root.cer.")
+
+    @Option(help: "The store's folder.") var dir: String
+    @Option(name: .customLong("bundle-id"), help: "The app's bundle identifier.") var bundleId: String
+
+    func run() throws {
+        do {
+            let store = try SandboxStore.initialize(folder: dir, bundleId: bundleId)
+            print("""
+                created a sandbox store for \(store.bundleId) in \(dir)
+                  trust root  \(store.rootCertificatePath)   (pass it to iap-server with --trust-root)
+                  keys        \(dir)/*.key (mode 0600)
+                  queue       \(dir)/queue
+                """)
+        } catch { throw fail(error.message) }
+    }
+}
+
+struct Purchase: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Buy a product: prints the signed transaction and queues it, unfinished, in <dir>/queue.")
+
+    enum Kind: String, ExpressibleByArgument, CaseIterable {
+        case nonConsumable = "non-consumable", consumable, autoRenewable = "auto-renewable"
+        var type: ProductType {
+            switch self {
+            case .nonConsumable: .nonConsumable
+            case .consumable: .consumable
+            case .autoRenewable: .autoRenewable
+            }
+        }
+    }
+
+    @Option(help: "The store's folder.") var dir: String
+    @Option(name: .customLong("product-id"), help: "The product to buy.") var productId: String
+    @Option(help: "non-consumable, consumable or auto-renewable.") var type: Kind = .nonConsumable
+    @Option(help: "Sandbox or Production.") var environment: String = "Sandbox"
+    @Option(help: "Expiry (ISO 8601, e.g. 2027-01-01T00:00:00Z), for subscriptions.") var expires: String?
+    @Flag(help: "Print one JSON object instead of the bare signed transaction.") var json = false
+
+    func run() throws {
+        let env: AppStoreEnvironment
+        switch environment.lowercased() {
+        case "sandbox": env = .sandbox
+        case "production": env = .production
+        default: throw fail("--environment \(environment) is not Sandbox or Production")
+        }
+        var expiry: Date?
+        if let expires {
+            guard let date = try? Date(expires, strategy: .iso8601) else {
+                throw fail("--expires \(expires) is not an ISO 8601 date such as 2027-01-01T00:00:00Z")
+            }
+            expiry = date
+        }
+        do {
+            let store = try SandboxStore(folder: dir)
+            let purchase = try store.purchase(productId: productId, type: type.type, environment: env, expires: expiry)
+            if json {
+                let object: [String: Any] = ["transactionId": purchase.transaction.transactionId ?? "", "productId": productId,
+                                             "signedTransaction": purchase.signedTransaction]
+                let data = try JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes])
+                print(String(decoding: data, as: UTF8.self))
+            } else {
+                print(purchase.signedTransaction)
+            }
+        } catch let error as SandboxError { throw fail(error.message) }
+    }
+}
+
+struct Transactions: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "List the store's transactions: finished or not, and when; refunded or not.")
+
+    @Option(help: "The store's folder.") var dir: String
+    @Flag(help: "Print JSON.") var json = false
+
+    func run() throws {
+        do {
+            let records = try SandboxStore(folder: dir).records()
+            if json {
+                let encoder = JSONEncoder()
+                encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
+                encoder.dateEncodingStrategy = .iso8601
+                print(String(decoding: try encoder.encode(records), as: UTF8.self))
+                return
+            }
+            if records.isEmpty { print("no transactions yet: buy with iap-sandbox purchase --dir \(dir) --product-id <id>") }
+            for r in records {
+                let state = r.finishedAt.map { "finished \(iso($0))" } ?? "UNFINISHED"
+                let refund = r.refundedAt.map { "  refunded \(iso($0))" } ?? ""
+                print("\(r.transactionId)  \(r.productId)  \(r.environment ?? "-")  bought \(iso(r.purchaseDate))  \(state)\(refund)")
+            }
+        } catch let error as SandboxError { throw fail(error.message) }
+    }
+}
+
+struct Refund: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Refund a purchase: signs a REFUND notification V2 whose transaction carries revocationDate, prints it, and POSTs it to --notify.")
+
+    @Option(help: "The store's folder.") var dir: String
+    @Argument(help: "The transaction to refund.") var transactionId: String
+    @Option(help: "The server's notification URL, e.g. http://127.0.0.1:8080/v1/notifications.") var notify: String?
+
+    func run() async throws {
+        let refund: SandboxStore.Refund
+        do { refund = try SandboxStore(folder: dir).refund(transactionId: transactionId) } catch { throw fail(error.message) }
+        let body = try JSONSerialization.data(withJSONObject: ["signedPayload": refund.signedPayload], options: [.withoutEscapingSlashes])
+        print(String(decoding: body, as: UTF8.self))
+        guard let notify else { return }
+        guard let url = URL(string: notify), url.scheme == "http" || url.scheme == "https" else {
+            throw fail("--notify \(notify) is not an http(s) URL")
+        }
+        var request = URLRequest(url: url, timeoutInterval: 30)
+        request.httpMethod = "POST"
+        request.setValue("application/json", forHTTPHeaderField: "Content-Type")
+        request.httpBody = body
+        do {
+            let (data, response) = try await URLSession.shared.data(for: request)
+            let status = (response as? HTTPURLResponse)?.statusCode ?? 0
+            // Apple counts 200-206 as delivered.
+            guard (200...206).contains(status) else {
+                throw fail("the server at \(notify) answered \(status) to the REFUND notification: \(String(decoding: data.prefix(500), as: UTF8.self))")
+            }
+            FileHandle.standardError.write(Data("notified \(notify): \(status)\n".utf8))
+        } catch let error as ExitCode {
+            throw error
+        } catch {
+            throw fail("could not POST the notification to \(notify): \(error.localizedDescription); is the server running?")
+        }
+    }
+}
