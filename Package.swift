@@ -76,6 +76,11 @@ let package = Package(
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
+        .executableTarget(
+            name: "verify-bench",
+            dependencies: ["PurchaseVerification", "SandboxStore"],
+            path: "tools/verify-bench"
+        ),
         .testTarget(
             name: "ContentArchiveTests",
             dependencies: ["ContentArchive"]

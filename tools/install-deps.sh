@@ -12,3 +12,8 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+# The interoperability tests check our JWS against Python's `cryptography`.
+if ! python3 -c 'import cryptography' 2>/dev/null; then
+  echo "installing: cryptography (PyPI)" >&2
+  python3 -m pip install -q cryptography
+fi

@@ -41,17 +41,37 @@ struct CompactJWS {
     }
 }
 
-/// Strict base64url (RFC 4648 §5) without padding, as JWS uses; also accepts padded input.
+/// Strict base64url (RFC 4648 §5) without padding, as JWS uses (trailing `=` tolerated).
+/// Hand-written because Foundation only decodes standard base64, and rewriting the alphabet
+/// through string replacement costs more than the signature check on a cache hit.
 func base64URLDecode(_ text: Substring) -> Data? {
-    guard !text.isEmpty else { return nil }
-    var s = String(text)
-    guard s.utf8.allSatisfy({ ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x61 && $0 <= 0x7A) || ($0 >= 0x30 && $0 <= 0x39) || $0 == 0x2D || $0 == 0x5F || $0 == 0x3D }) else {
-        return nil
+    var input = Array(text.utf8)
+    while input.last == UInt8(ascii: "=") { input.removeLast() }
+    guard !input.isEmpty, input.count % 4 != 1 else { return nil }
+    var output = [UInt8]()
+    output.reserveCapacity(input.count * 3 / 4)
+    var accumulator: UInt32 = 0
+    var bits = 0
+    for byte in input {
+        let value = base64URLTable[Int(byte)]
+        guard value < 64 else { return nil }
+        accumulator = accumulator << 6 | UInt32(value)
+        bits += 6
+        if bits >= 8 {
+            bits -= 8
+            output.append(UInt8(truncatingIfNeeded: accumulator >> UInt32(bits)))
+        }
     }
-    s = s.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
-    while s.utf8.count % 4 != 0 { s += "=" }
-    return Data(base64Encoded: s)
+    // Leftover bits must be zero for a canonical encoding.
+    guard accumulator & ((1 << UInt32(bits)) - 1) == 0 else { return nil }
+    return Data(output)
 }
+
+private let base64URLTable: [UInt8] = {
+    var table = [UInt8](repeating: 255, count: 256)
+    for (i, c) in "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_".utf8.enumerated() { table[Int(c)] = UInt8(i) }
+    return table
+}()
 
 /// base64url without padding.
 public func base64URLEncode<D: DataProtocol>(_ data: D) -> String {

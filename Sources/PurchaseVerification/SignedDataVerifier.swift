@@ -210,13 +210,7 @@ public final class SignedDataVerifier: Sendable {
         guard let date = signedDate(payload) else {
             throw VerificationError(.malformed, "the payload has no signedDate, so its certificates cannot be validated")
         }
-        guard let leafDER = Data(base64Encoded: x5c[0]), let intermediateDER = Data(base64Encoded: x5c[1]) else {
-            throw VerificationError(.invalidCertificateList, "an x5c certificate is not valid base64")
-        }
-        let leaf = try await validatedLeaf(leafDER: leafDER, intermediateDER: intermediateDER, at: date)
-        guard let key = P256.Signing.PublicKey(leaf.publicKey) else {
-            throw VerificationError(.invalidSignature, "the signing certificate's key is not a P-256 key, as ES256 requires")
-        }
+        let key = try await validatedSigningKey(x5c: x5c, at: date)
         // JWS ES256 signatures are the raw 64-byte R‖S; a DER-encoded signature is not valid JWS.
         guard jws.signature.count == 64, let signature = try? P256.Signing.ECDSASignature(rawRepresentation: jws.signature) else {
             throw VerificationError(.invalidSignature, "the ES256 signature must be 64 bytes (R‖S); it is \(jws.signature.count)")
@@ -227,10 +221,15 @@ public final class SignedDataVerifier: Sendable {
         return payload
     }
 
-    private func validatedLeaf(leafDER: Data, intermediateDER: Data, at date: Date) async throws(VerificationError) -> Certificate {
-        let key = ChainCache.Key(leaf: leafDER, intermediate: intermediateDER)
-        if let cached = cache.withLock({ $0.lookup(key, at: date) }) { return cached }
+    /// The leaf's key, once leaf → intermediate → configured root is validated at `date`. The
+    /// cache is keyed by the certificates' base64 text, which is as unique as their DER bytes.
+    private func validatedSigningKey(x5c: [String], at date: Date) async throws(VerificationError) -> P256.Signing.PublicKey {
+        let cacheKey = ChainCache.Key(leaf: x5c[0], intermediate: x5c[1])
+        if let cached = cache.withLock({ $0.lookup(cacheKey, at: date) }) { return cached }
 
+        guard let leafDER = Data(base64Encoded: x5c[0]), let intermediateDER = Data(base64Encoded: x5c[1]) else {
+            throw VerificationError(.invalidCertificateList, "an x5c certificate is not valid base64")
+        }
         let leaf: Certificate, intermediate: Certificate
         do {
             leaf = try Certificate(derEncoded: Array(leafDER))
@@ -245,11 +244,14 @@ public final class SignedDataVerifier: Sendable {
         let result = await verifier.validate(leaf: leaf, intermediates: CertificateStore([intermediate]))
         switch result {
         case .validCertificate(let chain):
+            guard let key = P256.Signing.PublicKey(leaf.publicKey) else {
+                throw VerificationError(.invalidSignature, "the signing certificate's key is not a P-256 key, as ES256 requires")
+            }
             let certificates = Array(chain)
             let notBefore = certificates.map(\.notValidBefore).max() ?? date
             let notAfter = certificates.map(\.notValidAfter).min() ?? date
-            cache.withLock { $0.insert(key, leaf: leaf, validFrom: notBefore, until: notAfter) }
-            return leaf
+            cache.withLock { $0.insert(cacheKey, key: key, validFrom: notBefore, until: notAfter) }
+            return key
         case .couldNotValidate(let failures):
             let reasons = failures.map { $0.policyFailureReason.description }
             if reasons.contains("intermediate-oid") {
@@ -258,7 +260,7 @@ public final class SignedDataVerifier: Sendable {
             if reasons.contains("leaf-oid") {
                 throw VerificationError(.missingMarkerOID, "the signing certificate lacks Apple's marker extension \(AppleMarkerOID.leaf): it is not an App Store signing certificate")
             }
-            if reasons.contains(where: { $0.contains("expired") || $0.contains("not yet valid") || $0.contains("notValid") }) {
+            if reasons.contains(where: { $0.contains("expired") || $0.contains("not yet valid") }) {
                 throw VerificationError(.untrustedChain, "a certificate of the chain is not valid at the payload's signedDate (\(date)): expired or not yet valid")
             }
             throw VerificationError(.untrustedChain, "the certificate chain does not lead to a configured trust root (configured: \(configuration.trustRoots.count)); add the signer's root with --trust-root if it should be trusted")
@@ -269,12 +271,12 @@ public final class SignedDataVerifier: Sendable {
 /// A small cache of validated (leaf, intermediate) pairs, keyed by their DER bytes.
 struct ChainCache: Sendable {
     struct Key: Hashable, Sendable {
-        let leaf: Data
-        let intermediate: Data
+        let leaf: String
+        let intermediate: String
     }
 
     struct Entry: Sendable {
-        let leaf: Certificate
+        let key: P256.Signing.PublicKey
         let validFrom: Date
         let until: Date
         var lastUse: UInt64
@@ -284,20 +286,20 @@ struct ChainCache: Sendable {
     private var entries: [Key: Entry] = [:]
     private var clock: UInt64 = 0
 
-    mutating func lookup(_ key: Key, at date: Date) -> Certificate? {
+    mutating func lookup(_ key: Key, at date: Date) -> P256.Signing.PublicKey? {
         guard var entry = entries[key], date >= entry.validFrom, date <= entry.until else { return nil }
         clock += 1
         entry.lastUse = clock
         entries[key] = entry
-        return entry.leaf
+        return entry.key
     }
 
-    mutating func insert(_ key: Key, leaf: Certificate, validFrom: Date, until: Date) {
+    mutating func insert(_ key: Key, key signingKey: P256.Signing.PublicKey, validFrom: Date, until: Date) {
         if entries.count >= Self.capacity, let oldest = entries.min(by: { $0.value.lastUse < $1.value.lastUse })?.key {
             entries.removeValue(forKey: oldest)
         }
         clock += 1
-        entries[key] = Entry(leaf: leaf, validFrom: validFrom, until: until, lastUse: clock)
+        entries[key] = Entry(key: signingKey, validFrom: validFrom, until: until, lastUse: clock)
     }
 
     var count: Int { entries.count }
