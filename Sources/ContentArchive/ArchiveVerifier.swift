@@ -22,46 +22,60 @@ public struct VerificationReport: Sendable, Codable {
 /// Checks an archive end to end: structure, every entry's CRC and size, the content layout and
 /// plist, and, when a manifest is given or sits beside the archive, every hash and offset in it.
 public enum ArchiveVerifier {
-    public static func verify(archive: String, manifest manifestPath: String? = nil,
-                              limits: ExtractionLimits = .standard) throws(ArchiveError) -> VerificationReport {
+    /// Reads a whole archive, checking every entry's size and CRC-32 and the content layout, and
+    /// returns the manifest it should have. Servers store this instead of trusting an uploaded one.
+    public static func computeManifest(archive: String, limits: ExtractionLimits = .standard,
+                                       createdAt: String = ArchiveTimestamp.standard.iso8601) throws(ArchiveError) -> ArchiveManifest {
         let reader = try ArchiveReader(path: archive, limits: limits)
         let info = try reader.contentInfo()
-        var hashes: [String: String] = [:]
+        var entries: [ArchiveManifest.Entry] = []
         for entry in reader.entries {
             var hasher = SHA256()
             try reader.read(entry) { hasher.update(bufferPointer: $0) }
-            hashes[entry.path] = Array(hasher.finalize()).hexString
+            entries.append(.init(path: entry.path, kind: entry.isDirectory ? .directory : .file, method: entry.method,
+                                 uncompressedSize: entry.uncompressedSize, compressedSize: entry.compressedSize, crc32: entry.crc32,
+                                 sha256: Array(hasher.finalize()).hexString, localHeaderOffset: entry.localHeaderOffset,
+                                 dataOffset: entry.dataOffset))
         }
         let (size, digest) = try ArchivePacker.hashFile(archive)
-        var report = VerificationReport(
-            archive: archive, productId: info.productIdentifier, contentVersion: info.contentVersion,
-            archiveSize: size, archiveSHA256: digest, entryCount: reader.entries.count,
-            contentLength: reader.entries.reduce(0) { $0 + $1.uncompressedSize }, manifest: nil)
+        return ArchiveManifest(formatVersion: ArchiveManifest.currentFormatVersion, productId: info.productIdentifier,
+                               contentVersion: info.contentVersion, archiveName: URL(fileURLWithPath: archive).lastPathComponent,
+                               archiveSize: size, archiveSHA256: digest, contentLength: entries.reduce(0) { $0 + $1.uncompressedSize },
+                               createdAt: createdAt, entries: entries)
+    }
 
+    /// Checks `computed` (from ``computeManifest(archive:limits:createdAt:)``) against a manifest
+    /// that claims to describe the same archive; throws naming the first difference.
+    public static func check(_ computed: ArchiveManifest, against manifest: ArchiveManifest, archive: String, source: String) throws(ArchiveError) {
+        func mismatch(_ what: String) -> ArchiveError {
+            .corrupt("\(archive) does not match \(source): \(what). Download both again, or rebuild them together with iap-pack")
+        }
+        guard manifest.productId == computed.productId, manifest.contentVersion == computed.contentVersion else {
+            throw mismatch("the manifest is for \(manifest.productId) \(manifest.contentVersion), the archive for \(computed.productId) \(computed.contentVersion)")
+        }
+        guard manifest.archiveSize == computed.archiveSize else { throw mismatch("size \(computed.archiveSize) instead of \(manifest.archiveSize)") }
+        guard manifest.archiveSHA256 == computed.archiveSHA256 else { throw mismatch("SHA-256 \(computed.archiveSHA256) instead of \(manifest.archiveSHA256)") }
+        guard manifest.entries.count == computed.entries.count else {
+            throw mismatch("\(computed.entries.count) entries instead of \(manifest.entries.count)")
+        }
+        for (listed, entry) in zip(manifest.entries, computed.entries) {
+            guard listed.path == entry.path else { throw mismatch("entry '\(entry.path)' where the manifest lists '\(listed.path)'") }
+            guard listed == entry else { throw mismatch("entry '\(entry.path)' differs in its hash, size, method or offset") }
+        }
+    }
+
+    public static func verify(archive: String, manifest manifestPath: String? = nil,
+                              limits: ExtractionLimits = .standard) throws(ArchiveError) -> VerificationReport {
+        let computed = try computeManifest(archive: archive, limits: limits)
+        var report = VerificationReport(
+            archive: archive, productId: computed.productId, contentVersion: computed.contentVersion,
+            archiveSize: computed.archiveSize, archiveSHA256: computed.archiveSHA256, entryCount: computed.entries.count,
+            contentLength: computed.contentLength, manifest: nil)
         let besidePath = manifestBeside(archive)
         let chosen = manifestPath ?? (access(besidePath, F_OK) == 0 ? besidePath : nil)
         guard let chosen else { return report }
-        let manifest = try ArchiveManifest.decode(Data(try ContentScanner.readManifest(chosen)), source: chosen)
-        func mismatch(_ what: String) -> ArchiveError {
-            .corrupt("\(archive) does not match \(chosen): \(what). Download both again, or rebuild them together with iap-pack")
-        }
-        guard manifest.productId == info.productIdentifier, manifest.contentVersion == info.contentVersion else {
-            throw mismatch("the manifest is for \(manifest.productId) \(manifest.contentVersion), the archive for \(info.productIdentifier) \(info.contentVersion)")
-        }
-        guard manifest.archiveSize == size else { throw mismatch("size \(size) instead of \(manifest.archiveSize)") }
-        guard manifest.archiveSHA256 == digest else { throw mismatch("SHA-256 \(digest) instead of \(manifest.archiveSHA256)") }
-        guard manifest.entries.count == reader.entries.count else {
-            throw mismatch("\(reader.entries.count) entries instead of \(manifest.entries.count)")
-        }
-        for (listed, entry) in zip(manifest.entries, reader.entries) {
-            guard listed.path == entry.path else { throw mismatch("entry '\(entry.path)' where the manifest lists '\(listed.path)'") }
-            guard listed.sha256 == hashes[entry.path], listed.crc32 == entry.crc32,
-                  listed.uncompressedSize == entry.uncompressedSize, listed.compressedSize == entry.compressedSize,
-                  listed.method == entry.method, listed.localHeaderOffset == entry.localHeaderOffset,
-                  listed.dataOffset == entry.dataOffset else {
-                throw mismatch("entry '\(entry.path)' differs in its hash, size, method or offset")
-            }
-        }
+        let manifest = try ArchiveManifest.load(path: chosen)
+        try check(computed, against: manifest, archive: archive, source: chosen)
         report.manifest = chosen
         return report
     }

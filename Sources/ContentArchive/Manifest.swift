@@ -59,6 +59,11 @@ public struct ArchiveManifest: Codable, Sendable, Equatable {
         }
     }
 
+    /// Reads and decodes a manifest file (at most 64 MiB).
+    public static func load(path: String) throws(ArchiveError) -> ArchiveManifest {
+        try decode(Data(try ContentScanner.readManifest(path)), source: path)
+    }
+
     /// The file name an archive gets: `<id>-<version>.zip`.
     public static func archiveName(productId: ProductIdentifier, version: ContentVersion) -> String {
         "\(productId.rawValue)-\(version.string).zip"

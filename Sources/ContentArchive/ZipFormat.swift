@@ -64,7 +64,7 @@ public struct ArchiveTimestamp: Sendable, Equatable {
     }
 
     /// ISO 8601 in UTC, for the manifest.
-    var iso8601: String {
+    public var iso8601: String {
         let formatter = ISO8601DateFormatter()
         formatter.timeZone = TimeZone(identifier: "UTC")!
         return formatter.string(from: date)

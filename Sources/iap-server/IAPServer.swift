@@ -1,13 +1,154 @@
 import ArgumentParser
+import ContentArchive
+import ContentCatalog
+import ContentServer
 import Foundation
+import Logging
 import PurchaseVerification
 
 @main
 struct IAPServer: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "iap-server",
-        abstract: "The In-App Purchase content server.",
-        subcommands: [Verify.self])
+        abstract: "The In-App Purchase content server: catalog, verified download grants, range delivery.",
+        subcommands: [Serve.self, Publish.self, Catalog.self, Verify.self])
+}
+
+/// An environment variable, nil when unset or empty.
+func env(_ name: String) -> String? {
+    ProcessInfo.processInfo.environment[name].flatMap { $0.isEmpty ? nil : $0 }
+}
+
+func fail(_ message: String, code: Int32 = 1) -> ExitCode {
+    FileHandle.standardError.write(Data("iap-server: error: \(message)\n".utf8))
+    return ExitCode(code)
+}
+
+struct Serve: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Run the server.",
+        discussion: """
+            Every option can also come from the environment: \(ServerConfiguration.environmentVariables.map { "\($0.0) (\($0.1))" }.joined(separator: ", ")). \
+            Apple Root CA - G3 is always trusted. SIGTERM or SIGINT stop accepting connections and let transfers in flight finish for up to 30 s.
+            """)
+
+    @Option(help: "The data folder (catalog.sqlite, archives/, grant-keys.json); created if missing.") var data: String?
+    @Option(name: .customLong("bundle-id"), help: "The app's bundle identifier.") var bundleId: String?
+    @Option(help: "The address to listen on.") var host: String?
+    @Option(help: "The port to listen on; 0 picks a free one.") var port: Int?
+    @Option(name: .customLong("trust-root"), help: "Another trusted root certificate (DER or PEM), e.g. the sandbox's root.cer; repeatable.") var trustRoots: [String] = []
+    @Option(help: "production, sandbox or both. App Review buys in the sandbox against production servers: use both there.") var environment: String?
+    @Option(name: .customLong("token-ttl"), help: "Seconds a download URL stays valid.") var tokenTTL: Int?
+    @Option(name: .customLong("admin-token-file"), help: "A file holding the bearer token for PUT /v1/admin/archives; without it the admin API is off.") var adminTokenFile: String?
+    @Option(name: .customLong("public-url"), help: "The base of download URLs, e.g. https://content.example.com (default http://<host>:<port>).") var publicURL: String?
+    @Option(name: .customLong("port-file"), help: "Write the bound port to this file once listening (for scripts).") var portFile: String?
+    @Flag(name: .customLong("allow-local-testing"), help: "Also accept Xcode and LocalTesting transactions.") var allowLocalTesting = false
+
+    func run() async throws {
+        guard let dataDirectory = data ?? env("IAP_DATA") else { throw ValidationError("--data (or IAP_DATA) is required: the folder for the catalog and archives") }
+        guard let bundle = bundleId ?? env("IAP_BUNDLE_ID") else { throw ValidationError("--bundle-id (or IAP_BUNDLE_ID) is required: the app's bundle identifier") }
+        var configuration = ServerConfiguration(dataDirectory: dataDirectory, bundleId: bundle)
+        configuration.host = host ?? env("IAP_HOST") ?? configuration.host
+        if let value = port ?? env("IAP_PORT").flatMap(Int.init) { configuration.port = value }
+        let environmentName = environment ?? env("IAP_ENVIRONMENT") ?? "production"
+        guard var policy = EnvironmentPolicy(name: environmentName) else {
+            throw ValidationError("--environment must be production, sandbox or both, not '\(environmentName)'")
+        }
+        if allowLocalTesting { policy = policy.allowingLocalTesting() }
+        configuration.environments = policy
+        let rootPaths = trustRoots + (env("IAP_TRUST_ROOTS")?.split(separator: ":").map(String.init) ?? [])
+        do {
+            for path in rootPaths { configuration.trustRoots.append(try AppleRoots.load(path: path)) }
+        } catch { throw fail(error.message) }
+        if let ttl = tokenTTL ?? env("IAP_TOKEN_TTL").flatMap(Int.init) {
+            guard ttl >= 10 else { throw ValidationError("--token-ttl must be at least 10 seconds") }
+            configuration.tokenTTL = .seconds(ttl)
+        }
+        if let file = adminTokenFile ?? env("IAP_ADMIN_TOKEN_FILE") {
+            guard let token = try? String(contentsOfFile: file, encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines), token.count >= 16 else {
+                throw fail("cannot read an admin token of at least 16 characters from \(file)")
+            }
+            configuration.adminToken = token
+        }
+        configuration.publicURL = publicURL ?? env("IAP_PUBLIC_URL")
+        var logger = Logger(label: "iap-server")
+        logger.logLevel = env("LOG_LEVEL").flatMap(Logger.Level.init(rawValue:)) ?? .info
+        let portFile = self.portFile
+        let host = configuration.host
+        do {
+            try await ContentServerApp.run(configuration: configuration, logger: logger) { port in
+                FileHandle.standardOutput.write(Data("iap-server listening on http://\(host):\(port)\n".utf8))
+                if let portFile { try? String(port).write(toFile: portFile, atomically: true, encoding: .utf8) }
+            }
+        } catch let error as CatalogError {
+            throw fail(error.message)
+        }
+    }
+}
+
+
+struct Publish: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Publish an archive into the catalog (the same checks as PUT /v1/admin/archives).",
+        discussion: "Exit codes: 0 published (or identical bytes already published), 1 invalid archive, 2 version conflict, 3 storage failure.")
+
+    @Option(help: "The server's data folder.") var data: String
+    @Argument(help: "The archive (<id>-<version>.zip); its manifest beside it is checked too.") var archive: String
+    @Option(help: "The manifest (default: beside the archive, if present).") var manifest: String?
+
+    func run() throws {
+        do {
+            let store = try ContentStore(dataDirectory: data)
+            let beside = ArchiveVerifier.manifestBeside(archive)
+            let manifestPath = manifest ?? (FileManager.default.fileExists(atPath: beside) ? beside : nil)
+            var decoded: ArchiveManifest?
+            if let manifestPath {
+                do { decoded = try ArchiveManifest.load(path: manifestPath) } catch { throw CatalogError(.invalidArchive, error.message) }
+            }
+            let outcome = try store.publish(archiveAt: archive, manifest: decoded)
+            switch outcome {
+            case .published(let v): print("published \(v.productId) \(v.contentVersion) (\(v.size) bytes, sha256 \(v.sha256))")
+            case .unchanged(let v): print("unchanged: \(v.productId) \(v.contentVersion) is already published with these bytes")
+            }
+        } catch let error as CatalogError {
+            let code: Int32 = switch error.code {
+            case .invalidArchive, .notFound: 1
+            case .conflict: 2
+            case .storage: 3
+            }
+            throw fail(error.message, code: code)
+        }
+    }
+}
+
+struct Catalog: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "List published products and versions.")
+
+    @Option(help: "The server's data folder.") var data: String
+    @Flag(help: "Print JSON.") var json = false
+
+    func run() throws {
+        do {
+            let catalog = try ContentStore(dataDirectory: data).catalog()
+            if json {
+                let encoder = JSONEncoder()
+                encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
+                encoder.dateEncodingStrategy = .iso8601
+                struct Entry: Encodable { let productId: String; let versions: [PublishedVersion] }
+                print(String(decoding: try encoder.encode(catalog.map { Entry(productId: $0.productId, versions: $0.versions) }), as: UTF8.self))
+                return
+            }
+            if catalog.isEmpty { print("nothing published yet: iap-server publish --data \(data) <archive.zip>") }
+            for (product, versions) in catalog {
+                print(product)
+                for v in versions {
+                    print("  \(v.contentVersion)  \(v.size) bytes  sha256 \(v.sha256.prefix(16))…  published \(v.publishedAt.formatted(.iso8601))")
+                }
+            }
+        } catch let error as CatalogError {
+            throw fail(error.message, code: 3)
+        }
+    }
 }
 
 struct Verify: AsyncParsableCommand {

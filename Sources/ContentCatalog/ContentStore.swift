@@ -1,0 +1,341 @@
+import ContentArchive
+import Foundation
+import GRDB
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// An error from the catalog, with a code the server maps to an HTTP status.
+public struct CatalogError: Error, Sendable, CustomStringConvertible {
+    public enum Code: String, Sendable {
+        /// The archive is malformed, corrupt, over the cap, or lies about itself (400).
+        case invalidArchive = "invalid-archive"
+        /// The version is not newer than the latest, or differs from what was published (409).
+        case conflict
+        /// Nothing published under that product or version (404).
+        case notFound = "not-found"
+        /// The data folder or database cannot be written (503).
+        case storage
+    }
+
+    public let code: Code
+    public let message: String
+    public init(_ code: Code, _ message: String) {
+        self.code = code
+        self.message = message
+    }
+    public var description: String { message }
+}
+
+/// One published content version.
+public struct PublishedVersion: Codable, Sendable, Equatable, FetchableRecord, PersistableRecord {
+    public static let databaseTableName = "versions"
+    public var productId: String
+    public var contentVersion: String
+    /// SHA-256 of the archive: its name in the store and its strong ETag.
+    public var sha256: String
+    /// The archive's size in bytes (what StoreKit called `downloadContentLengths`).
+    public var size: Int64
+    /// The content's size once extracted.
+    public var contentLength: Int64
+    public var publishedAt: Date
+}
+
+/// What `publish` did.
+public enum PublishOutcome: Sendable, Equatable {
+    case published(PublishedVersion)
+    /// The same bytes were already published under that version: nothing changed.
+    case unchanged(PublishedVersion)
+
+    public var version: PublishedVersion {
+        switch self {
+        case .published(let v), .unchanged(let v): v
+        }
+    }
+}
+
+/// Whether a notification changed anything.
+public enum NotificationOutcome: Sendable, Equatable {
+    case applied
+    /// Its `notificationUUID` was seen before; nothing was done again.
+    case duplicate
+}
+
+/// The server's durable state in `<data>/`: `catalog.sqlite` (versions, grants, revocations,
+/// notifications) and `archives/<sha256>.zip`, content-addressed and immutable.
+public final class ContentStore: Sendable {
+    public let dataDirectory: String
+    private let database: DatabaseQueue
+
+    public init(dataDirectory: String) throws(CatalogError) {
+        self.dataDirectory = dataDirectory
+        for folder in [dataDirectory, dataDirectory + "/archives", dataDirectory + "/tmp"] {
+            do {
+                try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+            } catch {
+                throw CatalogError(.storage, "cannot create \(folder): \(error.localizedDescription); choose a writable --data folder")
+            }
+        }
+        do {
+            var configuration = Configuration()
+            configuration.busyMode = .timeout(10)
+            database = try DatabaseQueue(path: dataDirectory + "/catalog.sqlite", configuration: configuration)
+            try Self.migrator.migrate(database)
+        } catch {
+            throw Self.storageError(error, dataDirectory)
+        }
+    }
+
+    private static var migrator: DatabaseMigrator {
+        var migrator = DatabaseMigrator()
+        migrator.registerMigration("v1") { db in
+            try db.create(table: "versions") { t in
+                t.column("productId", .text).notNull()
+                t.column("contentVersion", .text).notNull()
+                t.column("sha256", .text).notNull()
+                t.column("size", .integer).notNull()
+                t.column("contentLength", .integer).notNull()
+                t.column("publishedAt", .datetime).notNull()
+                t.primaryKey(["productId", "contentVersion"])
+            }
+            try db.create(table: "grants") { t in
+                t.column("transactionId", .text).primaryKey()
+                t.column("originalTransactionId", .text)
+                t.column("productId", .text).notNull()
+                t.column("environment", .text)
+                t.column("firstGrantedAt", .datetime).notNull()
+                t.column("lastGrantedAt", .datetime).notNull()
+            }
+            try db.create(table: "revocations") { t in
+                t.column("transactionId", .text).primaryKey()
+                t.column("revokedAt", .datetime).notNull()
+                t.column("notificationUUID", .text)
+            }
+            try db.create(table: "notifications") { t in
+                t.column("uuid", .text).primaryKey()
+                t.column("type", .text).notNull()
+                t.column("subtype", .text)
+                t.column("transactionId", .text)
+                t.column("receivedAt", .datetime).notNull()
+                t.column("signedPayload", .text).notNull()
+            }
+        }
+        return migrator
+    }
+
+    public func archivePath(sha256: String) -> String { dataDirectory + "/archives/" + sha256 + ".zip" }
+
+    /// A fresh path for an upload in progress, inside the data folder so it can be renamed into place.
+    public func temporaryUploadPath() -> String { dataDirectory + "/tmp/upload-\(UUID().uuidString)" }
+
+    // MARK: Catalog
+
+    /// Validates an archive with the format library and publishes it atomically.
+    ///
+    /// The archive must be well-formed, within the 2 GiB cap, and agree with `manifest` when one is
+    /// given. Its version must be newer than the product's latest; publishing identical bytes again
+    /// changes nothing; anything else is a conflict. With `moveFile` the file is renamed into the
+    /// store (it must be on the same file system), otherwise copied.
+    public func publish(archiveAt path: String, manifest: ArchiveManifest? = nil, moveFile: Bool = false, now: Date = Date()) throws(CatalogError) -> PublishOutcome {
+        let computed: ArchiveManifest
+        do throws(ArchiveError) {
+            computed = try ArchiveVerifier.computeManifest(archive: path)
+            guard computed.archiveSize <= ArchiveLimits.maxArchiveSize else {
+                throw ArchiveError(.capExceeded, "the archive is \(computed.archiveSize) bytes, over the cap of \(ArchiveLimits.maxArchiveSize) bytes (2 GiB): split the content into several products")
+            }
+            if let manifest {
+                try ArchiveVerifier.check(computed, against: manifest, archive: "the archive", source: "its manifest")
+            }
+        } catch {
+            throw CatalogError(error.code == .io ? .storage : .invalidArchive, error.message)
+        }
+        let product = computed.productId.rawValue, version = computed.contentVersion
+        let record = PublishedVersion(productId: product, contentVersion: version.string, sha256: computed.archiveSHA256,
+                                      size: Int64(computed.archiveSize), contentLength: Int64(computed.contentLength), publishedAt: now)
+        // Check before touching the store, so a refused upload leaves nothing behind.
+        if let existing = try decide(record) { return .unchanged(existing) }
+        try store(path, as: computed.archiveSHA256, move: moveFile)
+        do {
+            return try database.write { db throws -> PublishOutcome in
+                // Checked again inside the write transaction: another publisher may have won meanwhile.
+                if let existing = try Self.decide(record, db) { return .unchanged(existing) }
+                try record.insert(db)
+                return .published(record)
+            }
+        } catch let error as CatalogError {
+            throw error
+        } catch {
+            throw Self.storageError(error, dataDirectory)
+        }
+    }
+
+    private func decide(_ record: PublishedVersion) throws(CatalogError) -> PublishedVersion? {
+        do {
+            return try database.read { db in try Self.decide(record, db) }
+        } catch let error as CatalogError {
+            throw error
+        } catch {
+            throw Self.storageError(error, dataDirectory)
+        }
+    }
+
+    /// nil: publish it; a version: already published with these bytes; throws on conflict.
+    private static func decide(_ record: PublishedVersion, _ db: Database) throws -> PublishedVersion? {
+        let existing = try PublishedVersion.filter(Column("productId") == record.productId).fetchAll(db)
+        if let same = existing.first(where: { $0.contentVersion == record.contentVersion }) {
+            if same.sha256 == record.sha256 { return same }
+            throw CatalogError(.conflict, "\(record.productId) \(record.contentVersion) is already published with other bytes (sha256 \(same.sha256.prefix(16))…): published versions are immutable; raise ContentVersion and publish again")
+        }
+        let newVersion = try ContentVersion(record.contentVersion)
+        if let latest = existing.compactMap({ try? ContentVersion($0.contentVersion) }).max(), !(latest < newVersion) || latest.isNumericallyEqual(to: newVersion) {
+            throw CatalogError(.conflict, "\(record.productId) \(record.contentVersion) is not newer than the latest published version \(latest): raise ContentVersion above \(latest) and pack again")
+        }
+        return nil
+    }
+
+    private func store(_ path: String, as sha256: String, move: Bool) throws(CatalogError) {
+        let target = archivePath(sha256: sha256)
+        if access(target, F_OK) == 0 {
+            if move { unlink(path) }
+            return
+        }
+        var source = path
+        if !move {
+            source = temporaryUploadPath()
+            do {
+                try FileManager.default.copyItem(atPath: path, toPath: source)
+            } catch {
+                try? FileManager.default.removeItem(atPath: source)
+                throw CatalogError(.storage, "cannot copy the archive into \(dataDirectory)/tmp: \(error.localizedDescription); check free space and permissions")
+            }
+        }
+        let fd = open(source, O_RDONLY)
+        if fd >= 0 {
+            fsync(fd)
+            close(fd)
+        }
+        chmod(source, 0o444)
+        guard rename(source, target) == 0 else {
+            let reason = String(cString: strerror(errno))
+            if !move { unlink(source) }
+            throw CatalogError(.storage, "cannot move the archive into \(target): \(reason)")
+        }
+        let dir = open(dataDirectory + "/archives", O_RDONLY | O_DIRECTORY)
+        if dir >= 0 {
+            fsync(dir)
+            close(dir)
+        }
+    }
+
+    /// Every version of a product, newest first.
+    public func versions(productId: String) throws(CatalogError) -> [PublishedVersion] {
+        let rows: [PublishedVersion]
+        do {
+            rows = try database.read { db in try PublishedVersion.filter(Column("productId") == productId).fetchAll(db) }
+        } catch {
+            throw Self.storageError(error, dataDirectory)
+        }
+        return rows.sorted { a, b in
+            guard let va = try? ContentVersion(a.contentVersion), let vb = try? ContentVersion(b.contentVersion) else { return a.contentVersion > b.contentVersion }
+            return vb < va
+        }
+    }
+
+    /// Every product with its versions, newest first.
+    public func catalog() throws(CatalogError) -> [(productId: String, versions: [PublishedVersion])] {
+        let ids: [String]
+        do {
+            ids = try database.read { db in try String.fetchAll(db, sql: "SELECT DISTINCT productId FROM versions ORDER BY productId") }
+        } catch {
+            throw Self.storageError(error, dataDirectory)
+        }
+        var result: [(String, [PublishedVersion])] = []
+        for id in ids { result.append((id, try versions(productId: id))) }
+        return result
+    }
+
+    // MARK: Ledger
+
+    /// Records that a transaction was granted a download.
+    public func recordGrant(transactionId: String, originalTransactionId: String?, productId: String, environment: String?, now: Date = Date()) throws(CatalogError) {
+        do {
+            try database.write { db in
+                try db.execute(sql: """
+                    INSERT INTO grants (transactionId, originalTransactionId, productId, environment, firstGrantedAt, lastGrantedAt)
+                    VALUES (?, ?, ?, ?, ?, ?)
+                    ON CONFLICT(transactionId) DO UPDATE SET lastGrantedAt = excluded.lastGrantedAt
+                    """, arguments: [transactionId, originalTransactionId, productId, environment, now, now])
+            }
+        } catch {
+            throw Self.storageError(error, dataDirectory)
+        }
+    }
+
+    public func isRevoked(transactionId: String) throws(CatalogError) -> Bool {
+        do {
+            return try database.read { db in
+                try Bool.fetchOne(db, sql: "SELECT 1 FROM revocations WHERE transactionId = ?", arguments: [transactionId]) ?? false
+            }
+        } catch {
+            throw Self.storageError(error, dataDirectory)
+        }
+    }
+
+    /// Every revoked transaction id: servers keep this set in memory to check each content request.
+    public func revokedTransactionIds() throws(CatalogError) -> Set<String> {
+        do {
+            return Set(try database.read { db in try String.fetchAll(db, sql: "SELECT transactionId FROM revocations") })
+        } catch {
+            throw Self.storageError(error, dataDirectory)
+        }
+    }
+
+    /// Stores a notification and applies its effect in one transaction, once per UUID: `revoke`
+    /// true cuts access for `transactionId`, false restores it, nil changes nothing.
+    public func apply(notificationUUID: String, type: String, subtype: String?, transactionId: String?, revoke: Bool?,
+                      revokedAt: Date, signedPayload: String, now: Date = Date()) throws(CatalogError) -> NotificationOutcome {
+        do {
+            return try database.write { db -> NotificationOutcome in
+                if try Bool.fetchOne(db, sql: "SELECT 1 FROM notifications WHERE uuid = ?", arguments: [notificationUUID]) == true {
+                    return .duplicate
+                }
+                try db.execute(sql: "INSERT INTO notifications (uuid, type, subtype, transactionId, receivedAt, signedPayload) VALUES (?, ?, ?, ?, ?, ?)",
+                               arguments: [notificationUUID, type, subtype, transactionId, now, signedPayload])
+                if let transactionId, let revoke {
+                    if revoke {
+                        try db.execute(sql: "INSERT OR REPLACE INTO revocations (transactionId, revokedAt, notificationUUID) VALUES (?, ?, ?)",
+                                       arguments: [transactionId, revokedAt, notificationUUID])
+                    } else {
+                        try db.execute(sql: "DELETE FROM revocations WHERE transactionId = ?", arguments: [transactionId])
+                    }
+                }
+                return .applied
+            }
+        } catch {
+            throw Self.storageError(error, dataDirectory)
+        }
+    }
+
+    public func notificationCount() throws(CatalogError) -> Int {
+        do { return try database.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM notifications") ?? 0 } } catch {
+            throw Self.storageError(error, dataDirectory)
+        }
+    }
+
+    static func storageError(_ error: any Error, _ data: String) -> CatalogError {
+        if let error = error as? CatalogError { return error }
+        if let db = error as? DatabaseError {
+            switch db.resultCode {
+            case .SQLITE_READONLY, .SQLITE_CANTOPEN, .SQLITE_PERM:
+                return CatalogError(.storage, "the catalog database in \(data) cannot be written (\(db.resultCode)): make the folder and catalog.sqlite writable by the server")
+            case .SQLITE_FULL:
+                return CatalogError(.storage, "the disk holding \(data) is full: free space; nothing was changed")
+            default:
+                return CatalogError(.storage, "the catalog database in \(data) failed: \(db.message ?? "\(db.resultCode)")")
+            }
+        }
+        return CatalogError(.storage, "the catalog in \(data) failed: \(error)")
+    }
+}

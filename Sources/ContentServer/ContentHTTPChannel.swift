@@ -1,0 +1,42 @@
+import ContentDelivery
+import Hummingbird
+import HummingbirdCore
+import Logging
+import NIOCore
+import NIOHTTP1
+import NIOHTTPTypes
+import NIOHTTPTypesHTTP1
+
+/// Hummingbird's HTTP/1 child channel with the content handler placed ahead of the HTTP-types
+/// codec, so archive bytes leave through sendfile while the JSON API goes through the router.
+struct ContentHTTPChannel: HTTPChannelHandler {
+    typealias Value = NIOAsyncChannel<HTTPRequestPart, HTTPResponsePart>
+
+    let responder: Responder
+    let service: ContentService
+    let idleTimeout: Duration
+
+    func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<Value> {
+        channel.eventLoop.makeCompletedFuture {
+            // Header floods are cut by the decoder's limits and answered 400 by NIO's error handler.
+            var limits = NIOHTTPDecoderLimitConfiguration()
+            limits.maxHeaderFieldSize = 16 * 1024
+            limits.maxHeaderListSize = 64 * 1024
+            limits.maxHeaderFieldCount = 100
+            let sync = channel.pipeline.syncOperations
+            try sync.addHandler(IdleStateHandler(readTimeout: .nanoseconds(Int64(idleTimeout.components.seconds) * 1_000_000_000)))
+            try sync.configureHTTPServerPipeline(
+                withPipeliningAssistance: true, withErrorHandling: true, withOutboundHeaderValidation: false,
+                withEncoderConfiguration: .init(), withDecoderLimitConfiguration: limits)
+            try sync.addHandler(ContentChannelHandler(prefix: "/v1/content/", resolver: service, observer: service.metrics))
+            try sync.addHandler(HTTP1ToHTTPServerCodec(secure: false))
+            // No idle timeout here: this handler cannot see content transfers and would cut them.
+            try sync.addHandler(HTTPConnectionStateHandler(idleTimeout: nil, logger: logger))
+            return try NIOAsyncChannel(wrappingChannelSynchronously: channel, configuration: .init(isOutboundHalfClosureEnabled: true))
+        }
+    }
+
+    func handle(value: Value, logger: Logger) async {
+        await handleHTTP(asyncChannel: value, logger: logger)
+    }
+}

@@ -1,0 +1,58 @@
+import ContentCatalog
+import Foundation
+import Hummingbird
+import HummingbirdCore
+import Logging
+import NIOCore
+import ServiceLifecycle
+import Synchronization
+
+/// Runs the server until SIGTERM or SIGINT, then drains transfers in flight for at most
+/// `drainTimeout`.
+public enum ContentServerApp {
+    /// - Parameter onListening: called with the bound port once the server accepts connections.
+    public static func run(configuration: ServerConfiguration, logger: Logger,
+                           onListening: @escaping @Sendable (Int) async -> Void = { _ in }) async throws {
+        let service = try ContentService(configuration: configuration)
+        let router = Router(context: BasicRequestContext.self)
+        router.add(middleware: LogRequestsMiddleware(.info))
+        router.add(middleware: ErrorFormatMiddleware())
+        APIRoutes(service: service).register(on: router)
+
+        let app = Application(
+            router: router,
+            server: HTTPServerBuilder { responder in
+                ContentHTTPChannel(responder: responder, service: service, idleTimeout: configuration.idleTimeout)
+            },
+            configuration: .init(address: .hostname(configuration.host, port: configuration.port), serverName: "iap-server"),
+            onServerRunning: { channel in
+                let port = channel.localAddress?.port ?? configuration.port
+                service.boundPort.withLock { $0 = port }
+                await onListening(port)
+            },
+            logger: logger)
+
+        var group = ServiceGroupConfiguration(
+            services: [.init(service: app), .init(service: RevocationRefresher(service: service, interval: configuration.revocationRefresh))],
+            gracefulShutdownSignals: [.sigterm, .sigint], cancellationSignals: [], logger: logger)
+        group.maximumGracefulShutdownDuration = configuration.drainTimeout
+        try await ServiceGroup(configuration: group).run()
+        service.closeFiles()
+    }
+}
+
+/// Reloads revocations from the ledger every few seconds, so replicas sharing a data folder
+/// refuse a refunded transaction within seconds of any one of them receiving the notification.
+struct RevocationRefresher: Service {
+    let service: ContentService
+    let interval: Duration
+
+    func run() async throws {
+        try await cancelWhenGracefulShutdown {
+            while !Task.isCancelled {
+                do { try await Task.sleep(for: interval) } catch { return }
+                try? service.refreshRevocations()
+            }
+        }
+    }
+}

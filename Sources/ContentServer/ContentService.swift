@@ -1,0 +1,94 @@
+import ContentArchive
+import ContentCatalog
+import ContentDelivery
+import DownloadGrants
+import Foundation
+import NIOCore
+import PurchaseVerification
+import Synchronization
+
+/// The server's shared state: catalog and ledger, verifier, grant keys, and the in-memory views
+/// the content path needs to answer without blocking (revoked transactions, open archives).
+public final class ContentService: ContentResolver, Sendable {
+    public let configuration: ServerConfiguration
+    public let store: ContentStore
+    public let verifier: SignedDataVerifier
+    public let grants: GrantKeyRing
+    public let metrics = ServerMetrics()
+    /// The port actually bound (differs from the configuration's when that is 0).
+    let boundPort = Mutex(0)
+    private let revoked: Mutex<Set<String>>
+    private let openFiles = Mutex<[String: ServedFile]>([:])
+
+    public init(configuration: ServerConfiguration) throws {
+        self.configuration = configuration
+        store = try ContentStore(dataDirectory: configuration.dataDirectory)
+        verifier = SignedDataVerifier(configuration: .init(bundleId: configuration.bundleId, trustRoots: configuration.trustRoots,
+                                                           environments: configuration.environments))
+        grants = try GrantKeyRing.loadOrCreate(path: configuration.dataDirectory + "/grant-keys.json")
+        revoked = Mutex(try store.revokedTransactionIds())
+    }
+
+    /// Whether a transaction's access was cut (in memory, refreshed from the ledger).
+    public func isRevoked(_ transactionId: String) -> Bool { revoked.withLock { $0.contains(transactionId) } }
+
+    func markRevoked(_ transactionId: String, _ value: Bool) {
+        revoked.withLock { set in
+            if value { set.insert(transactionId) } else { set.remove(transactionId) }
+        }
+    }
+
+    /// Picks up revocations written by other replicas sharing the data folder.
+    func refreshRevocations() throws {
+        let current = try store.revokedTransactionIds()
+        revoked.withLock { $0 = current }
+    }
+
+    // MARK: ContentResolver (runs on the event loop)
+
+    public func resolve(path: Substring) -> ContentResolution {
+        let token = path.prefix { $0 != "/" }
+        let grant: Grant
+        switch grants.verify(token) {
+        case .failure(let error):
+            return .refuse(.unauthorized, code: error.code, message: error.description)
+        case .success(let value):
+            grant = value
+        }
+        if isRevoked(grant.transactionId) {
+            return .refuse(.forbidden, code: "revoked", message: "transaction \(grant.transactionId) was refunded or revoked: its content can no longer be downloaded")
+        }
+        guard let file = openArchive(sha256: grant.sha256) else {
+            return .refuse(.notFound, code: "no-content", message: "the archive for \(grant.productId) \(grant.contentVersion) is no longer on this server")
+        }
+        return .file(file, fileName: "\(grant.productId)-\(grant.contentVersion).zip")
+    }
+
+    /// Archives are immutable and named by hash, so each is opened once and its handle kept.
+    private func openArchive(sha256: String) -> ServedFile? {
+        if let file = openFiles.withLock({ $0[sha256] }) { return file }
+        guard sha256.utf8.count == 64, sha256.utf8.allSatisfy({ ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x61 && $0 <= 0x66) }) else { return nil }
+        let path = store.archivePath(sha256: sha256)
+        var info = stat()
+        guard stat(path, &info) == 0,
+              // FileRegion (sendfile) takes only an NIOFileHandle; NIO has no non-deprecated way to make one yet.
+              let handle = try? NIOFileHandle(_deprecatedPath: path) else { return nil }
+        let file = ServedFile(handle: handle, size: UInt64(info.st_size), etag: "\"\(sha256)\"",
+                              lastModified: HTTPDate.format(Date(timeIntervalSince1970: TimeInterval(info.st_mtim.tv_sec))))
+        return openFiles.withLock { files in
+            if let existing = files[sha256] {
+                try? handle.close()
+                return existing
+            }
+            files[sha256] = file
+            return file
+        }
+    }
+
+    func closeFiles() {
+        openFiles.withLock { files in
+            for file in files.values { try? file.handle.close() }
+            files.removeAll()
+        }
+    }
+}

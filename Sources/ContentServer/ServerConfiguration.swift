@@ -1,0 +1,43 @@
+import Foundation
+import PurchaseVerification
+import X509
+
+/// Everything `iap-server serve` needs; each setting also comes from an environment variable
+/// (for containers), flags winning.
+public struct ServerConfiguration: Sendable {
+    /// Holds `catalog.sqlite`, `archives/`, `grant-keys.json`.
+    public var dataDirectory: String
+    public var bundleId: String
+    public var host: String = "127.0.0.1"
+    /// 0 picks a free port.
+    public var port: Int = 8080
+    public var trustRoots: [Certificate] = [AppleRoots.rootCAG3]
+    public var environments: EnvironmentPolicy = .production
+    /// How long a download URL stays valid.
+    public var tokenTTL: Duration = .seconds(900)
+    /// The admin bearer token; nil disables the admin API.
+    public var adminToken: String?
+    /// The base of the download URLs handed out, e.g. https://content.example.com; defaults to
+    /// http://<host>:<port>.
+    public var publicURL: String?
+    /// Connections that send nothing for this long between requests are closed.
+    public var idleTimeout: Duration = .seconds(60)
+    /// How long SIGTERM waits for transfers in flight before closing them.
+    public var drainTimeout: Duration = .seconds(30)
+    /// Largest JSON request body.
+    public var maxJSONBody = 256 * 1024
+    /// How often revocations written by other replicas are picked up.
+    public var revocationRefresh: Duration = .seconds(2)
+
+    public init(dataDirectory: String, bundleId: String) {
+        self.dataDirectory = dataDirectory
+        self.bundleId = bundleId
+    }
+
+    /// The environment variables read, with their meaning.
+    public static let environmentVariables: [(String, String)] = [
+        ("IAP_DATA", "--data"), ("IAP_BUNDLE_ID", "--bundle-id"), ("IAP_HOST", "--host"), ("IAP_PORT", "--port"),
+        ("IAP_TRUST_ROOTS", "--trust-root, colon-separated"), ("IAP_ENVIRONMENT", "--environment"),
+        ("IAP_TOKEN_TTL", "--token-ttl"), ("IAP_ADMIN_TOKEN_FILE", "--admin-token-file"), ("IAP_PUBLIC_URL", "--public-url"),
+    ]
+}

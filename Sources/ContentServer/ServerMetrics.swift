@@ -1,0 +1,51 @@
+import ContentDelivery
+import NIOHTTP1
+import Prometheus
+
+/// The server's Prometheus metrics, on a registry of its own (not the process-global
+/// MetricsSystem, so that several servers can live in one process, as in tests).
+public final class ServerMetrics: ContentObserver, Sendable {
+    public let registry = PrometheusCollectorRegistry()
+    let bytesServed: Counter
+    let activeTransfers: Gauge
+    let transferDuration: DurationHistogram
+    let verificationDuration: DurationHistogram
+
+    init() {
+        bytesServed = registry.makeCounter(name: "iap_content_bytes_served_total", help: "Archive bytes sent (counted when a response ends).")
+        activeTransfers = registry.makeGauge(name: "iap_content_active_transfers", help: "Content responses being sent now.")
+        // Downloads of large archives over slow links take minutes: buckets reach an hour.
+        transferDuration = registry.makeDurationHistogram(
+            name: "iap_content_transfer_duration_seconds",
+            buckets: [.milliseconds(10), .milliseconds(100), .seconds(1), .seconds(5), .seconds(15), .seconds(30), .seconds(60),
+                      .seconds(120), .seconds(300), .seconds(600), .seconds(1200), .seconds(1800), .seconds(3600)],
+            help: "Time from the first to the last byte of a content response.")
+        verificationDuration = registry.makeDurationHistogram(
+            name: "iap_verification_duration_seconds",
+            buckets: [.microseconds(100), .microseconds(250), .microseconds(500), .milliseconds(1), .milliseconds(2),
+                      .milliseconds(5), .milliseconds(10), .milliseconds(50), .milliseconds(250)],
+            help: "Time to verify a signed transaction or notification.")
+    }
+
+    func grant(_ outcome: String) {
+        registry.makeCounter(name: "iap_grants_total", labels: [("outcome", outcome)], help: "Download grant requests by outcome.").increment()
+    }
+
+    func notification(_ type: String, _ outcome: String) {
+        registry.makeCounter(name: "iap_notifications_total", labels: [("type", type), ("outcome", outcome)],
+                             help: "App Store Server Notifications by type and outcome.").increment()
+    }
+
+    public func responseStarted(status: HTTPResponseStatus, bytes: UInt64) {
+        if bytes > 0 { activeTransfers.increment() }
+        registry.makeCounter(name: "iap_content_responses_total", labels: [("status", String(status.code))],
+                             help: "Content responses by status.").increment()
+    }
+
+    public func responseFinished(status: HTTPResponseStatus, bytes: UInt64, duration: Duration, succeeded: Bool) {
+        guard bytes > 0 else { return }
+        activeTransfers.decrement()
+        transferDuration.record(duration)
+        if succeeded { bytesServed.increment(by: Int64(bytes)) }
+    }
+}

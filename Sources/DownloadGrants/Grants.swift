@@ -1,0 +1,146 @@
+import Crypto
+import Foundation
+
+/// What a download grant allows: one archive (by hash) of one product version, for one
+/// transaction, until a time.
+public struct Grant: Sendable, Equatable {
+    public let transactionId: String
+    public let productId: String
+    public let contentVersion: String
+    /// SHA-256 of the archive, lowercase hex.
+    public let sha256: String
+    /// Seconds since 1970.
+    public let expiresAt: Int64
+
+    public init(transactionId: String, productId: String, contentVersion: String, sha256: String, expiresAt: Int64) {
+        self.transactionId = transactionId
+        self.productId = productId
+        self.contentVersion = contentVersion
+        self.sha256 = sha256
+        self.expiresAt = expiresAt
+    }
+}
+
+/// Why a grant token was refused; every case answers 401.
+public enum GrantError: Error, Sendable, Equatable, CustomStringConvertible {
+    case malformed
+    case unknownKey(String)
+    case forged
+    case expired(at: Int64)
+
+    public var code: String {
+        switch self {
+        case .malformed: "grant-malformed"
+        case .unknownKey: "grant-unknown-key"
+        case .forged: "grant-forged"
+        case .expired: "grant-expired"
+        }
+    }
+
+    public var description: String {
+        switch self {
+        case .malformed: "the download URL's grant is malformed: ask POST /v1/downloads for a new one"
+        case .unknownKey(let id): "the grant was signed with key '\(id)', which this server does not have: ask POST /v1/downloads for a new one"
+        case .forged: "the grant's signature does not match: ask POST /v1/downloads for a new one"
+        case .expired(let at): "the grant expired at \(Date(timeIntervalSince1970: TimeInterval(at)).formatted(.iso8601)): ask POST /v1/downloads for a new one"
+        }
+    }
+}
+
+/// HMAC-SHA256 grant tokens with a key id, so keys can rotate and several replicas that share the
+/// key file accept each other's grants.
+///
+/// Token: `<keyId>.<base64url payload>.<base64url HMAC>`, path-safe. The payload is
+/// `transactionId|productId|contentVersion|sha256|expiresAt`, plain text rather than JSON because
+/// it is checked on every content request; none of its fields can contain `|`.
+public struct GrantKeyRing: Sendable {
+    public let activeKeyId: String
+    private let keys: [String: SymmetricKey]
+
+    public init(activeKeyId: String, keys: [String: SymmetricKey]) {
+        precondition(keys[activeKeyId] != nil, "the active key must be in the ring")
+        self.activeKeyId = activeKeyId
+        self.keys = keys
+    }
+
+    /// A ring with one fresh 256-bit key.
+    public static func generate(keyId: String = "k1") -> GrantKeyRing {
+        GrantKeyRing(activeKeyId: keyId, keys: [keyId: SymmetricKey(size: .bits256)])
+    }
+
+    public func mint(_ grant: Grant) -> String {
+        let payload = base64URL(Data([grant.transactionId, grant.productId, grant.contentVersion, grant.sha256, String(grant.expiresAt)]
+            .joined(separator: "|").utf8))
+        let prefix = activeKeyId + "." + payload
+        let mac = HMAC<SHA256>.authenticationCode(for: Data(prefix.utf8), using: keys[activeKeyId]!)
+        return prefix + "." + base64URL(Data(mac))
+    }
+
+    /// Checks the signature (in constant time) and expiry, and returns the grant.
+    public func verify(_ token: Substring, now: Date = Date()) -> Result<Grant, GrantError> {
+        let parts = token.split(separator: ".", omittingEmptySubsequences: false)
+        guard token.utf8.count <= 2048, parts.count == 3 else { return .failure(.malformed) }
+        guard let key = keys[String(parts[0])] else { return .failure(.unknownKey(String(parts[0].prefix(16)))) }
+        guard let mac = unbase64URL(parts[2]), let payload = unbase64URL(parts[1]) else { return .failure(.malformed) }
+        let signed = token.utf8.prefix(parts[0].utf8.count + 1 + parts[1].utf8.count)
+        guard HMAC<SHA256>.isValidAuthenticationCode(mac, authenticating: Data(signed), using: key) else {
+            return .failure(.forged)
+        }
+        let fields = String(decoding: payload, as: UTF8.self).split(separator: "|", omittingEmptySubsequences: false)
+        guard fields.count == 5, let expires = Int64(fields[4]) else { return .failure(.malformed) }
+        guard Int64(now.timeIntervalSince1970) < expires else { return .failure(.expired(at: expires)) }
+        return .success(Grant(transactionId: String(fields[0]), productId: String(fields[1]), contentVersion: String(fields[2]),
+                              sha256: String(fields[3]), expiresAt: expires))
+    }
+
+    /// Loads the key file, creating it (mode 0600) with one fresh key when missing. Format:
+    /// `{"active": "<id>", "keys": {"<id>": "<base64 secret>"}}`; to rotate, add a key and make it active.
+    public static func loadOrCreate(path: String) throws -> GrantKeyRing {
+        if let data = FileManager.default.contents(atPath: path) {
+            struct File: Decodable {
+                let active: String
+                let keys: [String: String]
+            }
+            guard let file = try? JSONDecoder().decode(File.self, from: data) else {
+                throw GrantKeyFileError("\(path) is not a grant key file ({\"active\": id, \"keys\": {id: base64}}): fix it or remove it to generate a new key (outstanding grants then stop working)")
+            }
+            var keys: [String: SymmetricKey] = [:]
+            for (id, secret) in file.keys {
+                guard let bytes = Data(base64Encoded: secret), bytes.count >= 32,
+                      id.utf8.allSatisfy({ ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x61 && $0 <= 0x7A) || $0 == 0x2D }) else {
+                    throw GrantKeyFileError("key '\(id)' in \(path) must be at least 32 bytes of base64 under an id of lowercase letters, digits and '-'")
+                }
+                keys[id] = SymmetricKey(data: bytes)
+            }
+            guard keys[file.active] != nil else {
+                throw GrantKeyFileError("the active key '\(file.active)' is not among the keys in \(path)")
+            }
+            return GrantKeyRing(activeKeyId: file.active, keys: keys)
+        }
+        let ring = generate()
+        let secret = ring.keys[ring.activeKeyId]!.withUnsafeBytes { Data($0).base64EncodedString() }
+        let json = "{\"active\": \"\(ring.activeKeyId)\", \"keys\": {\"\(ring.activeKeyId)\": \"\(secret)\"}}\n"
+        let fd = open(path, O_CREAT | O_EXCL | O_WRONLY, 0o600)
+        guard fd >= 0 else { throw GrantKeyFileError("cannot create \(path): \(String(cString: strerror(errno)))") }
+        defer { close(fd) }
+        let written = json.utf8CString.withUnsafeBytes { write(fd, $0.baseAddress, $0.count - 1) }
+        guard written == json.utf8.count, fsync(fd) == 0 else { throw GrantKeyFileError("cannot write \(path): \(String(cString: strerror(errno)))") }
+        return ring
+    }
+}
+
+public struct GrantKeyFileError: Error, CustomStringConvertible {
+    public let description: String
+    init(_ description: String) { self.description = description }
+}
+
+func base64URL(_ data: Data) -> String {
+    data.base64EncodedString().replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_").replacingOccurrences(of: "=", with: "")
+}
+
+func unbase64URL(_ text: Substring) -> Data? {
+    guard text.utf8.allSatisfy({ ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x61 && $0 <= 0x7A) || ($0 >= 0x30 && $0 <= 0x39) || $0 == 0x2D || $0 == 0x5F }) else { return nil }
+    var s = text.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
+    while s.utf8.count % 4 != 0 { s += "=" }
+    return Data(base64Encoded: s)
+}
