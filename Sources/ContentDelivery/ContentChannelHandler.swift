@@ -118,6 +118,16 @@ public final class ContentChannelHandler: ChannelDuplexHandler, RemovableChannel
         context.fireUserInboundEventTriggered(event)
     }
 
+    public func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        switch state {
+        case .intercepting, .sending:
+            // The framework behind must not answer a request this handler owns: close instead.
+            context.close(promise: nil)
+        case .idle, .forwarding:
+            context.fireErrorCaught(error)
+        }
+    }
+
     private func respond(context: ChannelHandlerContext, head: HTTPRequestHead) {
         let keepAlive = head.isKeepAlive
         var headers = HTTPHeaders()

@@ -18,7 +18,8 @@ struct ContentHTTPChannel: HTTPChannelHandler {
 
     func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<Value> {
         channel.eventLoop.makeCompletedFuture {
-            // Header floods are cut by the decoder's limits and answered 400 by NIO's error handler.
+            // Header floods are cut by the decoder's limits; Hummingbird answers the decoding error
+            // with 400 itself, so NIO's error handler stays off (two answers would break the connection).
             var limits = NIOHTTPDecoderLimitConfiguration()
             limits.maxHeaderFieldSize = 16 * 1024
             limits.maxHeaderListSize = 64 * 1024
@@ -26,7 +27,7 @@ struct ContentHTTPChannel: HTTPChannelHandler {
             let sync = channel.pipeline.syncOperations
             try sync.addHandler(IdleStateHandler(readTimeout: .nanoseconds(Int64(idleTimeout.components.seconds) * 1_000_000_000)))
             try sync.configureHTTPServerPipeline(
-                withPipeliningAssistance: true, withErrorHandling: true, withOutboundHeaderValidation: false,
+                withPipeliningAssistance: true, withErrorHandling: false, withOutboundHeaderValidation: false,
                 withEncoderConfiguration: .init(), withDecoderLimitConfiguration: limits)
             try sync.addHandler(ContentChannelHandler(prefix: "/v1/content/", resolver: service, observer: service.metrics))
             try sync.addHandler(HTTP1ToHTTPServerCodec(secure: false))

@@ -1,0 +1,141 @@
+import Foundation
+import Testing
+
+func productsDirectory() -> String {
+    var url = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath()
+    for _ in 0..<4 {
+        url.deleteLastPathComponent()
+        if FileManager.default.isExecutableFile(atPath: url.path + "/iap-server") { return url.path }
+    }
+    return FileManager.default.currentDirectoryPath + "/.build/debug"
+}
+
+final class TemporaryFolder: @unchecked Sendable {
+    let path: String
+    init() throws {
+        path = FileManager.default.temporaryDirectory.path + "/iap-server-tests-" + UUID().uuidString
+        try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+    }
+    deinit { try? FileManager.default.removeItem(atPath: path) }
+    func sub(_ name: String) -> String { path + "/" + name }
+}
+
+struct ServerError: Error, CustomStringConvertible { let description: String }
+
+/// `iap-server serve` as a child process on a free port.
+final class ServerProcess: @unchecked Sendable {
+    let process = Process()
+    let port: Int
+    let log: String
+    var base: String { "http://127.0.0.1:\(port)" }
+
+    init(data: String, arguments: [String], folder: TemporaryFolder) throws {
+        let portFile = folder.sub("port-\(UUID().uuidString)")
+        log = folder.sub("server-\(UUID().uuidString).log")
+        _ = FileManager.default.createFile(atPath: log, contents: nil)
+        process.executableURL = URL(fileURLWithPath: productsDirectory() + "/iap-server")
+        process.arguments = ["serve", "--data", data, "--port", "0", "--port-file", portFile] + arguments
+        process.standardOutput = FileHandle(forWritingAtPath: log)
+        process.standardError = FileHandle(forWritingAtPath: log)
+        try process.run()
+        // Wait (bounded) for the server to report its port.
+        let deadline = Date().addingTimeInterval(30)
+        var found: Int?
+        while found == nil && Date() < deadline && process.isRunning {
+            found = (try? String(contentsOfFile: portFile, encoding: .utf8)).flatMap { Int($0) }
+            if found == nil { usleep(20_000) }
+        }
+        guard let found else {
+            process.terminate()
+            throw ServerError(description: "the server did not start: \((try? String(contentsOfFile: log, encoding: .utf8)) ?? "")")
+        }
+        port = found
+    }
+
+    /// SIGTERM, then waits (bounded) and returns the exit status.
+    func stop() -> Int32 {
+        guard process.isRunning else { return process.terminationStatus }
+        kill(process.processIdentifier, SIGTERM)
+        let deadline = Date().addingTimeInterval(20)
+        while process.isRunning && Date() < deadline { usleep(20_000) }
+        if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+        process.waitUntilExit()
+        return process.terminationStatus
+    }
+
+    deinit { if process.isRunning { kill(process.processIdentifier, SIGKILL) } }
+}
+
+struct HTTPResult {
+    let status: Int
+    let headers: [String: String]
+    let body: Data
+    var text: String { String(decoding: body, as: UTF8.self) }
+    var json: [String: Any] { (try? JSONSerialization.jsonObject(with: body)) as? [String: Any] ?? [:] }
+    var errorCode: String? { (json["error"] as? [String: Any])?["code"] as? String }
+}
+
+/// One request with the real curl; returns the last response's status, headers and body.
+func curl(_ arguments: [String], folder: TemporaryFolder) throws -> HTTPResult {
+    let id = UUID().uuidString
+    let headersPath = folder.sub("h-\(id)"), bodyPath = folder.sub("b-\(id)")
+    defer {
+        try? FileManager.default.removeItem(atPath: headersPath)
+        try? FileManager.default.removeItem(atPath: bodyPath)
+    }
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+    process.arguments = ["curl", "-s", "-S", "--max-time", "60", "-D", headersPath, "-o", bodyPath, "-w", "%{http_code}"] + arguments
+    let outPath = folder.sub("o-\(id)")
+    _ = FileManager.default.createFile(atPath: outPath, contents: nil)
+    defer { try? FileManager.default.removeItem(atPath: outPath) }
+    process.standardOutput = FileHandle(forWritingAtPath: outPath)
+    process.standardError = FileHandle.nullDevice
+    try process.run()
+    process.waitUntilExit()
+    let status = Int((try? String(contentsOfFile: outPath, encoding: .utf8)) ?? "") ?? 0
+    var headers: [String: String] = [:]
+    let raw = (try? String(contentsOfFile: headersPath, encoding: .utf8)) ?? ""
+    let blocks = raw.components(separatedBy: "\r\n\r\n").filter { !$0.isEmpty }
+    for line in (blocks.last ?? "").components(separatedBy: "\r\n").dropFirst() {
+        guard let colon = line.firstIndex(of: ":") else { continue }
+        headers[line[..<colon].lowercased()] = line[line.index(after: colon)...].trimmingCharacters(in: .whitespaces)
+    }
+    let body = FileManager.default.contents(atPath: bodyPath) ?? Data()
+    return HTTPResult(status: status, headers: headers, body: body)
+}
+
+func postJSON(_ url: String, _ object: [String: Any], folder: TemporaryFolder) throws -> HTTPResult {
+    let data = try JSONSerialization.data(withJSONObject: object)
+    let path = folder.sub("req-\(UUID().uuidString).json")
+    try data.write(to: URL(fileURLWithPath: path))
+    defer { try? FileManager.default.removeItem(atPath: path) }
+    return try curl(["-X", "POST", "-H", "Content-Type: application/json", "--data-binary", "@" + path, url], folder: folder)
+}
+
+/// Sends raw bytes on one connection and returns everything the server sent until it closed.
+func rawExchange(port: Int, _ request: String, folder: TemporaryFolder) throws -> String {
+    let script = folder.sub("raw-\(UUID().uuidString).py")
+    try """
+    import socket, sys
+    s = socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=20)
+    s.sendall(sys.stdin.buffer.read())
+    data = b''
+    while True:
+        chunk = s.recv(65536)
+        if not chunk: break
+        data += chunk
+    sys.stdout.buffer.write(data)
+    """.write(toFile: script, atomically: true, encoding: .utf8)
+    let input = folder.sub("raw-in-\(UUID().uuidString)"), output = folder.sub("raw-out-\(UUID().uuidString)")
+    try Data(request.utf8).write(to: URL(fileURLWithPath: input))
+    _ = FileManager.default.createFile(atPath: output, contents: nil)
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+    process.arguments = ["python3", script, String(port)]
+    process.standardInput = FileHandle(forReadingAtPath: input)
+    process.standardOutput = FileHandle(forWritingAtPath: output)
+    try process.run()
+    process.waitUntilExit()
+    return (try? String(contentsOfFile: output, encoding: .isoLatin1)) ?? ""
+}
