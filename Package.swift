@@ -53,9 +53,11 @@ let package = Package(
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
+        .target(name: "Base64URL"),
         .target(
             name: "PurchaseVerification",
             dependencies: [
+                "Base64URL",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "X509", package: "swift-certificates"),
                 .product(name: "SwiftASN1", package: "swift-asn1"),
@@ -93,7 +95,7 @@ let package = Package(
         ),
         .target(
             name: "DownloadGrants",
-            dependencies: [.product(name: "Crypto", package: "swift-crypto")]
+            dependencies: ["Base64URL", .product(name: "Crypto", package: "swift-crypto")]
         ),
         .target(
             name: "ContentCatalog",

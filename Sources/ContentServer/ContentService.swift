@@ -18,7 +18,12 @@ public final class ContentService: ContentResolver, Sendable {
     /// The port actually bound (differs from the configuration's when that is 0).
     let boundPort = Mutex(0)
     private let revoked: Mutex<Set<String>>
-    private let openFiles = Mutex<[String: ServedFile]>([:])
+    private struct FileKey: Hashable {
+        let sha256: String
+        let eventLoop: ObjectIdentifier
+    }
+
+    private let openFiles = Mutex<[FileKey: ServedFile]>([:])
 
     public init(configuration: ServerConfiguration) throws {
         self.configuration = configuration
@@ -46,8 +51,9 @@ public final class ContentService: ContentResolver, Sendable {
 
     // MARK: ContentResolver (runs on the event loop)
 
-    public func resolve(path: Substring) -> ContentResolution {
-        let token = path.prefix { $0 != "/" }
+    public func resolve(path: Substring, on eventLoop: any EventLoop) -> ContentResolution {
+        let slash = path.utf8.firstIndex(of: UInt8(ascii: "/")) ?? path.utf8.endIndex
+        let token = Substring(path.utf8[path.utf8.startIndex..<slash])
         let grant: Grant
         switch grants.verify(token) {
         case .failure(let error):
@@ -58,15 +64,17 @@ public final class ContentService: ContentResolver, Sendable {
         if isRevoked(grant.transactionId) {
             return .refuse(.forbidden, code: "revoked", message: "transaction \(grant.transactionId) was refunded or revoked: its content can no longer be downloaded")
         }
-        guard let file = openArchive(sha256: grant.sha256) else {
+        guard let file = openArchive(sha256: grant.sha256, for: ObjectIdentifier(eventLoop)) else {
             return .refuse(.notFound, code: "no-content", message: "the archive for \(grant.productId) \(grant.contentVersion) is no longer on this server")
         }
         return .file(file, fileName: "\(grant.productId)-\(grant.contentVersion).zip")
     }
 
-    /// Archives are immutable and named by hash, so each is opened once and its handle kept.
-    private func openArchive(sha256: String) -> ServedFile? {
-        if let file = openFiles.withLock({ $0[sha256] }) { return file }
+    /// Archives are immutable and named by hash, so each is opened once per event loop and the
+    /// handle kept (a handle shared between loops fails with EBUSY under concurrent transfers).
+    private func openArchive(sha256: String, for eventLoop: ObjectIdentifier) -> ServedFile? {
+        let key = FileKey(sha256: sha256, eventLoop: eventLoop)
+        if let file = openFiles.withLock({ $0[key] }) { return file }
         guard sha256.utf8.count == 64, sha256.utf8.allSatisfy({ ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x61 && $0 <= 0x66) }) else { return nil }
         let path = store.archivePath(sha256: sha256)
         var info = stat()
@@ -76,11 +84,11 @@ public final class ContentService: ContentResolver, Sendable {
         let file = ServedFile(handle: handle, size: UInt64(info.st_size), etag: "\"\(sha256)\"",
                               lastModified: HTTPDate.format(Date(timeIntervalSince1970: TimeInterval(info.st_mtim.tv_sec))))
         return openFiles.withLock { files in
-            if let existing = files[sha256] {
+            if let existing = files[key] {
                 try? handle.close()
                 return existing
             }
-            files[sha256] = file
+            files[key] = file
             return file
         }
     }

@@ -1,3 +1,4 @@
+import Base64URL
 import Crypto
 import Foundation
 
@@ -69,28 +70,33 @@ public struct GrantKeyRing: Sendable {
     }
 
     public func mint(_ grant: Grant) -> String {
-        let payload = base64URL(Data([grant.transactionId, grant.productId, grant.contentVersion, grant.sha256, String(grant.expiresAt)]
-            .joined(separator: "|").utf8))
+        let payload = Base64URL.encode([grant.transactionId, grant.productId, grant.contentVersion, grant.sha256, String(grant.expiresAt)]
+            .joined(separator: "|").utf8)
         let prefix = activeKeyId + "." + payload
         let mac = HMAC<SHA256>.authenticationCode(for: Data(prefix.utf8), using: keys[activeKeyId]!)
-        return prefix + "." + base64URL(Data(mac))
+        return prefix + "." + Base64URL.encode(mac)
     }
 
-    /// Checks the signature (in constant time) and expiry, and returns the grant.
+    /// Checks the signature (in constant time) and expiry, and returns the grant. Works on UTF-8
+    /// bytes throughout: it runs on every content request.
     public func verify(_ token: Substring, now: Date = Date()) -> Result<Grant, GrantError> {
-        let parts = token.split(separator: ".", omittingEmptySubsequences: false)
-        guard token.utf8.count <= 2048, parts.count == 3 else { return .failure(.malformed) }
-        guard let key = keys[String(parts[0])] else { return .failure(.unknownKey(String(parts[0].prefix(16)))) }
-        guard let mac = unbase64URL(parts[2]), let payload = unbase64URL(parts[1]) else { return .failure(.malformed) }
-        let signed = token.utf8.prefix(parts[0].utf8.count + 1 + parts[1].utf8.count)
-        guard HMAC<SHA256>.isValidAuthenticationCode(mac, authenticating: Data(signed), using: key) else {
+        let bytes = token.utf8
+        guard bytes.count <= 2048 else { return .failure(.malformed) }
+        let parts = bytes.split(separator: UInt8(ascii: "."), maxSplits: 3, omittingEmptySubsequences: false)
+        guard parts.count == 3 else { return .failure(.malformed) }
+        let keyId = String(Substring(parts[0]))
+        guard let key = keys[keyId] else { return .failure(.unknownKey(String(keyId.prefix(16)))) }
+        guard let mac = Base64URL.decode(parts[2]), let payload = Base64URL.decode(parts[1]) else { return .failure(.malformed) }
+        let signed = bytes[bytes.startIndex..<parts[1].endIndex]
+        guard HMAC<SHA256>.isValidAuthenticationCode(mac, authenticating: Array(signed), using: key) else {
             return .failure(.forged)
         }
-        let fields = String(decoding: payload, as: UTF8.self).split(separator: "|", omittingEmptySubsequences: false)
-        guard fields.count == 5, let expires = Int64(fields[4]) else { return .failure(.malformed) }
+        let fields = payload.split(separator: UInt8(ascii: "|"), maxSplits: 5, omittingEmptySubsequences: false)
+        guard fields.count == 5, let expires = Int64(String(decoding: fields[4], as: UTF8.self)) else { return .failure(.malformed) }
         guard Int64(now.timeIntervalSince1970) < expires else { return .failure(.expired(at: expires)) }
-        return .success(Grant(transactionId: String(fields[0]), productId: String(fields[1]), contentVersion: String(fields[2]),
-                              sha256: String(fields[3]), expiresAt: expires))
+        return .success(Grant(transactionId: String(decoding: fields[0], as: UTF8.self), productId: String(decoding: fields[1], as: UTF8.self),
+                              contentVersion: String(decoding: fields[2], as: UTF8.self), sha256: String(decoding: fields[3], as: UTF8.self),
+                              expiresAt: expires))
     }
 
     /// Loads the key file, creating it (mode 0600) with one fresh key when missing. Format:
@@ -132,15 +138,4 @@ public struct GrantKeyRing: Sendable {
 public struct GrantKeyFileError: Error, CustomStringConvertible {
     public let description: String
     init(_ description: String) { self.description = description }
-}
-
-func base64URL(_ data: Data) -> String {
-    data.base64EncodedString().replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_").replacingOccurrences(of: "=", with: "")
-}
-
-func unbase64URL(_ text: Substring) -> Data? {
-    guard text.utf8.allSatisfy({ ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x61 && $0 <= 0x7A) || ($0 >= 0x30 && $0 <= 0x39) || $0 == 0x2D || $0 == 0x5F }) else { return nil }
-    var s = text.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
-    while s.utf8.count % 4 != 0 { s += "=" }
-    return Data(base64Encoded: s)
 }

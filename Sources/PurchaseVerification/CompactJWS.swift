@@ -1,3 +1,4 @@
+import Base64URL
 import Foundation
 
 /// A compact JWS (`header.payload.signature`) split and decoded, not yet verified.
@@ -41,42 +42,12 @@ struct CompactJWS {
     }
 }
 
-/// Strict base64url (RFC 4648 §5) without padding, as JWS uses (trailing `=` tolerated).
-/// Hand-written because Foundation only decodes standard base64, and rewriting the alphabet
-/// through string replacement costs more than the signature check on a cache hit.
+/// Strict base64url, as JWS uses.
 func base64URLDecode(_ text: Substring) -> Data? {
-    var input = Array(text.utf8)
-    while input.last == UInt8(ascii: "=") { input.removeLast() }
-    guard !input.isEmpty, input.count % 4 != 1 else { return nil }
-    var output = [UInt8]()
-    output.reserveCapacity(input.count * 3 / 4)
-    var accumulator: UInt32 = 0
-    var bits = 0
-    for byte in input {
-        let value = base64URLTable[Int(byte)]
-        guard value < 64 else { return nil }
-        accumulator = accumulator << 6 | UInt32(value)
-        bits += 6
-        if bits >= 8 {
-            bits -= 8
-            output.append(UInt8(truncatingIfNeeded: accumulator >> UInt32(bits)))
-        }
-    }
-    // Leftover bits must be zero for a canonical encoding.
-    guard accumulator & ((1 << UInt32(bits)) - 1) == 0 else { return nil }
-    return Data(output)
+    Base64URL.decode(text.utf8).map { Data($0) }
 }
-
-private let base64URLTable: [UInt8] = {
-    var table = [UInt8](repeating: 255, count: 256)
-    for (i, c) in "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_".utf8.enumerated() { table[Int(c)] = UInt8(i) }
-    return table
-}()
 
 /// base64url without padding.
 public func base64URLEncode<D: DataProtocol>(_ data: D) -> String {
-    Data(data).base64EncodedString()
-        .replacingOccurrences(of: "+", with: "-")
-        .replacingOccurrences(of: "/", with: "_")
-        .replacingOccurrences(of: "=", with: "")
+    Base64URL.encode(data)
 }

@@ -122,6 +122,19 @@ struct ServerTests {
         #expect(changed.status == 200 && changed.body == archiveBytes)
         #expect(try curl(["-H", "If-None-Match: \(etag)", url], folder: tmp).status == 304)
 
+        // Many transfers of the same archive at once, spread over the event loops, all succeed.
+        let parallel = Process()
+        parallel.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        let requests = (0..<48).flatMap { i in ["-r", "\(i * 100)-\(i * 100 + 4095)", "-o", "/dev/null", url] }
+        parallel.arguments = ["curl", "-s", "--parallel", "--parallel-max", "16", "-w", "%{http_code} %{size_download}\n"] + requests
+        let parallelOut = tmp.sub("parallel.txt")
+        _ = FileManager.default.createFile(atPath: parallelOut, contents: nil)
+        parallel.standardOutput = FileHandle(forWritingAtPath: parallelOut)
+        try parallel.run()
+        parallel.waitUntilExit()
+        let lines = try String(contentsOfFile: parallelOut, encoding: .utf8).split(separator: "\n")
+        #expect(lines.count == 48 && lines.allSatisfy { $0 == "206 4096" }, "\(lines)")
+
         // curl -C - resumes a partial file.
         let partial = tmp.sub("partial.zip")
         try archiveBytes.prefix(1234).write(to: URL(fileURLWithPath: partial))

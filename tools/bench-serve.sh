@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Serving benchmark: iap-server against nginx (sendfile on) on the same ~1 GiB archive, in one run.
+# Reports 1 GiB download throughput with curl, server CPU seconds per GiB served, and wrk
+# requests/s and p99 latency for 4 KiB and 1 MiB ranges at 16 and 64 connections. iap-server
+# checks a grant token (HMAC + revocation) on every request; nginx serves a plain file.
+# Usage: tools/bench-serve.sh [seconds-per-wrk-run]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs=${1:-10}
+tools/install-deps.sh
+command -v nginx >/dev/null && command -v wrk >/dev/null || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light wrk >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx wrk >/dev/null; }
+swift build -c release --product iap-server >/dev/null && swift build -c release --product iap-pack >/dev/null && swift build -c release --product iap-sandbox >/dev/null
+bin=$(swift build -c release --show-bin-path)
+work=$(mktemp -d); chmod 755 "$work"; trap 'kill $(jobs -p) 2>/dev/null; [ -f "$work/nginx.pid" ] && kill "$(cat "$work/nginx.pid")" 2>/dev/null; rm -rf "$work"' EXIT
+tick=$(getconf CLK_TCK)
+
+mkdir -p "$work/content"
+head -c $((1024 * 1024 * 1024 - 4096)) /dev/urandom > "$work/content/payload.bin"
+"$bin/iap-pack" build "$work/content" --product-id bench.archive --content-version 1.0 --level 0 -o "$work/out" >/dev/null
+archive="$work/out/bench.archive-1.0.zip"
+size=$(stat -c %s "$archive")
+"$bin/iap-sandbox" init --dir "$work/sandbox" --bundle-id com.example.bench >/dev/null
+"$bin/iap-server" publish --data "$work/data" "$archive" >/dev/null
+LOG_LEVEL=error "$bin/iap-server" serve --data "$work/data" --bundle-id com.example.bench --trust-root "$work/sandbox/root.cer" \
+  --environment sandbox --port 0 --port-file "$work/port" --token-ttl 86400 > "$work/server.log" 2>&1 &
+ours_pid=$!
+for _ in $(seq 200); do [ -s "$work/port" ] && break; sleep 0.05; done
+port=$(cat "$work/port")
+tx=$("$bin/iap-sandbox" purchase --dir "$work/sandbox" --product-id bench.archive)
+ours_url=$(curl -s -X POST "http://127.0.0.1:$port/v1/downloads" -d "{\"signedTransaction\":\"$tx\"}" | python3 -c 'import json,sys; print(json.load(sys.stdin)["downloads"][0]["url"])')
+
+mkdir -p "$work/www"; ln "$archive" "$work/www/archive.zip"; chmod 755 "$work/www"; chmod 644 "$work/www/archive.zip"
+# nginx's workers run as an unprivileged user: check they can read the file before measuring.
+nginx_port=$((port + 1))
+cat > "$work/nginx.conf" <<CONF
+worker_processes 2;
+daemon off;
+pid $work/nginx.pid;
+error_log $work/nginx-error.log;
+events { worker_connections 4096; }
+http {
+  sendfile on; tcp_nopush on; access_log off; keepalive_requests 1000000;
+  types { application/zip zip; }
+  server { listen 127.0.0.1:$nginx_port; root $work/www; }
+}
+CONF
+nginx -c "$work/nginx.conf" -p "$work" &
+for _ in $(seq 200); do [ -s "$work/nginx.pid" ] && break; sleep 0.05; done
+nginx_url="http://127.0.0.1:$nginx_port/archive.zip"
+for url in "$ours_url" "$nginx_url"; do
+  code=$(curl -s -o /dev/null -r 0-99 -w '%{http_code}' "$url")
+  [ "$code" = 206 ] || { echo "setup failed: $url answered $code to a range request" >&2; exit 1; }
+done
+nginx_pids() { echo "$(cat "$work/nginx.pid") $(pgrep -P "$(cat "$work/nginx.pid")" | tr '\n' ' ')"; }
+cpu_ticks() { local t=0; for p in "$@"; do set -- $(cut -d' ' -f14,15 "/proc/$p/stat"); t=$((t + $1 + $2)); done; echo $t; }
+
+download() { # name url pids...
+  local name=$1 url=$2; shift 2
+  local best=0 best_cpu=0
+  for run in 1 2 3; do
+    local before=$(cpu_ticks "$@")
+    local speed=$(curl -s -o /dev/null -w '%{speed_download}' "$url")
+    local after=$(cpu_ticks "$@")
+    local cpu=$(awk -v a="$after" -v b="$before" -v t="$tick" -v s="$size" 'BEGIN { printf "%.3f", (a - b) / t / (s / 1073741824) }')
+    if awk -v s="$speed" -v b="$best" 'BEGIN { exit !(s > b) }'; then best=$speed; best_cpu=$cpu; fi
+  done
+  echo "$name $best $best_cpu"
+}
+echo "archive: $size bytes; $(nproc) cores; wrk ${secs}s per run" >&2
+ours_dl=$(download iap-server "$ours_url" $ours_pid)
+nginx_dl=$(download nginx "$nginx_url" $(nginx_pids))
+
+wrk_run() { # url range connections -> "req/s p99ms"
+  wrk -t2 -c"$3" -d"${secs}s" --latency -H "Range: bytes=$2" "$1" 2>/dev/null | awk '
+    /Requests\/sec/ { rps = $2 }
+    $1 == "99%" { v = $2; if (v ~ /us$/) { sub(/us/, "", v); v /= 1000 } else if (v ~ /ms$/) { sub(/ms/, "", v) } else if (v ~ /s$/) { sub(/s/, "", v); v *= 1000 }; p99 = v }
+    END { printf "%s %s", rps, p99 }'
+}
+printf '\n%-34s %14s %14s %8s\n' "measure" "iap-server" "nginx" "ratio"
+read -r _ ob oc <<< "$ours_dl"; read -r _ nb nc <<< "$nginx_dl"
+awk -v o="$ob" -v n="$nb" 'BEGIN { printf "%-34s %14.0f %14.0f %8.2f\n", "1 GiB download, MB/s (curl)", o/1e6, n/1e6, o/n }'
+awk -v o="$oc" -v n="$nc" 'BEGIN { printf "%-34s %14.3f %14.3f %8.2f\n", "server CPU seconds per GiB", o, n, (n > 0 ? o/n : 0) }'
+for range in "0-4095" "0-1048575"; do
+  for c in 16 64; do
+    read -r ors op <<< "$(wrk_run "$ours_url" "$range" "$c")"
+    read -r nrs np <<< "$(wrk_run "$nginx_url" "$range" "$c")"
+    label="range $range, $c conns"
+    awk -v l="$label" -v o="$ors" -v n="$nrs" 'BEGIN { printf "%-34s %14.0f %14.0f %8.2f\n", l " req/s", o, n, o/n }'
+    awk -v l="$label" -v o="$op" -v n="$np" 'BEGIN { printf "%-34s %14.2f %14.2f %8.2f\n", l " p99 ms", o, n, (n > 0 ? o/n : 0) }'
+  done
+done
+echo; echo "server RSS after the run: $(awk '/VmHWM/ {print $2/1024 " MiB peak"}' /proc/$ours_pid/status)"
