@@ -11,7 +11,7 @@ tools/install-deps.sh
 command -v nginx >/dev/null && command -v wrk >/dev/null || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light wrk >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx wrk >/dev/null; }
 swift build -c release --product iap-server >/dev/null && swift build -c release --product iap-pack >/dev/null && swift build -c release --product iap-sandbox >/dev/null
 bin=$(swift build -c release --show-bin-path)
-work=$(mktemp -d); chmod 755 "$work"; trap 'kill $(jobs -p) 2>/dev/null; [ -f "$work/nginx.pid" ] && kill "$(cat "$work/nginx.pid")" 2>/dev/null; rm -rf "$work"' EXIT
+work=$(mktemp -d); chmod 755 "$work"; trap 'kill $(jobs -p) 2>/dev/null; [ -f "$work/nginx.pid" ] && kill "$(cat "$work/nginx.pid" 2>/dev/null)" 2>/dev/null; rm -rf "$work"' EXIT
 tick=$(getconf CLK_TCK)
 
 mkdir -p "$work/content"

@@ -1,32 +1,72 @@
 #!/usr/bin/env bash
-# The demo on embedded defaults: packs every product in content/, verifies each archive, and
-# installs one the way a device does (safe extraction into <products>/<id>/<version>/).
+# The main job on embedded defaults: pack every product in content/, serve them, buy one in the
+# sandbox store, get a verified download grant, download (with a resume), install it the way a
+# device does, then refund it and watch access being cut. Everything runs on 127.0.0.1 and is
+# stopped at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/install-deps.sh
-echo "==> building (release)"
+step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
+
+step "building the tools (release)"
 swift build -c release --product iap-pack 2>&1 | tail -1
+swift build -c release --product iap-server 2>&1 | tail -1
+swift build -c release --product iap-sandbox 2>&1 | tail -1
 bin=$(swift build -c release --show-bin-path)
 work=$(mktemp -d "${TMPDIR:-/tmp}/iap-demo.XXXXXX")
-trap 'rm -rf "$work"' EXIT
+server_pid=
+cleanup() { [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null && wait "$server_pid" 2>/dev/null; rm -rf "$work"; }
+trap cleanup EXIT
 
-for product in content/*/; do
-  echo
-  echo "==> packing $product"
-  "$bin/iap-pack" build "$product" --output "$work/archives"
-done
+step "packing every product in content/ (reproducible ZIP + manifest, CRC-32 and SHA-256 per entry)"
+for product in content/*/; do "$bin/iap-pack" build "$product" --output "$work/archives"; done
 
-echo
-echo "==> verifying every archive against its manifest (structure, CRC-32, SHA-256, offsets)"
-for archive in "$work"/archives/*.zip; do "$bin/iap-pack" verify "$archive"; done
+step "creating the sandbox store: its own root -> intermediate -> leaf chain with Apple's marker OIDs"
+"$bin/iap-sandbox" init --dir "$work/sandbox" --bundle-id com.example.demo
 
-echo
-echo "==> the same input packs to the same bytes (reproducible builds)"
-first=$(ls "$work"/archives/*.zip | head -1)
-product=$(basename "$first" | sed 's/-[0-9.]*\.zip$//')
-"$bin/iap-pack" build "content/$product" --output "$work/again" --json >/dev/null
-cmp "$first" "$work/again/$(basename "$first")" && echo "identical: $(sha256sum "$first" | cut -c1-16)…"
+step "starting iap-server on a free port, trusting the sandbox root, accepting sandbox purchases"
+"$bin/iap-server" serve --data "$work/data" --bundle-id com.example.demo --port 0 --port-file "$work/port" \
+  --trust-root "$work/sandbox/root.cer" --environment sandbox > "$work/server.log" 2>&1 &
+server_pid=$!
+for _ in $(seq 200); do [ -s "$work/port" ] && break; sleep 0.05; done
+base="http://127.0.0.1:$(cat "$work/port")"
+echo "listening on $base"
 
-echo
-echo "==> entries of $(basename "$first")"
-"$bin/iap-pack" inspect "$first"
+step "publishing the archives (each is validated: structure, CRCs, plist, 2 GiB cap)"
+for archive in "$work"/archives/*.zip; do "$bin/iap-server" publish --data "$work/data" "$archive"; done
+"$bin/iap-server" catalog --data "$work/data"
+
+product=com.example.cosmos.levels1
+step "GET /v1/products/$product (what SKProduct.downloadContentVersion/Lengths told apps)"
+curl -s "$base/v1/products/$product"; echo
+
+step "buying $product in the sandbox: a signed StoreKit 2 transaction (ES256 JWS) is queued, unfinished"
+signed=$("$bin/iap-sandbox" purchase --dir "$work/sandbox" --product-id "$product")
+echo "${signed:0:72}…"
+"$bin/iap-sandbox" transactions --dir "$work/sandbox"
+
+step "POST /v1/downloads: the server verifies the purchase and grants a short-lived URL"
+curl -s -X POST "$base/v1/downloads" -d "{\"signedTransaction\":\"$signed\"}" | tee "$work/grant.json"; echo
+url=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["downloads"][0]["url"])' "$work/grant.json")
+sha=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["downloads"][0]["sha256"])' "$work/grant.json")
+
+step "downloading: the first 10 KB, then resuming with Range (curl -C -), then checking SHA-256"
+curl -s -r 0-10239 -o "$work/download.zip" "$url"
+echo "partial file: $(stat -c %s "$work/download.zip") bytes"
+curl -s -C - -o "$work/download.zip" -w "resumed: HTTP %{http_code}, %{size_download} more bytes\n" "$url"
+echo "$sha  $work/download.zip" | sha256sum -c -
+
+step "installing it as a device would: verified, extracted into a temporary folder, renamed into place"
+"$bin/iap-pack" extract "$work/download.zip" "$work/device/$product/1.0" --product-id "$product" --content-version 1.0
+(cd "$work/device/$product/1.0" && find . -type f | sort | head -8)
+
+step "refunding the purchase: the sandbox signs a REFUND notification V2 and POSTs it to the server"
+id=$("$bin/iap-sandbox" transactions --dir "$work/sandbox" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["transactionId"])')
+"$bin/iap-sandbox" refund --dir "$work/sandbox" "$id" --notify "$base/v1/notifications" > /dev/null
+
+step "after the refund: the old download URL and a new grant are both refused"
+curl -s -w "  (HTTP %{http_code})\n" "$url"
+curl -s -w "  (HTTP %{http_code})\n" -X POST "$base/v1/downloads" -d "{\"signedTransaction\":\"$signed\"}"
+
+step "stopping the server (SIGTERM: graceful drain)"
+kill -TERM "$server_pid"; wait "$server_pid" && echo "server exited cleanly"; server_pid=

@@ -31,7 +31,7 @@ struct IAPPack: ParsableCommand {
             Exit codes: 0 success, 1 invalid input (or an invalid archive), 2 the archive would \
             exceed the size cap, 3 a file could not be read or written, 64 bad command-line usage.
             """,
-        subcommands: [Build.self, Verify.self, Inspect.self])
+        subcommands: [Build.self, Verify.self, Inspect.self, Extract.self])
 }
 
 /// Prints the outcome of a subcommand: JSON on stdout, or a human summary; errors on stderr.
@@ -241,6 +241,39 @@ struct Inspect: ParsableCommand, Reporting {
                 let method = e.method.padding(toLength: 7, withPad: " ", startingAt: 0)
                 print("  " + method + String(format: " %13llu %12llu  %08x %10llu  ", e.uncompressedSize, e.compressedSize, e.crc32, e.localHeaderOffset) + e.path)
             }
+        }
+    }
+}
+
+struct Extract: ParsableCommand, Reporting {
+    static let configuration = CommandConfiguration(
+        abstract: "Safely extract an archive into a new folder, as a device installs it.",
+        discussion: """
+            Entries stream into a temporary folder beside <destination>, which is renamed into place only \
+            when every size and CRC-32 is right; unsafe paths, links, duplicates and zip bombs are refused. \
+            <destination> must not exist.
+            """)
+
+    @Argument(help: "The archive.") var archive: String
+    @Argument(help: "The folder to create, e.g. <content-dir>/<product>/<version>.") var destination: String
+    @Option(name: .customLong("product-id"), help: "Refuse the archive unless its plist names this product.") var productId: String?
+    @Option(name: .customLong("content-version"), help: "Refuse the archive unless its plist names this version.") var contentVersion: String?
+    @Flag(help: "Print one JSON object on stdout.") var json = false
+
+    func run() throws { try reporting(extract) }
+
+    private func extract() throws(ArchiveError) {
+        var expected: ContentInfo?
+        if productId != nil || contentVersion != nil {
+            let info = try ArchiveReader(path: archive).contentInfo()
+            expected = ContentInfo(productIdentifier: try productId.map { id throws(ArchiveError) in try ProductIdentifier(id) } ?? info.productIdentifier,
+                                   contentVersion: try contentVersion.map { v throws(ArchiveError) in try ContentVersion(v) } ?? info.contentVersion)
+        }
+        let info = try SafeExtractor.extract(archive: archive, to: destination, expecting: expected)
+        if json {
+            printJSON(["contentURL": destination, "productId": info.productIdentifier.rawValue, "contentVersion": info.contentVersion.string])
+        } else {
+            print("installed \(info.productIdentifier) \(info.contentVersion) at \(destination)")
         }
     }
 }

@@ -159,6 +159,12 @@ struct PackingTests {
         #expect(entries?.contains { $0["path"] as? String == "Contents/samples/kick.wav" } == true)
         let text = try iapPack(["inspect", archive])
         #expect(text.stdout.contains("Contents/kit.json"))
+        let wrong = try iapPack(["extract", archive, tmp.sub("device/2.0"), "--content-version", "2.0"])
+        #expect(wrong.status == 1 && wrong.stderr.contains("not the expected"))
+        #expect(!FileManager.default.fileExists(atPath: tmp.sub("device/2.0")))
+        let installed = try iapPack(["extract", archive, tmp.sub("device/1.0"), "--product-id", "com.example.soundkit.drums", "--json"])
+        #expect(installed.status == 0)
+        #expect(FileManager.default.fileExists(atPath: tmp.sub("device/1.0/Contents/samples/kick.wav")))
     }
 
     @Test("content versions compare numerically; identifiers and versions are validated")
