@@ -13,9 +13,11 @@ let package = Package(
         .library(name: "DownloadGrants", targets: ["DownloadGrants"]),
         .library(name: "ContentCatalog", targets: ["ContentCatalog"]),
         .library(name: "ContentServer", targets: ["ContentServer"]),
+        .library(name: "ContentFetch", targets: ["ContentFetch"]),
         .executable(name: "iap-pack", targets: ["iap-pack"]),
         .executable(name: "iap-sandbox", targets: ["iap-sandbox"]),
         .executable(name: "iap-server", targets: ["iap-server"]),
+        .executable(name: "iap-fetch", targets: ["iap-fetch"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.5.0"),
@@ -32,6 +34,7 @@ let package = Package(
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.6.0"),
         .package(url: "https://github.com/hummingbird-project/hummingbird.git", from: "2.20.0"),
         .package(url: "https://github.com/groue/GRDB.swift.git", from: "7.0.0"),
+        .package(url: "https://github.com/swift-server/async-http-client.git", from: "1.20.0"),
     ],
     targets: [
         // libdeflate (Debian: libdeflate-dev) compresses about twice as fast as zlib at the same ratio.
@@ -122,6 +125,23 @@ let package = Package(
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ]
         ),
+        .target(
+            name: "ContentFetch",
+            dependencies: [
+                "ContentArchive", "TransactionQueue",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "SystemPackage", package: "swift-system"),
+            ]
+        ),
+        .executableTarget(
+            name: "iap-fetch",
+            dependencies: [
+                "ContentFetch", "TransactionQueue",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ]
+        ),
         .executableTarget(
             name: "iap-server",
             dependencies: [
@@ -138,9 +158,15 @@ let package = Package(
             name: "ContentArchiveTests",
             dependencies: ["ContentArchive"]
         ),
+        // Helpers for tests that run the real executables (servers on ephemeral ports, curl).
+        .target(name: "IAPTestSupport", path: "Tests/Support"),
         .testTarget(
             name: "ContentServerTests",
-            dependencies: ["ContentServer", "ContentDelivery", "DownloadGrants", "ContentCatalog", "ContentArchive", "SandboxStore"]
+            dependencies: ["ContentServer", "ContentDelivery", "DownloadGrants", "ContentCatalog", "ContentArchive", "SandboxStore", "IAPTestSupport"]
+        ),
+        .testTarget(
+            name: "ContentFetchTests",
+            dependencies: ["ContentFetch", "SandboxStore", "TransactionQueue", "ContentArchive", "IAPTestSupport"]
         ),
         .testTarget(
             name: "PurchaseVerificationTests",

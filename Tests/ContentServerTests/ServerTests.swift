@@ -2,6 +2,7 @@ import ContentArchive
 import ContentCatalog
 import DownloadGrants
 import Foundation
+import IAPTestSupport
 import PurchaseVerification
 import SandboxStore
 import Testing

@@ -1,7 +1,6 @@
 import Foundation
-import Testing
 
-func productsDirectory() -> String {
+public func productsDirectory() -> String {
     var url = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath()
     for _ in 0..<4 {
         url.deleteLastPathComponent()
@@ -10,26 +9,26 @@ func productsDirectory() -> String {
     return FileManager.default.currentDirectoryPath + "/.build/debug"
 }
 
-final class TemporaryFolder: @unchecked Sendable {
-    let path: String
-    init() throws {
+public final class TemporaryFolder: @unchecked Sendable {
+    public let path: String
+    public init() throws {
         path = FileManager.default.temporaryDirectory.path + "/iap-server-tests-" + UUID().uuidString
         try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
     }
     deinit { try? FileManager.default.removeItem(atPath: path) }
-    func sub(_ name: String) -> String { path + "/" + name }
+    public func sub(_ name: String) -> String { path + "/" + name }
 }
 
-struct ServerError: Error, CustomStringConvertible { let description: String }
+public struct ServerError: Error, CustomStringConvertible { public let description: String }
 
 /// `iap-server serve` as a child process on a free port.
-final class ServerProcess: @unchecked Sendable {
-    let process = Process()
-    let port: Int
-    let log: String
-    var base: String { "http://127.0.0.1:\(port)" }
+public final class ServerProcess: @unchecked Sendable {
+    public let process = Process()
+    public let port: Int
+    public let log: String
+    public var base: String { "http://127.0.0.1:\(port)" }
 
-    init(data: String, arguments: [String], folder: TemporaryFolder) throws {
+    public init(data: String, arguments: [String], folder: TemporaryFolder) throws {
         let portFile = folder.sub("port-\(UUID().uuidString)")
         log = folder.sub("server-\(UUID().uuidString).log")
         _ = FileManager.default.createFile(atPath: log, contents: nil)
@@ -53,7 +52,7 @@ final class ServerProcess: @unchecked Sendable {
     }
 
     /// SIGTERM, then waits (bounded) and returns the exit status.
-    func stop() -> Int32 {
+    public func stop() -> Int32 {
         guard process.isRunning else { return process.terminationStatus }
         kill(process.processIdentifier, SIGTERM)
         let deadline = Date().addingTimeInterval(20)
@@ -66,17 +65,17 @@ final class ServerProcess: @unchecked Sendable {
     deinit { if process.isRunning { kill(process.processIdentifier, SIGKILL) } }
 }
 
-struct HTTPResult {
-    let status: Int
-    let headers: [String: String]
-    let body: Data
-    var text: String { String(decoding: body, as: UTF8.self) }
-    var json: [String: Any] { (try? JSONSerialization.jsonObject(with: body)) as? [String: Any] ?? [:] }
-    var errorCode: String? { (json["error"] as? [String: Any])?["code"] as? String }
+public struct HTTPResult {
+    public let status: Int
+    public let headers: [String: String]
+    public let body: Data
+    public var text: String { String(decoding: body, as: UTF8.self) }
+    public var json: [String: Any] { (try? JSONSerialization.jsonObject(with: body)) as? [String: Any] ?? [:] }
+    public var errorCode: String? { (json["error"] as? [String: Any])?["code"] as? String }
 }
 
 /// One request with the real curl; returns the last response's status, headers and body.
-func curl(_ arguments: [String], folder: TemporaryFolder) throws -> HTTPResult {
+public func curl(_ arguments: [String], folder: TemporaryFolder) throws -> HTTPResult {
     let id = UUID().uuidString
     let headersPath = folder.sub("h-\(id)"), bodyPath = folder.sub("b-\(id)")
     defer {
@@ -105,7 +104,7 @@ func curl(_ arguments: [String], folder: TemporaryFolder) throws -> HTTPResult {
     return HTTPResult(status: status, headers: headers, body: body)
 }
 
-func postJSON(_ url: String, _ object: [String: Any], folder: TemporaryFolder) throws -> HTTPResult {
+public func postJSON(_ url: String, _ object: [String: Any], folder: TemporaryFolder) throws -> HTTPResult {
     let data = try JSONSerialization.data(withJSONObject: object)
     let path = folder.sub("req-\(UUID().uuidString).json")
     try data.write(to: URL(fileURLWithPath: path))
@@ -114,7 +113,7 @@ func postJSON(_ url: String, _ object: [String: Any], folder: TemporaryFolder) t
 }
 
 /// Sends raw bytes on one connection and returns everything the server sent until it closed.
-func rawExchange(port: Int, _ request: String, folder: TemporaryFolder) throws -> String {
+public func rawExchange(port: Int, _ request: String, folder: TemporaryFolder) throws -> String {
     let script = folder.sub("raw-\(UUID().uuidString).py")
     try """
     import socket, sys
@@ -138,4 +137,33 @@ func rawExchange(port: Int, _ request: String, folder: TemporaryFolder) throws -
     try process.run()
     process.waitUntilExit()
     return (try? String(contentsOfFile: output, encoding: .isoLatin1)) ?? ""
+}
+
+public struct ProcessResult: Sendable {
+    public let status: Int32
+    public let stdout: String
+    public let stderr: String
+}
+
+/// Runs a program to completion; output goes through files, so a chatty child never blocks.
+@discardableResult
+public func run(_ executable: String, _ arguments: [String], stdin: String? = nil) throws -> ProcessResult {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: executable.hasPrefix("/") ? executable : "/usr/bin/env")
+    process.arguments = executable.hasPrefix("/") ? arguments : [executable] + arguments
+    let base = FileManager.default.temporaryDirectory.path + "/iap-run-" + UUID().uuidString
+    for ext in [".out", ".err"] { _ = FileManager.default.createFile(atPath: base + ext, contents: nil) }
+    _ = FileManager.default.createFile(atPath: base + ".in", contents: Data((stdin ?? "").utf8))
+    defer { for ext in [".out", ".err", ".in"] { try? FileManager.default.removeItem(atPath: base + ext) } }
+    let out = FileHandle(forWritingAtPath: base + ".out")!, err = FileHandle(forWritingAtPath: base + ".err")!
+    process.standardOutput = out
+    process.standardError = err
+    process.standardInput = FileHandle(forReadingAtPath: base + ".in")
+    try process.run()
+    process.waitUntilExit()
+    try? out.close()
+    try? err.close()
+    return ProcessResult(status: process.terminationStatus,
+                         stdout: (try? String(contentsOfFile: base + ".out", encoding: .utf8)) ?? "",
+                         stderr: (try? String(contentsOfFile: base + ".err", encoding: .utf8)) ?? "")
 }

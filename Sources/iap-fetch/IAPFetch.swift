@@ -1,0 +1,208 @@
+import ArgumentParser
+import ContentFetch
+import Foundation
+import TransactionQueue
+#if canImport(Glibc)
+import Glibc
+#endif
+
+@main
+struct IAPFetch: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "iap-fetch",
+        abstract: "Downloads purchased content resumably, verifies and installs it, then finishes the transaction.",
+        discussion: """
+            Exit codes: 0 every transaction finished, 1 some failed (they stay unfinished and are retried \
+            by the next run; the reason is printed), 130 interrupted (paused; the next run resumes).
+            """,
+        subcommands: [Run.self, Get.self, Status.self, Cancel.self])
+}
+
+struct Options: ParsableArguments {
+    @Option(help: "The content server, e.g. http://127.0.0.1:8080.") var server: String
+    @Option(name: .customLong("content-dir"), help: "Where content is installed: <dir>/<productId>/<contentVersion>/.") var contentDir: String
+    @Flag(help: "One JSON object per line for every update and every finished transaction.") var json = false
+    @Option(name: .customLong("limit-rate"), help: "Cap the bandwidth, e.g. 500K or 20M bytes per second.") var limitRate: String?
+
+    func configuration() throws -> FetchConfiguration {
+        var configuration = FetchConfiguration(server: server, contentDirectory: contentDir)
+        if let limitRate {
+            let units: [Character: Int] = ["K": 1 << 10, "M": 1 << 20, "G": 1 << 30]
+            let multiplier = limitRate.last.flatMap { units[Character($0.uppercased())] } ?? 1
+            guard let number = Int(multiplier == 1 ? limitRate : String(limitRate.dropLast())), number > 0 else {
+                throw ValidationError("--limit-rate \(limitRate) is not a rate such as 500K or 20M")
+            }
+            configuration.rateLimit = number * multiplier
+        }
+        return configuration
+    }
+}
+
+/// Runs a fetcher over a source, printing its updates, and exits with the documented code.
+func runFetcher(_ options: Options, source: any TransactionSource) async throws {
+    let fetcher: ContentFetcher
+    do { fetcher = try ContentFetcher(configuration: try options.configuration(), source: source) } catch let error as FetchError {
+        FileHandle.standardError.write(Data("iap-fetch: error: \(error.message)\n".utf8))
+        throw ExitCode(1)
+    }
+    // Ctrl-C pauses: the journal is saved and the next run resumes.
+    signal(SIGINT, SIG_IGN)
+    let interrupt = DispatchSource.makeSignalSource(signal: SIGINT, queue: .global())
+    interrupt.setEventHandler { Task { await fetcher.pause() } }
+    interrupt.resume()
+    let printer = Task { await Printer(json: options.json).print(fetcher.updates) }
+    let summary = await fetcher.run()
+    await fetcher.shutdown()
+    await printer.value
+    interrupt.cancel()
+    for id in summary.finished {
+        if options.json { emitJSON(["event": "transaction-finished", "transactionId": id]) } else { print("finished transaction \(id)") }
+    }
+    for (id, error) in summary.failed {
+        if options.json {
+            emitJSON(["event": "transaction-failed", "transactionId": id, "code": error.code.rawValue, "message": error.message])
+        }
+        FileHandle.standardError.write(Data("iap-fetch: transaction \(id) failed and stays unfinished: \(error.message)\n".utf8))
+    }
+    if summary.paused {
+        FileHandle.standardError.write(Data("iap-fetch: paused; run again to resume\n".utf8))
+        throw ExitCode(130)
+    }
+    if !summary.failed.isEmpty { throw ExitCode(1) }
+}
+
+func emitJSON(_ object: [String: Any]) {
+    guard let data = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes]) else { return }
+    FileHandle.standardOutput.write(data + Data("\n".utf8))
+}
+
+/// Renders updates: NDJSON, a redrawn progress line on a terminal, or plain periodic lines.
+struct Printer {
+    let json: Bool
+    let terminal = isatty(STDOUT_FILENO) == 1
+
+    func print(_ updates: AsyncStream<DownloadUpdate>) async {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        var lastPlain: [String: (DownloadState, Date)] = [:]
+        for await update in updates {
+            if json {
+                if let data = try? encoder.encode(update) { FileHandle.standardOutput.write(data + Data("\n".utf8)) }
+                continue
+            }
+            let line = describe(update)
+            if terminal {
+                let end = update.state == .active ? "" : "\n"
+                FileHandle.standardOutput.write(Data("\r\u{1B}[K\(line)\(end)".utf8))
+            } else {
+                let previous = lastPlain[update.id]
+                if previous?.0 != update.state || Date().timeIntervalSince(previous?.1 ?? .distantPast) >= 2 {
+                    lastPlain[update.id] = (update.state, Date())
+                    Swift.print(line)
+                }
+            }
+        }
+    }
+
+    func describe(_ u: DownloadUpdate) -> String {
+        let width = 24
+        let filled = Int(u.progress * Double(width))
+        let bar = String(repeating: "#", count: filled) + String(repeating: ".", count: width - filled)
+        let mb = { (b: Int64) in String(format: "%.1f MB", Double(b) / 1e6) }
+        let eta = u.timeRemaining < 0 ? "--" : String(format: "%.0fs", u.timeRemaining)
+        var text = "\(u.productId) \(u.contentVersion ?? "") [\(bar)] \(String(format: "%3.0f%%", u.progress * 100)) "
+            + "\(mb(u.bytesReceived))/\(u.expectedContentLength < 0 ? "?" : mb(u.expectedContentLength)) "
+            + "\(String(format: "%.1f MB/s", u.bytesPerSecond / 1e6)) eta \(eta) \(u.state.rawValue)"
+        if let error = u.error { text += ": \(error.message)" }
+        if let url = u.contentURL { text += " -> \(url)" }
+        return text
+    }
+}
+
+struct Run: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Process every unfinished transaction in a queue folder (iap-sandbox's <dir>/queue).")
+    @OptionGroup var options: Options
+    @Option(help: "The transaction queue folder.") var queue: String
+
+    func run() async throws {
+        let source: FileTransactionQueue
+        do { source = try FileTransactionQueue(folder: queue) } catch {
+            FileHandle.standardError.write(Data("iap-fetch: error: \(error.message)\n".utf8))
+            throw ExitCode(1)
+        }
+        try await runFetcher(options, source: source)
+    }
+}
+
+/// One signed transaction from a file; finishing it only reports it (there is no queue to update).
+struct SingleTransaction: TransactionSource {
+    let transaction: QueuedTransaction
+    func unfinishedTransactions() async throws -> [QueuedTransaction] { [transaction] }
+    func finish(transactionId: String) async throws {}
+}
+
+struct Get: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Download the content of one signed transaction (a JWS in a file).")
+    @OptionGroup var options: Options
+    @Option(help: "A file holding the signed transaction.") var transaction: String
+
+    func run() async throws {
+        guard let text = try? String(contentsOfFile: transaction, encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines) else {
+            throw ValidationError("cannot read \(transaction)")
+        }
+        // Only the ids are read here; the server verifies the signature.
+        let parts = text.split(separator: ".")
+        var payload = parts.count == 3 ? String(parts[1]).replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/") : ""
+        while payload.count % 4 != 0 { payload += "=" }
+        guard let data = Data(base64Encoded: payload), let object = try? JSONSerialization.jsonObject(with: data) as? [String: Any],
+              let id = object["transactionId"] as? String, let product = object["productId"] as? String else {
+            throw ValidationError("\(transaction) does not hold a signed transaction (a JWS with transactionId and productId)")
+        }
+        try await runFetcher(options, source: SingleTransaction(transaction: QueuedTransaction(transactionId: id, productId: product, signedTransaction: text)))
+    }
+}
+
+struct Status: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Show every download's state from the journal.")
+    @Option(name: .customLong("content-dir"), help: "The content folder.") var contentDir: String
+    @Flag(help: "Print JSON.") var json = false
+
+    func run() throws {
+        let records = (try? DownloadJournal(contentDirectory: contentDir).all()) ?? []
+        if json {
+            let encoder = JSONEncoder()
+            encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
+            encoder.dateEncodingStrategy = .iso8601
+            print(String(decoding: try encoder.encode(records), as: UTF8.self))
+            return
+        }
+        if records.isEmpty { print("no downloads yet") }
+        for r in records {
+            let progress = r.expectedLength > 0 ? Double(r.verifiedLength) / Double(r.expectedLength) * 100 : 0
+            print("\(r.id)  \(r.productId) \(r.contentVersion)  \(r.state.rawValue)  \(String(format: "%.0f%%", r.state == .finished ? 100.0 : progress))\(r.error.map { "  \($0.message)" } ?? "")\(r.contentPath.map { "  \($0)" } ?? "")")
+        }
+    }
+}
+
+struct Cancel: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Cancel a download: its partial file is deleted; its transaction stays unfinished.")
+    @Argument(help: "The download id (see status).") var id: String
+    @Option(name: .customLong("content-dir"), help: "The content folder.") var contentDir: String
+
+    func run() throws {
+        do {
+            let journal = try DownloadJournal(contentDirectory: contentDir)
+            guard var record = journal.load(id) else { throw ValidationError("no download \(id) in \(contentDir): see iap-fetch status") }
+            guard record.state != .finished else { throw ValidationError("\(id) is already finished and installed at \(record.contentPath ?? "?")") }
+            record.state = .cancelled
+            record.verifiedLength = 0
+            record.updatedAt = Date()
+            unlink(journal.partialPath(id))
+            try journal.save(record)
+            print("cancelled \(id); its transaction stays unfinished")
+        } catch let error as FetchError {
+            FileHandle.standardError.write(Data("iap-fetch: error: \(error.message)\n".utf8))
+            throw ExitCode(1)
+        }
+    }
+}

@@ -1,0 +1,151 @@
+import ContentArchive
+import ContentFetch
+import Foundation
+import IAPTestSupport
+import SandboxStore
+import Testing
+import TransactionQueue
+
+@Suite("iap-fetch against a real server", .serialized)
+struct FetchTests {
+    let bundleId = "com.example.app"
+
+    struct World {
+        let tmp: TemporaryFolder
+        let store: SandboxStore
+        let server: ServerProcess
+        var content: String { tmp.sub("device") }
+        var queue: String { tmp.sub("sandbox/queue") }
+    }
+
+    /// A server with the given folders packed and published, and a sandbox store it trusts.
+    func world(products: [String: String]) throws -> World {
+        let tmp = try TemporaryFolder()
+        let store = try SandboxStore.initialize(folder: tmp.sub("sandbox"), bundleId: bundleId)
+        for (product, folder) in products {
+            let packed = try ArchivePacker.pack(folder: folder, options: .init(
+                productId: try ProductIdentifier(product), contentVersion: try ContentVersion("1.0"), outputDirectory: tmp.sub("archives"), level: 1))
+            let published = try run(productsDirectory() + "/iap-server", ["publish", "--data", tmp.sub("data"), packed.archivePath])
+            #expect(published.status == 0, "\(published.stderr)")
+        }
+        let server = try ServerProcess(data: tmp.sub("data"), arguments: [
+            "--bundle-id", bundleId, "--trust-root", store.rootCertificatePath, "--environment", "sandbox"], folder: tmp)
+        return World(tmp: tmp, store: store, server: server)
+    }
+
+    func fetch(_ w: World, _ extra: [String] = []) throws -> ProcessResult {
+        try run(productsDirectory() + "/iap-fetch", ["run", "--server", w.server.base, "--queue", w.queue, "--content-dir", w.content, "--json"] + extra)
+    }
+
+    func repositoryContent(_ product: String) -> String {
+        URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+            .appendingPathComponent("content/\(product)/Contents").path
+    }
+
+    func events(_ output: String) -> [[String: Any]] {
+        output.split(separator: "\n").compactMap { try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any] }
+    }
+
+    @Test("run installs every purchase, verified and atomically, and finishes each transaction only after its install")
+    func installsAndFinishes() throws {
+        let w = try world(products: ["com.example.cosmos.levels1": repositoryContent("com.example.cosmos.levels1"),
+                                     "com.example.magazine.issue42": repositoryContent("com.example.magazine.issue42")])
+        let a = try w.store.purchase(productId: "com.example.cosmos.levels1")
+        let b = try w.store.purchase(productId: "com.example.magazine.issue42")
+        let result = try fetch(w)
+        #expect(result.status == 0, "\(result.stderr)")
+        let updates = events(result.stdout)
+        #expect(updates.contains { $0["state"] as? String == "active" && $0["productId"] as? String == "com.example.cosmos.levels1" })
+        #expect(updates.filter { $0["state"] as? String == "finished" }.count == 2)
+        #expect(updates.filter { $0["event"] as? String == "transaction-finished" }.count == 2)
+
+        for (product, transaction) in [("com.example.cosmos.levels1", a), ("com.example.magazine.issue42", b)] {
+            let installed = w.content + "/\(product)/1.0"
+            #expect(try run("diff", ["-r", repositoryContent(product), installed + "/Contents"]).status == 0)
+            let plist = try ContentInfo(plist: Data(contentsOf: URL(fileURLWithPath: installed + "/ContentInfo.plist")), source: "plist")
+            #expect(plist.productIdentifier.rawValue == product)
+            let id = transaction.transaction.transactionId!
+            let finished = try #require(try FileTransactionQueue(folder: w.queue).transaction(id)?.finishedAt)
+            let record = try #require(try DownloadJournal(contentDirectory: w.content).load("\(id)-\(product)"))
+            let installedAt = try #require(record.installedAt)
+            #expect(finished >= installedAt, "finished before the content was installed")
+        }
+        // A second run has nothing to do, and finishes nothing twice.
+        let before = try FileTransactionQueue(folder: w.queue).all().map(\.finishedAt)
+        #expect(try fetch(w).status == 0)
+        #expect(try FileTransactionQueue(folder: w.queue).all().map(\.finishedAt) == before)
+        #expect(w.server.stop() == 0)
+    }
+
+    @Test("killed with SIGKILL at several points, it resumes from its journal to identical bytes, finished exactly once")
+    func survivesKills() throws {
+        let tmp = try TemporaryFolder()
+        let source = tmp.sub("big")
+        try FileManager.default.createDirectory(atPath: source, withIntermediateDirectories: true)
+        var generator = SystemRandomNumberGenerator()
+        let payload = Data((0..<(24 << 20)).map { _ in UInt8.random(in: 0...255, using: &generator) })
+        try payload.write(to: URL(fileURLWithPath: source + "/payload.bin"))
+        let w = try world(products: ["com.example.big": source])
+        let purchase = try w.store.purchase(productId: "com.example.big")
+        let id = purchase.transaction.transactionId!
+        let journal = try DownloadJournal(contentDirectory: w.content)
+        var resumedFrom: [Int64] = []
+        for threshold: Int64 in [4 << 20, 12 << 20, 20 << 20] {
+            let client = Process()
+            client.executableURL = URL(fileURLWithPath: productsDirectory() + "/iap-fetch")
+            client.arguments = ["run", "--server", w.server.base, "--queue", w.queue, "--content-dir", w.content, "--limit-rate", "8M", "--json"]
+            client.standardOutput = FileHandle.nullDevice
+            client.standardError = FileHandle.nullDevice
+            try client.run()
+            // Wait (bounded) until the journal shows the bytes durable, then kill without warning.
+            let deadline = Date().addingTimeInterval(60)
+            while client.isRunning, Date() < deadline, (journal.load("\(id)-com.example.big")?.verifiedLength ?? 0) < threshold { usleep(2_000) }
+            kill(client.processIdentifier, SIGKILL)
+            client.waitUntilExit()
+            let durable = journal.load("\(id)-com.example.big")?.verifiedLength ?? 0
+            #expect(durable >= threshold)
+            resumedFrom.append(durable)
+            #expect(try FileTransactionQueue(folder: w.queue).transaction(id)?.finishedAt == nil, "finished while not installed")
+            #expect(!FileManager.default.fileExists(atPath: w.content + "/com.example.big/1.0"))
+        }
+        let last = try fetch(w)
+        #expect(last.status == 0, "\(last.stderr)")
+        // The final run continued from the journal instead of starting over.
+        let firstActive = events(last.stdout).first { $0["state"] as? String == "active" }
+        #expect((firstActive?["bytesReceived"] as? Int).map { Int64($0) >= resumedFrom.last! } == true)
+        #expect(try Data(contentsOf: URL(fileURLWithPath: w.content + "/com.example.big/1.0/Contents/payload.bin")) == payload)
+        let finished = try #require(try FileTransactionQueue(folder: w.queue).transaction(id)?.finishedAt)
+        #expect(try fetch(w).status == 0)
+        #expect(try FileTransactionQueue(folder: w.queue).transaction(id)?.finishedAt == finished)
+        #expect(!FileManager.default.fileExists(atPath: journal.partialPath("\(id)-com.example.big")))
+    }
+
+    @Test("content installed but not yet finished (stopped in between) is finished without downloading again")
+    func installedNotFinished() throws {
+        let w = try world(products: ["com.example.soundkit.drums": repositoryContent("com.example.soundkit.drums")])
+        let purchase = try w.store.purchase(productId: "com.example.soundkit.drums")
+        try purchase.signedTransaction.write(toFile: w.tmp.sub("tx.jws"), atomically: true, encoding: .utf8)
+        // `get` installs from a lone transaction and finishes nothing: the state a stop before finish leaves.
+        let got = try run(productsDirectory() + "/iap-fetch", ["get", "--server", w.server.base, "--transaction", w.tmp.sub("tx.jws"), "--content-dir", w.content])
+        #expect(got.status == 0, "\(got.stderr)")
+        #expect(try FileTransactionQueue(folder: w.queue).transaction(purchase.transaction.transactionId!)?.finishedAt == nil)
+        let result = try fetch(w)
+        #expect(result.status == 0)
+        #expect(!events(result.stdout).contains { $0["state"] as? String == "active" }, "it downloaded again")
+        #expect(try FileTransactionQueue(folder: w.queue).transaction(purchase.transaction.transactionId!)?.finishedAt != nil)
+    }
+
+    @Test("a refunded purchase fails with the reason and its transaction stays unfinished")
+    func refunded() throws {
+        let w = try world(products: ["com.example.cosmos.levels1": repositoryContent("com.example.cosmos.levels1")])
+        let purchase = try w.store.purchase(productId: "com.example.cosmos.levels1")
+        let refund = try w.store.refund(transactionId: purchase.transaction.transactionId!)
+        #expect(try postJSON(w.server.base + "/v1/notifications", ["signedPayload": refund.signedPayload], folder: w.tmp).status == 200)
+        let result = try fetch(w)
+        #expect(result.status == 1)
+        #expect(result.stderr.contains("refunded or revoked"))
+        #expect(events(result.stdout).contains { $0["event"] as? String == "transaction-failed" && $0["code"] as? String == "revoked" })
+        #expect(try FileTransactionQueue(folder: w.queue).transaction(purchase.transaction.transactionId!)?.finishedAt == nil)
+        #expect(!FileManager.default.fileExists(atPath: w.content + "/com.example.cosmos.levels1"))
+    }
+}
