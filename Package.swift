@@ -166,7 +166,7 @@ let package = Package(
         ),
         .testTarget(
             name: "ContentFetchTests",
-            dependencies: ["ContentFetch", "SandboxStore", "TransactionQueue", "ContentArchive", "IAPTestSupport"]
+            dependencies: ["ContentFetch", "SandboxStore", "TransactionQueue", "ContentArchive", "DownloadGrants", "IAPTestSupport"]
         ),
         .testTarget(
             name: "PurchaseVerificationTests",

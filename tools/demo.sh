@@ -12,6 +12,7 @@ step "building the tools (release)"
 swift build -c release --product iap-pack 2>&1 | tail -1
 swift build -c release --product iap-server 2>&1 | tail -1
 swift build -c release --product iap-sandbox 2>&1 | tail -1
+swift build -c release --product iap-fetch 2>&1 | tail -1
 bin=$(swift build -c release --show-bin-path)
 work=$(mktemp -d "${TMPDIR:-/tmp}/iap-demo.XXXXXX")
 server_pid=
@@ -45,20 +46,20 @@ signed=$("$bin/iap-sandbox" purchase --dir "$work/sandbox" --product-id "$produc
 echo "${signed:0:72}…"
 "$bin/iap-sandbox" transactions --dir "$work/sandbox"
 
-step "POST /v1/downloads: the server verifies the purchase and grants a short-lived URL"
+step "POST /v1/downloads: the server verifies the purchase and grants a short-lived URL (what iap-fetch asks for)"
 curl -s -X POST "$base/v1/downloads" -d "{\"signedTransaction\":\"$signed\"}" | tee "$work/grant.json"; echo
 url=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["downloads"][0]["url"])' "$work/grant.json")
-sha=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["downloads"][0]["sha256"])' "$work/grant.json")
 
-step "downloading: the first 10 KB, then resuming with Range (curl -C -), then checking SHA-256"
-curl -s -r 0-10239 -o "$work/download.zip" "$url"
-echo "partial file: $(stat -c %s "$work/download.zip") bytes"
-curl -s -C - -o "$work/download.zip" -w "resumed: HTTP %{http_code}, %{size_download} more bytes\n" "$url"
-echo "$sha  $work/download.zip" | sha256sum -c -
+step "buying the two other products too, then running iap-fetch over the device's queue"
+"$bin/iap-sandbox" purchase --dir "$work/sandbox" --product-id com.example.magazine.issue42 > /dev/null
+"$bin/iap-sandbox" purchase --dir "$work/sandbox" --product-id com.example.soundkit.drums > /dev/null
+echo "iap-fetch: grant -> resumable download (Range/If-Range) -> SHA-256 -> safe install -> finish transaction"
+"$bin/iap-fetch" run --server "$base" --queue "$work/sandbox/queue" --content-dir "$work/device"
 
-step "installing it as a device would: verified, extracted into a temporary folder, renamed into place"
-"$bin/iap-pack" extract "$work/download.zip" "$work/device/$product/1.0" --product-id "$product" --content-version 1.0
-(cd "$work/device/$product/1.0" && find . -type f | sort | head -8)
+step "the installed contentURL folders, and the transactions now finished (only after installing)"
+for dir in "$work"/device/*/*/; do echo "${dir#$work/}: $(find "$dir" -type f | wc -l) files"; done
+(cd "$work/device/$product/1.0" && find . -type f | sort | head -6)
+"$bin/iap-sandbox" transactions --dir "$work/sandbox"
 
 step "refunding the purchase: the sandbox signs a REFUND notification V2 and POSTs it to the server"
 id=$("$bin/iap-sandbox" transactions --dir "$work/sandbox" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["transactionId"])')

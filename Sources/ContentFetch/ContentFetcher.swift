@@ -231,7 +231,9 @@ public actor ContentFetcher {
                     emit(update(record, rate: RateEstimator()), force: true)
                     throw failure
                 }
+                // Waiting to retry; observers see why.
                 record.state = .waiting
+                record.error = failure
                 emit(update(record, rate: RateEstimator()), force: true)
                 let base = 0.25 * pow(2, Double(attempt - 1))
                 try? await Task.sleep(for: .milliseconds(Int((base + Double.random(in: 0...base)) * 1000)))
@@ -391,6 +393,7 @@ public actor ContentFetcher {
             }
         }
         record.state = .finished
+        record.error = nil
         record.installedAt = Date()
         record.contentPath = destination
         record.updatedAt = Date()

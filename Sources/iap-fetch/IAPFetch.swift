@@ -108,7 +108,7 @@ struct Printer {
         let width = 24
         let filled = Int(u.progress * Double(width))
         let bar = String(repeating: "#", count: filled) + String(repeating: ".", count: width - filled)
-        let mb = { (b: Int64) in String(format: "%.1f MB", Double(b) / 1e6) }
+        let mb = { (b: Int64) in b < 1_000_000 ? String(format: "%.1f KB", Double(b) / 1e3) : String(format: "%.1f MB", Double(b) / 1e6) }
         let eta = u.timeRemaining < 0 ? "--" : String(format: "%.0fs", u.timeRemaining)
         var text = "\(u.productId) \(u.contentVersion ?? "") [\(bar)] \(String(format: "%3.0f%%", u.progress * 100)) "
             + "\(mb(u.bytesReceived))/\(u.expectedContentLength < 0 ? "?" : mb(u.expectedContentLength)) "
