@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Client benchmark on one 1 GiB archive served by iap-server (release), in one run:
+# - iap-fetch end to end (grant, download, incremental SHA-256, safe install, finish) against what a
+#   user would script instead: curl -o, then sha256sum, then unzip; and curl -o alone;
+# - peak memory of each;
+# - bytes fetched twice after a SIGKILL at about 50% (partial bytes on disk minus what the journal
+#   had synced; the journal syncs every 4 MiB).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tools/install-deps.sh
+for p in iap-server iap-pack iap-sandbox iap-fetch; do swift build -c release --product $p >/dev/null; done
+bin=$(swift build -c release --show-bin-path)
+work=$(mktemp -d); trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
+mkdir -p "$work/content"
+head -c $((1024 * 1024 * 1024 - 4096)) /dev/urandom > "$work/content/payload.bin"
+"$bin/iap-pack" build "$work/content" --product-id bench.fetch --content-version 1.0 --level 0 -o "$work/out" >/dev/null
+"$bin/iap-sandbox" init --dir "$work/sandbox" --bundle-id com.example.bench >/dev/null
+"$bin/iap-server" publish --data "$work/data" "$work/out/bench.fetch-1.0.zip" >/dev/null
+LOG_LEVEL=error "$bin/iap-server" serve --data "$work/data" --bundle-id com.example.bench --trust-root "$work/sandbox/root.cer" \
+  --environment sandbox --port 0 --port-file "$work/port" --token-ttl 86400 > "$work/server.log" 2>&1 &
+for _ in $(seq 200); do [ -s "$work/port" ] && break; sleep 0.05; done
+base="http://127.0.0.1:$(cat "$work/port")"
+size=$(stat -c %s "$work/out/bench.fetch-1.0.zip")
+
+timed() { /usr/bin/time -f "%e %M" -o "$work/t" "$@" >/dev/null 2>&1; cat "$work/t"; }
+best_fetch=999999; best_curl=999999; best_curl_all=999999
+for run in 1 2 3; do
+  "$bin/iap-sandbox" purchase --dir "$work/sandbox" --product-id bench.fetch > "$work/tx.jws"
+  rm -rf "$work/device"
+  read -r secs kb <<< "$(timed "$bin/iap-fetch" get --server "$base" --transaction "$work/tx.jws" --content-dir "$work/device")"
+  cmp -s "$work/device/bench.fetch/1.0/Contents/payload.bin" "$work/content/payload.bin" || { echo "iap-fetch installed wrong bytes" >&2; exit 1; }
+  awk -v s="$secs" -v b="$best_fetch" 'BEGIN { exit !(s < b) }' && { best_fetch=$secs; fetch_kb=$kb; }
+  url=$(curl -s -X POST "$base/v1/downloads" -d "{\"signedTransaction\":\"$(cat "$work/tx.jws")\"}" | python3 -c 'import json,sys; print(json.load(sys.stdin)["downloads"][0]["url"])')
+  rm -f "$work/c.zip"
+  read -r secs kb <<< "$(timed curl -s -o "$work/c.zip" "$url")"
+  awk -v s="$secs" -v b="$best_curl" 'BEGIN { exit !(s < b) }' && { best_curl=$secs; curl_kb=$kb; }
+  rm -rf "$work/c.zip" "$work/unzipped"
+  start=$(date +%s.%N)
+  curl -s -o "$work/c.zip" "$url" && sha256sum "$work/c.zip" >/dev/null && unzip -q "$work/c.zip" -d "$work/unzipped"
+  secs=$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN { printf "%.2f", e - s }')
+  awk -v s="$secs" -v b="$best_curl_all" 'BEGIN { exit !(s < b) }' && best_curl_all=$secs
+done
+
+# SIGKILL at ~50%: rate-limited so the kill lands mid-transfer.
+"$bin/iap-sandbox" purchase --dir "$work/sandbox" --product-id bench.fetch > /dev/null
+rm -rf "$work/device"
+"$bin/iap-fetch" run --server "$base" --queue "$work/sandbox/queue" --content-dir "$work/device" --limit-rate 400M >/dev/null 2>&1 &
+fetch_pid=$!
+journal=$(echo "$work"/device/.iap-fetch)
+while kill -0 $fetch_pid 2>/dev/null; do
+  partial=$(ls "$work"/device/.iap-fetch/*.partial 2>/dev/null | head -1 || true)
+  [ -n "$partial" ] && [ "$(stat -c %s "$partial")" -ge $((size / 2)) ] && break
+  sleep 0.01
+done
+kill -9 $fetch_pid; wait $fetch_pid 2>/dev/null || true
+on_disk=$(stat -c %s "$partial")
+synced=$(python3 -c 'import json,glob,sys; print(json.load(open(glob.glob(sys.argv[1] + "/*.json")[0]))["verifiedLength"])' "$journal")
+"$bin/iap-fetch" run --server "$base" --queue "$work/sandbox/queue" --content-dir "$work/device" >/dev/null
+cmp -s "$work/device/bench.fetch/1.0/Contents/payload.bin" "$work/content/payload.bin" && resumed=identical || resumed=DIFFERENT
+
+echo "archive: $size bytes; $(nproc) cores; best of 3"
+printf '%-58s %9s %11s\n' "measure" "seconds" "peak MiB"
+awk -v s="$best_fetch" -v k="$fetch_kb" 'BEGIN { printf "%-58s %9.2f %11.1f\n", "iap-fetch get (download + SHA-256 + safe install)", s, k / 1024 }'
+awk -v s="$best_curl_all" 'BEGIN { printf "%-58s %9.2f %11s\n", "curl -o + sha256sum + unzip -q", s, "-" }'
+awk -v s="$best_curl" -v k="$curl_kb" 'BEGIN { printf "%-58s %9.2f %11.1f\n", "curl -o (transfer only)", s, k / 1024 }'
+awk -v a="$best_fetch" -v b="$best_curl_all" 'BEGIN { printf "end-to-end ratio, curl pipeline time / iap-fetch time: %.2f (above 1: iap-fetch faster)\n", b / a }'
+awk -v d="$on_disk" -v s="$synced" -v z="$size" 'BEGIN { printf "SIGKILL at %.0f%%: %d bytes on disk, %d synced in the journal: %.2f MiB fetched again\n", d * 100 / z, d, s, (d - s) / 1048576 }'
+echo "resumed download installed $resumed bytes"
