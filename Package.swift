@@ -156,7 +156,7 @@ let package = Package(
         ),
         .testTarget(
             name: "ContentArchiveTests",
-            dependencies: ["ContentArchive"]
+            dependencies: ["ContentArchive", "IAPTestSupport"]
         ),
         // Helpers for tests that run the real executables (servers on ephemeral ports, curl).
         .target(name: "IAPTestSupport", path: "Tests/Support"),
@@ -170,7 +170,7 @@ let package = Package(
         ),
         .testTarget(
             name: "PurchaseVerificationTests",
-            dependencies: ["PurchaseVerification", "SandboxStore", "TransactionQueue"]
+            dependencies: ["PurchaseVerification", "SandboxStore", "TransactionQueue", "IAPTestSupport"]
         ),
     ]
 )

@@ -1,4 +1,5 @@
 import Foundation
+import IAPTestSupport
 import Testing
 @testable import ContentArchive
 

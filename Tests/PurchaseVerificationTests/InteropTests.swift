@@ -1,4 +1,5 @@
 import Foundation
+import IAPTestSupport
 import PurchaseVerification
 import SandboxStore
 import Testing

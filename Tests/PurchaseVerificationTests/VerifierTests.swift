@@ -1,5 +1,6 @@
 import Crypto
 import Foundation
+import IAPTestSupport
 @testable import PurchaseVerification
 import SandboxStore
 import Testing

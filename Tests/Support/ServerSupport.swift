@@ -1,5 +1,6 @@
 import Foundation
 
+/// The folder that holds the built executables (beside the test bundle).
 public func productsDirectory() -> String {
     var url = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath()
     for _ in 0..<4 {
@@ -9,14 +10,36 @@ public func productsDirectory() -> String {
     return FileManager.default.currentDirectoryPath + "/.build/debug"
 }
 
+/// A fresh temporary folder, removed when the value is released.
 public final class TemporaryFolder: @unchecked Sendable {
     public let path: String
+
     public init() throws {
-        path = FileManager.default.temporaryDirectory.path + "/iap-server-tests-" + UUID().uuidString
+        path = FileManager.default.temporaryDirectory.path + "/iap-tests-" + UUID().uuidString
         try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
     }
+
     deinit { try? FileManager.default.removeItem(atPath: path) }
+
     public func sub(_ name: String) -> String { path + "/" + name }
+
+    @discardableResult
+    public func write(_ relative: String, _ contents: String) throws -> String {
+        try write(relative, Data(contents.utf8))
+    }
+
+    @discardableResult
+    public func write(_ relative: String, _ data: Data) throws -> String {
+        let full = sub(relative)
+        try FileManager.default.createDirectory(atPath: (full as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
+        try data.write(to: URL(fileURLWithPath: full))
+        return full
+    }
+
+    /// The names in a sub-folder, sorted; empty when it does not exist.
+    public func files(in relative: String) -> [String] {
+        ((try? FileManager.default.contentsOfDirectory(atPath: sub(relative))) ?? []).sorted()
+    }
 }
 
 public struct ServerError: Error, CustomStringConvertible { public let description: String }
@@ -147,10 +170,11 @@ public struct ProcessResult: Sendable {
 
 /// Runs a program to completion; output goes through files, so a chatty child never blocks.
 @discardableResult
-public func run(_ executable: String, _ arguments: [String], stdin: String? = nil) throws -> ProcessResult {
+public func run(_ executable: String, _ arguments: [String], stdin: String? = nil, environment: [String: String]? = nil) throws -> ProcessResult {
     let process = Process()
     process.executableURL = URL(fileURLWithPath: executable.hasPrefix("/") ? executable : "/usr/bin/env")
     process.arguments = executable.hasPrefix("/") ? arguments : [executable] + arguments
+    if let environment { process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 } }
     let base = FileManager.default.temporaryDirectory.path + "/iap-run-" + UUID().uuidString
     for ext in [".out", ".err"] { _ = FileManager.default.createFile(atPath: base + ext, contents: nil) }
     _ = FileManager.default.createFile(atPath: base + ".in", contents: Data((stdin ?? "").utf8))
