@@ -7,7 +7,6 @@ enum Zip {
     static let localHeaderSignature: UInt32 = 0x0403_4B50
     static let centralHeaderSignature: UInt32 = 0x0201_4B50
     static let endOfCentralDirectorySignature: UInt32 = 0x0605_4B50
-    static let zip64EndLocatorSignature: UInt32 = 0x0706_4B50
     static let localHeaderSize = 30
     static let centralHeaderSize = 46
     static let endRecordSize = 22
@@ -18,7 +17,6 @@ enum Zip {
     static let methodDeflate: UInt16 = 8
     static let flagUTF8: UInt16 = 1 << 11
     static let flagEncrypted: UInt16 = 1
-    static let flagDataDescriptor: UInt16 = 1 << 3
     /// "Made by" host 3 (Unix), spec 2.0: tells readers the high external attributes are a Unix mode.
     static let versionMadeBy: UInt16 = (3 << 8) | 20
 

@@ -136,6 +136,51 @@ struct FetchTests {
         #expect(try FileTransactionQueue(folder: w.queue).transaction(purchase.transaction.transactionId!)?.finishedAt != nil)
     }
 
+    @Test("a content update: 1.1 is installed beside 1.0, then replaces it only once complete")
+    func contentUpdate() throws {
+        let w = try world(products: ["com.example.cosmos.levels1": repositoryContent("com.example.cosmos.levels1")])
+        let purchase = try w.store.purchase(productId: "com.example.cosmos.levels1")
+        #expect(try fetch(w).status == 0)
+        #expect(FileManager.default.fileExists(atPath: w.content + "/com.example.cosmos.levels1/1.0/ContentInfo.plist"))
+
+        // The publisher ships 1.1 (one more level); the app notices and downloads again with its transaction.
+        let updated = w.tmp.sub("updated")
+        try FileManager.default.copyItem(atPath: repositoryContent("com.example.cosmos.levels1"), toPath: updated)
+        try Data("{\"id\": \"ring-11\"}\n".utf8).write(to: URL(fileURLWithPath: updated + "/levels/ring-11.json"))
+        let packed = try ArchivePacker.pack(folder: updated, options: .init(
+            productId: try ProductIdentifier("com.example.cosmos.levels1"), contentVersion: try ContentVersion("1.1"), outputDirectory: w.tmp.sub("v11")))
+        #expect(try run(productsDirectory() + "/iap-server", ["publish", "--data", w.tmp.sub("data"), packed.archivePath]).status == 0)
+        try purchase.signedTransaction.write(toFile: w.tmp.sub("tx.jws"), atomically: true, encoding: .utf8)
+        let got = try run(productsDirectory() + "/iap-fetch", ["get", "--server", w.server.base, "--transaction", w.tmp.sub("tx.jws"), "--content-dir", w.content, "--json"])
+        #expect(got.status == 0, "\(got.stderr)")
+        let product = w.content + "/com.example.cosmos.levels1"
+        #expect(FileManager.default.fileExists(atPath: product + "/1.1/Contents/levels/ring-11.json"))
+        #expect(!FileManager.default.fileExists(atPath: product + "/1.0"), "the old version was not removed")
+        let plist = try ContentInfo(plist: Data(contentsOf: URL(fileURLWithPath: product + "/1.1/ContentInfo.plist")), source: "plist")
+        #expect(plist.contentVersion.string == "1.1")
+    }
+
+    @Test("of several purchases, one failing leaves the others finished and itself unfinished until a later run")
+    func oneFails() throws {
+        let w = try world(products: ["com.example.cosmos.levels1": repositoryContent("com.example.cosmos.levels1")])
+        let good = try w.store.purchase(productId: "com.example.cosmos.levels1")
+        let pending = try w.store.purchase(productId: "com.example.magazine.issue42")
+        let first = try fetch(w)
+        #expect(first.status == 1)
+        #expect(first.stderr.contains("no content"))
+        let queue = try FileTransactionQueue(folder: w.queue)
+        #expect(try queue.transaction(good.transaction.transactionId!)?.finishedAt != nil)
+        #expect(try queue.transaction(pending.transaction.transactionId!)?.finishedAt == nil)
+
+        // The content is published later; the next run completes the unfinished transaction.
+        let packed = try ArchivePacker.pack(folder: repositoryContent("com.example.magazine.issue42"), options: .init(
+            productId: try ProductIdentifier("com.example.magazine.issue42"), contentVersion: try ContentVersion("1.0"), outputDirectory: w.tmp.sub("late")))
+        #expect(try run(productsDirectory() + "/iap-server", ["publish", "--data", w.tmp.sub("data"), packed.archivePath]).status == 0)
+        #expect(try fetch(w).status == 0)
+        #expect(try queue.transaction(pending.transaction.transactionId!)?.finishedAt != nil)
+        #expect(try run("diff", ["-r", repositoryContent("com.example.magazine.issue42"), w.content + "/com.example.magazine.issue42/1.0/Contents"]).status == 0)
+    }
+
     @Test("a refunded purchase fails with the reason and its transaction stays unfinished")
     func refunded() throws {
         let w = try world(products: ["com.example.cosmos.levels1": repositoryContent("com.example.cosmos.levels1")])
