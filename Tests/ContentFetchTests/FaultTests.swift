@@ -22,8 +22,9 @@ struct FaultTests {
         var downloadId: String { "\(transactionId)-com.example.big" }
     }
 
-    /// A 12 MiB product bought and half-downloaded: the client was killed once 4 MiB were durable.
-    func halfDownloaded() throws -> Setup {
+    /// A 12 MiB product bought and half-downloaded: the client was stopped with `signal` once
+    /// 4 MiB were durable (SIGKILL by default).
+    func halfDownloaded(signal: Int32 = SIGKILL, serverArguments: [String] = [], exitStatus: UnsafeMutablePointer<Int32>? = nil) throws -> Setup {
         let tmp = try TemporaryFolder()
         try FileManager.default.createDirectory(atPath: tmp.sub("src"), withIntermediateDirectories: true)
         var generator = SystemRandomNumberGenerator()
@@ -34,7 +35,7 @@ struct FaultTests {
             productId: try ProductIdentifier(product), contentVersion: try ContentVersion("1.0"), outputDirectory: tmp.sub("archives"), level: 0))
         #expect(try run(productsDirectory() + "/iap-server", ["publish", "--data", tmp.sub("data"), packed.archivePath]).status == 0)
         let server = try ServerProcess(data: tmp.sub("data"), arguments: [
-            "--bundle-id", "com.example.app", "--trust-root", store.rootCertificatePath, "--environment", "sandbox"], folder: tmp)
+            "--bundle-id", "com.example.app", "--trust-root", store.rootCertificatePath, "--environment", "sandbox"] + serverArguments, folder: tmp)
         let purchase = try store.purchase(productId: product)
         let setup = Setup(tmp: tmp, store: store, server: server, payload: payload, transactionId: purchase.transaction.transactionId!)
         let client = Process()
@@ -46,8 +47,9 @@ struct FaultTests {
         let journal = try DownloadJournal(contentDirectory: setup.content)
         let deadline = Date().addingTimeInterval(60)
         while client.isRunning, Date() < deadline, (journal.load(setup.downloadId)?.verifiedLength ?? 0) < 4 << 20 { usleep(2_000) }
-        kill(client.processIdentifier, SIGKILL)
+        kill(client.processIdentifier, signal)
         client.waitUntilExit()
+        exitStatus?.pointee = client.terminationStatus
         #expect((journal.load(setup.downloadId)?.verifiedLength ?? 0) >= 4 << 20)
         return setup
     }
@@ -107,6 +109,45 @@ struct FaultTests {
         #expect(result.stderr.contains("refunded or revoked"))
         #expect(installedPayload(s) == nil)
         #expect(try finishedAt(s) == nil)
+    }
+
+    @Test("Ctrl-C pauses: journal saved, state paused, exit 130; the next run resumes")
+    func interrupt() throws {
+        var status: Int32 = 0
+        let s = try halfDownloaded(signal: SIGINT, exitStatus: &status)
+        #expect(status == 130)
+        let record = try #require(try DownloadJournal(contentDirectory: s.content).load(s.downloadId))
+        #expect(record.state == .paused)
+        #expect(try finishedAt(s) == nil)
+        let result = try fetch(s)
+        #expect(result.status == 0, "\(result.stderr)")
+        #expect(installedPayload(s) == s.payload)
+    }
+
+    @Test("the server restarting mid-download: the client retries and completes with identical bytes")
+    func serverRestart() throws {
+        let s = try halfDownloaded()
+        let client = Process()
+        client.executableURL = URL(fileURLWithPath: productsDirectory() + "/iap-fetch")
+        client.arguments = ["run", "--server", s.server.base, "--queue", s.queue, "--content-dir", s.content, "--limit-rate", "4M"]
+        client.standardOutput = FileHandle.nullDevice
+        client.standardError = FileHandle.nullDevice
+        try client.run()
+        let journal = try DownloadJournal(contentDirectory: s.content)
+        let deadline = Date().addingTimeInterval(60)
+        while client.isRunning, Date() < deadline, (journal.load(s.downloadId)?.verifiedLength ?? 0) < 8 << 20 { usleep(2_000) }
+        // Kill the server without warning and start it again on the same port.
+        kill(s.server.process.processIdentifier, SIGKILL)
+        s.server.process.waitUntilExit()
+        let again = try ServerProcess(data: s.tmp.sub("data"), arguments: [
+            "--bundle-id", "com.example.app", "--trust-root", s.store.rootCertificatePath, "--environment", "sandbox",
+            "--port", String(s.server.port)], folder: s.tmp, fixedPort: true)
+        #expect(again.port == s.server.port)
+        client.waitUntilExit()
+        #expect(client.terminationStatus == 0)
+        #expect(installedPayload(s) == s.payload)
+        #expect(try finishedAt(s) != nil)
+        #expect(again.stop() == 0)
     }
 
     @Test("a full disk fails the download cleanly: nothing half-installed, transaction unfinished, resumable afterwards")

@@ -51,12 +51,13 @@ public final class ServerProcess: @unchecked Sendable {
     public let log: String
     public var base: String { "http://127.0.0.1:\(port)" }
 
-    public init(data: String, arguments: [String], folder: TemporaryFolder) throws {
+    /// Starts the server on a free port, or (with `fixedPort`) on the `--port` in `arguments`.
+    public init(data: String, arguments: [String], folder: TemporaryFolder, fixedPort: Bool = false) throws {
         let portFile = folder.sub("port-\(UUID().uuidString)")
         log = folder.sub("server-\(UUID().uuidString).log")
         _ = FileManager.default.createFile(atPath: log, contents: nil)
         process.executableURL = URL(fileURLWithPath: productsDirectory() + "/iap-server")
-        process.arguments = ["serve", "--data", data, "--port", "0", "--port-file", portFile] + arguments
+        process.arguments = ["serve", "--data", data] + (fixedPort ? [] : ["--port", "0"]) + ["--port-file", portFile] + arguments
         process.standardOutput = FileHandle(forWritingAtPath: log)
         process.standardError = FileHandle(forWritingAtPath: log)
         try process.run()
