@@ -6,6 +6,7 @@
 public enum Base64URL {
     /// Decodes strict base64url; trailing `=` padding is tolerated. Nil for any other byte, an
     /// impossible length or non-zero leftover bits.
+    @inlinable
     public static func decode<Bytes: Collection>(_ input: Bytes) -> [UInt8]? where Bytes.Element == UInt8 {
         var count = input.count
         var end = input.endIndex
@@ -33,6 +34,7 @@ public enum Base64URL {
     }
 
     /// Encodes without padding.
+    @inlinable
     public static func encode<Bytes: Sequence>(_ input: Bytes) -> String where Bytes.Element == UInt8 {
         var output = [UInt8]()
         var accumulator: UInt32 = 0
@@ -49,9 +51,11 @@ public enum Base64URL {
         return String(decoding: output, as: UTF8.self)
     }
 
-    private static let alphabet = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_".utf8)
+    @usableFromInline
+    static let alphabet = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_".utf8)
 
-    private static let decodingTable: [UInt8] = {
+    @usableFromInline
+    static let decodingTable: [UInt8] = {
         var table = [UInt8](repeating: 255, count: 256)
         for (i, c) in alphabet.enumerated() { table[Int(c)] = UInt8(i) }
         return table

@@ -77,18 +77,19 @@ public enum RangeEvaluator {
     }
 
     /// Parses `bytes=...`; nil when the header is syntactically invalid or not in bytes, in which
-    /// case it is ignored.
+    /// case it is ignored. Works on UTF-8 bytes: it runs on every range request.
     static func parse(_ header: String) -> [Spec]? {
-        let trimmed = header.trimmingWhitespace
-        guard let equals = trimmed.firstIndex(of: "="),
-              trimmed[..<equals].trimmingWhitespace.lowercased() == "bytes" else { return nil }
+        let bytes = Array(header.utf8)
+        guard let equals = bytes.firstIndex(of: UInt8(ascii: "=")) else { return nil }
+        let unit = trim(bytes[..<equals])
+        guard unit.count == 5, zip(unit, "bytes".utf8).allSatisfy({ $0 | 0x20 == $1 }) else { return nil }
         var specs: [Spec] = []
-        for part in trimmed[trimmed.index(after: equals)...].split(separator: ",", omittingEmptySubsequences: false) {
-            let item = part.trimmingWhitespace
+        for part in bytes[(equals + 1)...].split(separator: UInt8(ascii: ","), omittingEmptySubsequences: false) {
+            let item = trim(part)
             // RFC 9110 allows empty list elements ("bytes=0-1, ,5-6").
             if item.isEmpty { continue }
-            guard let dash = item.firstIndex(of: "-") else { return nil }
-            let left = item[..<dash], right = item[item.index(after: dash)...]
+            guard let dash = item.firstIndex(of: UInt8(ascii: "-")) else { return nil }
+            let left = item[..<dash], right = item[(dash + 1)...]
             if left.isEmpty {
                 guard let length = number(right) else { return nil }
                 specs.append(.suffix(length))
@@ -105,11 +106,18 @@ public enum RangeEvaluator {
         return specs.isEmpty ? nil : specs
     }
 
+    private static func trim(_ bytes: ArraySlice<UInt8>) -> ArraySlice<UInt8> {
+        var slice = bytes
+        while let first = slice.first, first == 0x20 || first == 0x09 { slice = slice.dropFirst() }
+        while let last = slice.last, last == 0x20 || last == 0x09 { slice = slice.dropLast() }
+        return slice
+    }
+
     /// Digits only; values too large for 64 bits saturate (a position past any file).
-    private static func number(_ text: Substring) -> UInt64? {
-        guard !text.isEmpty, text.utf8.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }) else { return nil }
+    private static func number(_ digits: ArraySlice<UInt8>) -> UInt64? {
+        guard !digits.isEmpty, digits.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }) else { return nil }
         var value: UInt64 = 0
-        for digit in text.utf8 {
+        for digit in digits {
             let (times, overflow1) = value.multipliedReportingOverflow(by: 10)
             let (plus, overflow2) = times.addingReportingOverflow(UInt64(digit - 0x30))
             if overflow1 || overflow2 { return .max }

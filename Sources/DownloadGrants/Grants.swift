@@ -80,15 +80,16 @@ public struct GrantKeyRing: Sendable {
     /// Checks the signature (in constant time) and expiry, and returns the grant. Works on UTF-8
     /// bytes throughout: it runs on every content request.
     public func verify(_ token: Substring, now: Date = Date()) -> Result<Grant, GrantError> {
-        let bytes = token.utf8
-        guard bytes.count <= 2048 else { return .failure(.malformed) }
+        guard token.utf8.count <= 2048 else { return .failure(.malformed) }
+        // One copy into an array: generic code over Substring's UTF-8 view showed in the profile.
+        let bytes = Array(token.utf8)
         let parts = bytes.split(separator: UInt8(ascii: "."), maxSplits: 3, omittingEmptySubsequences: false)
         guard parts.count == 3 else { return .failure(.malformed) }
-        let keyId = String(Substring(parts[0]))
+        let keyId = String(decoding: parts[0], as: UTF8.self)
         guard let key = keys[keyId] else { return .failure(.unknownKey(String(keyId.prefix(16)))) }
         guard let mac = Base64URL.decode(parts[2]), let payload = Base64URL.decode(parts[1]) else { return .failure(.malformed) }
         let signed = bytes[bytes.startIndex..<parts[1].endIndex]
-        guard HMAC<SHA256>.isValidAuthenticationCode(mac, authenticating: Array(signed), using: key) else {
+        guard HMAC<SHA256>.isValidAuthenticationCode(mac, authenticating: signed, using: key) else {
             return .failure(.forged)
         }
         let fields = payload.split(separator: UInt8(ascii: "|"), maxSplits: 5, omittingEmptySubsequences: false)
