@@ -372,6 +372,11 @@ public actor ContentFetcher {
         } catch {
             throw FetchError(.install, "the grant names an invalid product or version: \(error)")
         }
+        let parent = configuration.contentDirectory + "/" + record.productId
+        // An extraction killed part-way leaves its temporary folder: remove it before trying again.
+        for name in (try? FileManager.default.contentsOfDirectory(atPath: parent)) ?? [] where name.hasPrefix(".\(record.contentVersion).extracting-") {
+            try? FileManager.default.removeItem(atPath: parent + "/" + name)
+        }
         let plist = destination + "/" + ContentInfo.fileName
         if let data = FileManager.default.contents(atPath: plist), (try? ContentInfo(plist: data, source: plist)) == expected {
             // Installed by an earlier run that was stopped before it could record it.
@@ -386,7 +391,6 @@ public actor ContentFetcher {
                 throw record.error!
             }
         }
-        let parent = configuration.contentDirectory + "/" + record.productId
         for name in (try? FileManager.default.contentsOfDirectory(atPath: parent)) ?? [] where !name.hasPrefix(".") && name != record.contentVersion {
             if let version = try? ContentVersion(name), version < expected.contentVersion {
                 try? FileManager.default.removeItem(atPath: parent + "/" + name)

@@ -121,6 +121,42 @@ struct FetchTests {
         #expect(!FileManager.default.fileExists(atPath: journal.partialPath("\(id)-com.example.big")))
     }
 
+    @Test("killed while extracting, the next run cleans up, installs identical content and finishes once")
+    func killedWhileExtracting() throws {
+        let tmp = try TemporaryFolder()
+        // Many small files: each is synced on install, so extraction takes long enough to interrupt.
+        for i in 0..<1500 { try tmp.write("many/file-\(i).txt", "content of file \(i)\n") }
+        let w = try world(products: ["com.example.many": tmp.sub("many")])
+        let purchase = try w.store.purchase(productId: "com.example.many")
+        let client = Process()
+        client.executableURL = URL(fileURLWithPath: productsDirectory() + "/iap-fetch")
+        client.arguments = ["run", "--server", w.server.base, "--queue", w.queue, "--content-dir", w.content]
+        client.standardOutput = FileHandle.nullDevice
+        client.standardError = FileHandle.nullDevice
+        try client.run()
+        let product = w.content + "/com.example.many"
+        var caught = false
+        let deadline = Date().addingTimeInterval(60)
+        while client.isRunning, Date() < deadline {
+            let names = (try? FileManager.default.contentsOfDirectory(atPath: product)) ?? []
+            if names.contains(where: { $0.hasPrefix(".1.0.extracting-") }) {
+                kill(client.processIdentifier, SIGKILL)
+                caught = true
+                break
+            }
+            usleep(500)
+        }
+        client.waitUntilExit()
+        #expect(caught, "the client finished before extraction could be interrupted")
+        #expect(!FileManager.default.fileExists(atPath: product + "/1.0"), "a half-extracted folder was installed")
+        #expect(try FileTransactionQueue(folder: w.queue).transaction(purchase.transaction.transactionId!)?.finishedAt == nil)
+        let result = try fetch(w)
+        #expect(result.status == 0, "\(result.stderr)")
+        #expect(try run("diff", ["-r", tmp.sub("many"), product + "/1.0/Contents"]).status == 0)
+        #expect(try FileManager.default.contentsOfDirectory(atPath: product) == ["1.0"], "leftovers beside the installed version")
+        #expect(try FileTransactionQueue(folder: w.queue).transaction(purchase.transaction.transactionId!)?.finishedAt != nil)
+    }
+
     @Test("content installed but not yet finished (stopped in between) is finished without downloading again")
     func installedNotFinished() throws {
         let w = try world(products: ["com.example.soundkit.drums": repositoryContent("com.example.soundkit.drums")])
