@@ -162,9 +162,14 @@ public actor ContentFetcher {
     /// Exponential backoff with jitter between attempts; gives up after `maxAttempts`.
     private func retry<T>(_ attempt: Int, _ error: FetchError, _ again: () async throws -> T) async throws -> T {
         guard attempt < configuration.maxAttempts, !pauseRequested else { throw error }
+        await backoff(attempt)
+        return try await again()
+    }
+
+    /// Waits 0.25 s × 2^(attempt−1), plus up to as much again at random so clients do not retry in step.
+    private func backoff(_ attempt: Int) async {
         let base = 0.25 * pow(2, Double(attempt - 1))
         try? await Task.sleep(for: .milliseconds(Int((base + Double.random(in: 0...base)) * 1000)))
-        return try await again()
     }
 
     private static func errorMessage(_ data: ByteBuffer) -> (code: String, text: String) {
@@ -235,8 +240,7 @@ public actor ContentFetcher {
                 record.state = .waiting
                 record.error = failure
                 emit(update(record, rate: RateEstimator()), force: true)
-                let base = 0.25 * pow(2, Double(attempt - 1))
-                try? await Task.sleep(for: .milliseconds(Int((base + Double.random(in: 0...base)) * 1000)))
+                await backoff(attempt)
             }
         }
         try install(&record, destination: destination)
