@@ -112,6 +112,7 @@ public actor ContentFetcher {
         for download in grant.downloads {
             try await deliver(download, transaction: transaction)
         }
+        Failpoint.hit("installed")
         // Finishing is the last step: every download of this transaction is installed.
         try await source.finish(transactionId: transaction.transactionId)
     }
@@ -358,6 +359,7 @@ public actor ContentFetcher {
             try journal.save(record)
             throw FetchError(.integrity, "the downloaded archive's SHA-256 is \(digest), not the granted \(record.sha256)")
         }
+        Failpoint.hit("verified")
     }
 
     /// fsync the partial file, then record how much of it is durable.
@@ -428,5 +430,17 @@ public actor ContentFetcher {
         if !force, let last = lastEmitted[update.id], now - last < .milliseconds(250) { return }
         lastEmitted[update.id] = now
         continuation.yield(update)
+    }
+}
+
+/// Crash points for tests: with `IAP_FETCH_KILL_AT=<name>` in the environment the process kills
+/// itself with SIGKILL when it reaches that point (`verified`: after the SHA-256 check, before
+/// install; `installed`: after install, before the transaction is finished), so a test can stop it
+/// exactly where a power cut could. Without the variable this does nothing.
+enum Failpoint {
+    static let armed = ProcessInfo.processInfo.environment["IAP_FETCH_KILL_AT"]
+
+    static func hit(_ name: String) {
+        if armed == name { kill(getpid(), SIGKILL) }
     }
 }

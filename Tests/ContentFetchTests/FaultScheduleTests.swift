@@ -1,0 +1,111 @@
+import ContentArchive
+import ContentFetch
+import Foundation
+import IAPTestSupport
+import SandboxStore
+import Testing
+import TransactionQueue
+
+@Suite("Fault schedule", .serialized)
+struct FaultScheduleTests {
+    /// Polls (bounded) until `condition` holds or `process` exits.
+    func waitUntil(_ process: Process, timeout: TimeInterval = 60, _ condition: () -> Bool) -> Bool {
+        let deadline = Date().addingTimeInterval(timeout)
+        while Date() < deadline {
+            if condition() { return true }
+            if !process.isRunning { return condition() }
+            usleep(1_000)
+        }
+        return false
+    }
+
+    func client(_ base: String, queue: String, content: String, killAt: String? = nil, limit: Bool = true) throws -> Process {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: productsDirectory() + "/iap-fetch")
+        process.arguments = ["run", "--server", base, "--queue", queue, "--content-dir", content] + (limit ? ["--limit-rate", "8M"] : [])
+        if let killAt { process.environment = ProcessInfo.processInfo.environment.merging(["IAP_FETCH_KILL_AT": killAt]) { $1 } }
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        return process
+    }
+
+    @Test("the client killed at ten points and the server twice: identical content, finished exactly once")
+    func schedule() throws {
+        let tmp = try TemporaryFolder()
+        var generator = SystemRandomNumberGenerator()
+        let payload = Data((0..<(16 << 20)).map { _ in UInt8.random(in: 0...255, using: &generator) })
+        try tmp.write("src/payload.bin", payload)
+        for i in 0..<800 { try tmp.write("src/notes/note-\(i).txt", "note \(i)\n") }
+        let store = try SandboxStore.initialize(folder: tmp.sub("sandbox"), bundleId: "com.example.app")
+        let packed = try ArchivePacker.pack(folder: tmp.sub("src"), options: .init(
+            productId: try ProductIdentifier("com.example.faults"), contentVersion: try ContentVersion("1.0"), outputDirectory: tmp.sub("out"), level: 0))
+        #expect(try run(productsDirectory() + "/iap-server", ["publish", "--data", tmp.sub("data"), packed.archivePath]).status == 0)
+        let serverArguments = ["--bundle-id", "com.example.app", "--trust-root", store.rootCertificatePath, "--environment", "sandbox"]
+        var server = try ServerProcess(data: tmp.sub("data"), arguments: serverArguments, folder: tmp)
+        let port = server.port
+        let purchase = try store.purchase(productId: "com.example.faults")
+        let id = purchase.transaction.transactionId!
+        let queue = tmp.sub("sandbox/queue"), content = tmp.sub("device")
+        let installed = content + "/com.example.faults/1.0"
+        let journal = try DownloadJournal(contentDirectory: content)
+        func durable() -> Int64 { journal.load("\(id)-com.example.faults")?.verifiedLength ?? 0 }
+        func finished() throws -> Date? { try FileTransactionQueue(folder: queue).transaction(id)?.finishedAt }
+        var kills = 0
+
+        // Seven kills during the download; the server is killed and restarted during two of the transfers.
+        for (index, mib) in [2, 4, 6, 8, 10, 12, 14].enumerated() {
+            let process = try client(server.base, queue: queue, content: content)
+            #expect(waitUntil(process) { durable() >= Int64(mib) << 20 }, "no progress to \(mib) MiB")
+            if index == 1 || index == 4 {
+                kill(server.process.processIdentifier, SIGKILL)
+                server.process.waitUntilExit()
+                server = try ServerProcess(data: tmp.sub("data"), arguments: serverArguments + ["--port", String(port)], folder: tmp, fixedPort: true)
+                let before = durable()
+                #expect(waitUntil(process) { durable() > before }, "the client did not continue after the server restart")
+            }
+            kill(process.processIdentifier, SIGKILL)
+            process.waitUntilExit()
+            kills += 1
+            #expect(try finished() == nil && !FileManager.default.fileExists(atPath: installed))
+        }
+
+        // After the SHA-256 check, before installing.
+        let verified = try client(server.base, queue: queue, content: content, killAt: "verified", limit: false)
+        verified.waitUntilExit()
+        #expect(verified.terminationReason == .uncaughtSignal)
+        kills += 1
+        #expect(try finished() == nil && !FileManager.default.fileExists(atPath: installed))
+
+        // During extraction.
+        let extracting = try client(server.base, queue: queue, content: content, limit: false)
+        let caught = waitUntil(extracting) {
+            ((try? FileManager.default.contentsOfDirectory(atPath: content + "/com.example.faults")) ?? []).contains { $0.hasPrefix(".1.0.extracting-") }
+        }
+        kill(extracting.processIdentifier, SIGKILL)
+        extracting.waitUntilExit()
+        #expect(caught, "extraction was not interrupted")
+        kills += 1
+        #expect(try finished() == nil && !FileManager.default.fileExists(atPath: installed))
+
+        // Installed, not yet finished.
+        let beforeFinish = try client(server.base, queue: queue, content: content, killAt: "installed", limit: false)
+        beforeFinish.waitUntilExit()
+        #expect(beforeFinish.terminationReason == .uncaughtSignal)
+        kills += 1
+        #expect(try finished() == nil, "finished although killed before finishing")
+        #expect(FileManager.default.fileExists(atPath: installed + "/ContentInfo.plist"))
+        #expect(kills == 10)
+
+        // The last run finishes it; another changes nothing.
+        let last = try run(productsDirectory() + "/iap-fetch", ["run", "--server", server.base, "--queue", queue, "--content-dir", content])
+        #expect(last.status == 0, "\(last.stderr)")
+        #expect(try Data(contentsOf: URL(fileURLWithPath: installed + "/Contents/payload.bin")) == payload)
+        #expect(try run("diff", ["-r", tmp.sub("src"), installed + "/Contents"]).status == 0)
+        let finishedAt = try #require(try finished())
+        #expect(try run(productsDirectory() + "/iap-fetch", ["run", "--server", server.base, "--queue", queue, "--content-dir", content]).status == 0)
+        #expect(try finished() == finishedAt)
+        #expect(try FileManager.default.contentsOfDirectory(atPath: content + "/com.example.faults") == ["1.0"])
+        #expect(server.stop() == 0)
+    }
+}
