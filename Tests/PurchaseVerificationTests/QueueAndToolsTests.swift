@@ -145,7 +145,7 @@ struct QueueAndToolsTests {
         python.executableURL = URL(fileURLWithPath: "/usr/bin/env")
         python.arguments = ["python3", tmp.sub("recv.py"), tmp.sub("body")]
         try python.run()
-        defer { if python.isRunning { python.terminate() } }
+        defer { if python.isRunning { kill(python.processIdentifier, SIGKILL) } }
         var port: String?
         for _ in 0..<200 where port == nil {
             port = try? String(contentsOfFile: tmp.sub("body.port"), encoding: .utf8)
