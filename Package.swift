@@ -74,7 +74,7 @@ let package = Package(
         .target(
             name: "SandboxStore",
             dependencies: [
-                "PurchaseVerification", "TransactionQueue",
+                "Base64URL", "PurchaseVerification", "TransactionQueue",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "X509", package: "swift-certificates"),
                 .product(name: "SwiftASN1", package: "swift-asn1"),
@@ -110,7 +110,7 @@ let package = Package(
         .target(
             name: "ContentServer",
             dependencies: [
-                "ContentArchive", "ContentCatalog", "ContentDelivery", "DownloadGrants", "PurchaseVerification",
+                "Base64URL", "ContentArchive", "ContentCatalog", "ContentDelivery", "DownloadGrants", "PurchaseVerification",
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HummingbirdCore", package: "hummingbird"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -138,7 +138,7 @@ let package = Package(
         .executableTarget(
             name: "iap-fetch",
             dependencies: [
-                "ContentFetch", "TransactionQueue",
+                "Base64URL", "ContentFetch", "TransactionQueue",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),

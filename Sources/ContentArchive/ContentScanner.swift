@@ -170,21 +170,21 @@ enum ContentScanner {
 
     /// Reads a manifest (at most 64 MiB: 65,535 entries of generous size).
     static func readManifest(_ path: String) throws(ArchiveError) -> [UInt8] {
-        let fd = try openFile(path)
-        defer { try? fd.close() }
-        let limit = 64 << 20
-        let bytes = try readFully(fd, at: 0, count: limit + 1, path: path)
-        guard bytes.count <= limit else { throw .corrupt("\(path) is larger than 64 MiB, too large for a manifest: check that it is the right file") }
-        return bytes
+        try readFile(path, limit: 64 << 20,
+                     tooLarge: .corrupt("\(path) is larger than 64 MiB, too large for a manifest: check that it is the right file"))
     }
 
     static func readSmallFile(_ path: String) throws(ArchiveError) -> [UInt8] {
+        try readFile(path, limit: 1 << 20,
+                     tooLarge: .invalid("\(path) is larger than 1 MiB; a ContentInfo.plist is a few hundred bytes: check that it is the right file"))
+    }
+
+    /// Reads a whole file of at most `limit` bytes, or throws `tooLarge`.
+    private static func readFile(_ path: String, limit: Int, tooLarge: ArchiveError) throws(ArchiveError) -> [UInt8] {
         let fd = try openFile(path)
         defer { try? fd.close() }
-        let bytes = try readFully(fd, at: 0, count: (1 << 20) + 1, path: path)
-        guard bytes.count <= 1 << 20 else {
-            throw .invalid("\(path) is larger than 1 MiB; a ContentInfo.plist is a few hundred bytes: check that it is the right file")
-        }
+        let bytes = try readFully(fd, at: 0, count: limit + 1, path: path)
+        guard bytes.count <= limit else { throw tooLarge }
         return bytes
     }
 }

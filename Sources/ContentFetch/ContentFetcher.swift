@@ -156,7 +156,7 @@ public actor ContentFetcher {
     private func emitFailure(_ transaction: QueuedTransaction, _ error: FetchError) -> FetchError {
         emit(DownloadUpdate(id: "\(transaction.transactionId)-\(transaction.productId)", transactionId: transaction.transactionId,
                             productId: transaction.productId, contentVersion: nil, state: .failed, progress: 0, bytesReceived: 0,
-                            expectedContentLength: -1, timeRemaining: -1, bytesPerSecond: 0, error: error, contentURL: nil), force: true)
+                            expectedContentLength: -1, timeRemaining: -1, bytesPerSecond: 0, error: error, contentURL: nil))
         return error
     }
 
@@ -189,7 +189,7 @@ public actor ContentFetcher {
             sha256: download.sha256, expectedLength: download.contentLength, url: download.url, etag: nil, verifiedLength: 0,
             state: .waiting, error: nil, updatedAt: Date(), installedAt: nil, contentPath: nil)
         if record.state == .finished, record.sha256 == download.sha256, FileManager.default.fileExists(atPath: destination) {
-            emit(update(record, rate: RateEstimator()), force: true)
+            emit(update(record, rate: RateEstimator()))
             return
         }
         if record.sha256 != download.sha256 || record.contentVersion != download.contentVersion {
@@ -212,13 +212,13 @@ public actor ContentFetcher {
             } catch let error as FetchError where error.code == .cancelled {
                 record.state = .paused
                 try? journal.save(record)
-                emit(update(record, rate: RateEstimator()), force: true)
+                emit(update(record, rate: RateEstimator()))
                 throw error
             } catch let error as FetchError where error.code == .revoked || error.code == .noContent || error.code == .refused {
                 record.state = .failed
                 record.error = error
                 try? journal.save(record)
-                emit(update(record, rate: RateEstimator()), force: true)
+                emit(update(record, rate: RateEstimator()))
                 throw error
             } catch is GrantExpired {
                 // Ask for a fresh grant and continue from the bytes already on disk.
@@ -234,13 +234,13 @@ public actor ContentFetcher {
                     record.state = .failed
                     record.error = failure
                     try? journal.save(record)
-                    emit(update(record, rate: RateEstimator()), force: true)
+                    emit(update(record, rate: RateEstimator()))
                     throw failure
                 }
                 // Waiting to retry; observers see why.
                 record.state = .waiting
                 record.error = failure
-                emit(update(record, rate: RateEstimator()), force: true)
+                emit(update(record, rate: RateEstimator()))
                 await backoff(attempt)
             }
         }
@@ -316,7 +316,7 @@ public actor ContentFetcher {
             var marked = offset
             let started = ContinuousClock.now
             var received: Int64 = 0
-            emit(update(record, offset: offset, rate: rate), force: true)
+            emit(update(record, offset: offset, rate: rate))
             for try await chunk in response.body {
                 guard !pauseRequested else {
                     try sync(fd, &record, offset)
@@ -338,7 +338,8 @@ public actor ContentFetcher {
                     try sync(fd, &record, offset)
                     marked = offset
                 }
-                emit(update(record, offset: offset, rate: rate), force: false)
+                // Checked before building the update: this runs for every chunk received.
+                if progressDue(record.id) { emit(update(record, offset: offset, rate: rate)) }
                 if let limit = configuration.rateLimit, limit > 0 {
                     let due = Duration.milliseconds(received * 1000 / Int64(limit))
                     let elapsed = ContinuousClock.now - started
@@ -393,7 +394,7 @@ public actor ContentFetcher {
                 record.state = .failed
                 record.error = FetchError(.install, error.message)
                 try? journal.save(record)
-                emit(update(record, rate: RateEstimator()), force: true)
+                emit(update(record, rate: RateEstimator()))
                 throw record.error!
             }
         }
@@ -409,7 +410,7 @@ public actor ContentFetcher {
         record.updatedAt = Date()
         try journal.save(record)
         unlink(journal.partialPath(record.id))
-        emit(update(record, rate: RateEstimator()), force: true)
+        emit(update(record, rate: RateEstimator()))
     }
 
     // MARK: Updates
@@ -424,12 +425,16 @@ public actor ContentFetcher {
             bytesPerSecond: rate.bytesPerSecond, error: record.error, contentURL: record.state == .finished ? record.contentPath : nil)
     }
 
-    /// Every state change is delivered; progress at most four times a second per download.
-    private func emit(_ update: DownloadUpdate, force: Bool) {
-        let now = ContinuousClock.now
-        if !force, let last = lastEmitted[update.id], now - last < .milliseconds(250) { return }
-        lastEmitted[update.id] = now
+    /// Every state change is emitted; progress only when `progressDue`, at most four times a
+    /// second per download.
+    private func emit(_ update: DownloadUpdate) {
+        lastEmitted[update.id] = .now
         continuation.yield(update)
+    }
+
+    private func progressDue(_ id: String) -> Bool {
+        guard let last = lastEmitted[id] else { return true }
+        return ContinuousClock.now - last >= .milliseconds(250)
     }
 }
 

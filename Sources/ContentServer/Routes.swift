@@ -1,3 +1,4 @@
+import Base64URL
 import ContentArchive
 import ContentCatalog
 import DownloadGrants
@@ -199,7 +200,7 @@ struct APIRoutes: Sendable {
         }
         var manifest: ArchiveManifest?
         if let header = request.headers[HTTPField.Name("IAP-Manifest")!] {
-            guard let data = Data(base64Encoded: header.base64URLToBase64), let decoded = try? ArchiveManifest.decode(data, source: "the IAP-Manifest header") else {
+            guard let bytes = Base64URL.decode(header.utf8), let decoded = try? ArchiveManifest.decode(Data(bytes), source: "the IAP-Manifest header") else {
                 return apiError(.badRequest, "invalid-manifest", "the IAP-Manifest header must be the manifest JSON in base64url")
             }
             manifest = decoded
@@ -300,14 +301,6 @@ func constantTimeEqual(_ a: String, _ b: String) -> Bool {
         difference |= (i < x.count ? x[i] : 0) ^ (i < y.count ? y[i] : 0)
     }
     return difference == 0
-}
-
-extension String {
-    var base64URLToBase64: String {
-        var s = replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
-        while s.utf8.count % 4 != 0 { s += "=" }
-        return s
-    }
 }
 
 /// Renders framework errors (unknown routes, bad methods) in the API's error format.

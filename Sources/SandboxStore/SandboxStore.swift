@@ -1,3 +1,4 @@
+import Base64URL
 import Crypto
 import Foundation
 import PurchaseVerification
@@ -203,10 +204,8 @@ public final class SandboxStore: Sendable {
     static func decodeUnverified(_ jws: String) -> Transaction? {
         let parts = jws.split(separator: ".")
         guard parts.count == 3 else { return nil }
-        var b64 = parts[1].replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
-        while b64.count % 4 != 0 { b64 += "=" }
-        guard let data = Data(base64Encoded: b64) else { return nil }
-        return try? JSONDecoder().decode(Transaction.self, from: data)
+        guard let payload = Base64URL.decode(parts[1].utf8) else { return nil }
+        return try? JSONDecoder().decode(Transaction.self, from: Data(payload))
     }
 
     private func nextTransactionId() throws(SandboxError) -> String {

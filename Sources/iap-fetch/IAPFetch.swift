@@ -1,4 +1,5 @@
 import ArgumentParser
+import Base64URL
 import ContentFetch
 import Foundation
 import TransactionQueue
@@ -152,9 +153,8 @@ struct Get: AsyncParsableCommand {
         }
         // Only the ids are read here; the server verifies the signature.
         let parts = text.split(separator: ".")
-        var payload = parts.count == 3 ? String(parts[1]).replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/") : ""
-        while payload.count % 4 != 0 { payload += "=" }
-        guard let data = Data(base64Encoded: payload), let object = try? JSONSerialization.jsonObject(with: data) as? [String: Any],
+        guard parts.count == 3, let payload = Base64URL.decode(parts[1].utf8),
+              let object = try? JSONSerialization.jsonObject(with: Data(payload)) as? [String: Any],
               let id = object["transactionId"] as? String, let product = object["productId"] as? String else {
             throw ValidationError("\(transaction) does not hold a signed transaction (a JWS with transactionId and productId)")
         }
