@@ -16,10 +16,14 @@ public struct FetchConfiguration: Sendable {
     public var maxAttempts = 5
     /// No byte for this long aborts the attempt (and it is retried).
     public var stallTimeout: Duration = .seconds(30)
-    /// Optional bandwidth cap, bytes per second.
+    /// Optional bandwidth cap, bytes per second (shared by a download's connections).
     public var rateLimit: Int?
-    /// The journal records progress every this many bytes (what a kill can cost).
-    public var journalInterval: Int64 = 4 << 20
+    /// The journal records progress every this many bytes: what a kill can cost at most.
+    public var journalInterval: Int64 = 2 << 20
+    /// Connections per download: more than one fetches parallel ranges into the same file and
+    /// journal. Archives are split only into parts of at least `minimumSegment` bytes.
+    public var connections = 1
+    public var minimumSegment: Int64 = 16 << 20
 
     public init(server: String, contentDirectory: String) {
         self.server = server.hasSuffix("/") ? String(server.dropLast()) : server
@@ -27,16 +31,27 @@ public struct FetchConfiguration: Sendable {
     }
 }
 
-/// What one run did.
+/// What a `start()` did.
 public struct RunSummary: Sendable {
+    /// Transactions whose content was installed and which were then finished.
     public var finished: [String] = []
+    /// Transactions left unfinished because a download failed, with the reason.
     public var failed: [(transactionId: String, error: FetchError)] = []
-    public var paused = false
+    /// Downloads paused with `pause(_:)`; `resume(_:)` continues them.
+    public var paused: [String] = []
+    /// Downloads cancelled; their transactions stay unfinished.
+    public var cancelled: [String] = []
+    /// `pauseAll()` stopped the run; the next start resumes.
+    public var interrupted = false
 }
 
-/// Takes each unfinished transaction, obtains a grant, downloads resumably, verifies, installs,
-/// and only then finishes the transaction. A failure leaves the transaction unfinished so a
-/// later run retries it.
+/// The download queue, as `SKPaymentQueue` was for hosted content: takes each unfinished
+/// transaction, obtains a grant, downloads resumably, verifies, installs, and only then finishes
+/// the transaction. A failed or cancelled download leaves its transaction unfinished so that a
+/// later start retries it.
+///
+/// Downloads are named `<transactionId>-<productId>`; `pause`, `resume` and `cancel` take that id
+/// while a `start()` is running or after it returned. Observers read `updates`.
 public actor ContentFetcher {
     public let configuration: FetchConfiguration
     public nonisolated let updates: AsyncStream<DownloadUpdate>
@@ -45,7 +60,27 @@ public actor ContentFetcher {
     private let journal: DownloadJournal
     private let client: HTTPClient
     private var lastEmitted: [String: ContinuousClock.Instant] = [:]
-    private var pauseRequested = false
+
+    private enum Control: Sendable { case pause, cancel }
+    /// Thrown through a transfer when a download is paused or cancelled.
+    private struct Stop: Error { let control: Control }
+
+    private var pending: [QueuedTransaction] = []
+    /// Transactions whose download was paused with `pause(_:)`, by download id.
+    private var parked: [String: QueuedTransaction] = [:]
+    /// Downloads being processed now.
+    private var inFlight: Set<String> = []
+    private var controls: [String: Control] = [:]
+    private var stopAll = false
+    private var loop: Task<Void, Never>?
+    private enum Outcome: Sendable {
+        case finished(String), failed(String, FetchError), paused(String), cancelled(String), interrupted
+    }
+    /// What happened, in order; each `start()` reports what happened while it ran.
+    private var outcomes: [Outcome] = []
+    /// `start()` calls waiting; with none, `outcomes` is emptied so it does not grow for ever.
+    private var starts = 0
+    private var transfers: [String: PartialArchive] = [:]
 
     public init(configuration: FetchConfiguration, source: any TransactionSource) throws(FetchError) {
         self.configuration = configuration
@@ -54,12 +89,10 @@ public actor ContentFetcher {
         var httpConfiguration = HTTPClient.Configuration()
         httpConfiguration.timeout = .init(connect: .seconds(10), read: .nanoseconds(Int64(configuration.stallTimeout.components.seconds) * 1_000_000_000))
         httpConfiguration.decompression = .disabled
+        httpConfiguration.connectionPool.concurrentHTTP1ConnectionsPerHostSoftLimit = max(8, configuration.connections + 1)
         client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: httpConfiguration)
         (updates, continuation) = AsyncStream.makeStream(of: DownloadUpdate.self, bufferingPolicy: .bufferingNewest(1024))
     }
-
-    /// Stops after the current chunk, with every journal saved (state `paused`).
-    public func pause() { pauseRequested = true }
 
     /// Closes the HTTP client and the update stream.
     public func shutdown() async {
@@ -67,31 +100,170 @@ public actor ContentFetcher {
         try? await client.shutdown()
     }
 
-    /// Processes every unfinished transaction once.
-    public func run() async -> RunSummary {
-        var summary = RunSummary()
-        let transactions: [QueuedTransaction]
-        do {
-            transactions = try await source.unfinishedTransactions()
-        } catch {
-            summary.failed.append(("", FetchError(.install, "cannot read the transaction queue: \(error)")))
-            return summary
+    // MARK: The queue
+
+    /// Processes every unfinished transaction, and returns when none is left to do (downloads
+    /// paused with `pause(_:)` stay paused). Downloads that an earlier process left paused or
+    /// interrupted are resumed from their journal.
+    public func start() async -> RunSummary {
+        stopAll = false
+        let mark = outcomes.count
+        starts += 1
+        defer {
+            starts -= 1
+            if starts == 0 { outcomes.removeAll() }
         }
-        for transaction in transactions {
-            if pauseRequested { summary.paused = true; break }
-            do {
-                try await process(transaction)
-                summary.finished.append(transaction.transactionId)
-            } catch let error as FetchError where error.code == .cancelled && pauseRequested {
-                summary.paused = true
-                break
-            } catch let error as FetchError {
-                summary.failed.append((transaction.transactionId, error))
-            } catch {
-                summary.failed.append((transaction.transactionId, FetchError(.network, "\(error)")))
+        do {
+            for transaction in try await source.unfinishedTransactions() {
+                let id = Self.downloadId(transaction)
+                guard !parked.keys.contains(id), !inFlight.contains(id),
+                      !pending.contains(where: { $0.transactionId == transaction.transactionId }) else { continue }
+                pending.append(transaction)
+            }
+        } catch {
+            outcomes.append(.failed("", FetchError(.install, "cannot read the transaction queue: \(error)")))
+        }
+        await drain()
+        var summary = RunSummary()
+        for outcome in outcomes[mark...] {
+            switch outcome {
+            case .finished(let id): summary.finished.append(id)
+            case .failed(let id, let error): summary.failed.append((id, error))
+            // Only those still paused: a resumed download reports how it ended.
+            case .paused(let id) where parked[id] != nil && !summary.paused.contains(id): summary.paused.append(id)
+            case .paused: break
+            case .cancelled(let id): summary.cancelled.append(id)
+            case .interrupted: summary.interrupted = true
             }
         }
         return summary
+    }
+
+    /// Pauses download `id`: its journal is saved, its state becomes `paused`, and the queue goes
+    /// on with the other transactions. Returns false when no such download is queued or running.
+    @discardableResult
+    public func pause(_ id: String) -> Bool {
+        if inFlight.contains(id) {
+            controls[id] = .pause
+            return true
+        }
+        guard let index = pending.firstIndex(where: { Self.downloadId($0) == id }) else { return false }
+        let transaction = pending.remove(at: index)
+        parked[id] = transaction
+        persistState(id, transaction, .paused)
+        outcomes.append(.paused(id))
+        return true
+    }
+
+    /// Resumes a download paused with `pause(_:)`, from the bytes on disk. Returns false when it
+    /// is not paused.
+    @discardableResult
+    public func resume(_ id: String) -> Bool {
+        if controls[id] == .pause {
+            controls[id] = nil
+            return true
+        }
+        guard let transaction = parked.removeValue(forKey: id) else { return false }
+        pending.append(transaction)
+        persistState(id, transaction, .waiting)
+        Task { await self.drain() }
+        return true
+    }
+
+    /// Cancels download `id`: its partial file is deleted, its state becomes `cancelled`, and its
+    /// transaction stays unfinished. Returns false when no such download is queued, running or paused.
+    @discardableResult
+    public func cancel(_ id: String) -> Bool {
+        if inFlight.contains(id) {
+            controls[id] = .cancel
+            return true
+        }
+        let transaction: QueuedTransaction
+        if let parkedTransaction = parked.removeValue(forKey: id) {
+            transaction = parkedTransaction
+        } else if let index = pending.firstIndex(where: { Self.downloadId($0) == id }) {
+            transaction = pending.remove(at: index)
+        } else {
+            return false
+        }
+        unlink(journal.partialPath(id))
+        persistState(id, transaction, .cancelled)
+        outcomes.append(.cancelled(id))
+        return true
+    }
+
+    /// Pauses everything: the running download saves its journal and the queue stops; the next
+    /// `start()` resumes. This is what Ctrl-C does in `iap-fetch`.
+    public func pauseAll() {
+        stopAll = true
+    }
+
+    /// The id of a transaction's download before its grant is known (one product per transaction).
+    static func downloadId(_ transaction: QueuedTransaction) -> String {
+        "\(transaction.transactionId)-\(transaction.productId)"
+    }
+
+    private func drain() async {
+        if let loop {
+            await loop.value
+            return
+        }
+        let task = Task { await self.processPending() }
+        loop = task
+        await task.value
+        if loop == task { loop = nil }
+    }
+
+    private func processPending() async {
+        while !stopAll, !pending.isEmpty {
+            let transaction = pending.removeFirst()
+            let id = Self.downloadId(transaction)
+            do {
+                try await process(transaction)
+                outcomes.append(.finished(transaction.transactionId))
+            } catch let stop as Stop {
+                switch stop.control {
+                case .pause where stopAll:
+                    break
+                case .pause:
+                    parked[id] = transaction
+                    outcomes.append(.paused(id))
+                case .cancel:
+                    outcomes.append(.cancelled(id))
+                }
+            } catch let error as FetchError {
+                outcomes.append(.failed(transaction.transactionId, error))
+            } catch {
+                outcomes.append(.failed(transaction.transactionId, FetchError(.network, "\(error)")))
+            }
+        }
+        if stopAll { outcomes.append(.interrupted) }
+    }
+
+    /// Applies a request made while the download was between transfers.
+    private func checkControl(_ id: String) throws(Stop) {
+        if stopAll { throw Stop(control: .pause) }
+        if let control = controls[id] { throw Stop(control: control) }
+        if journal.takeCancelRequest(id) { throw Stop(control: .cancel) }
+    }
+
+    /// Records a state chosen while the download is not running, and tells observers.
+    private func persistState(_ id: String, _ transaction: QueuedTransaction, _ state: DownloadState) {
+        if var record = journal.load(id) {
+            record.state = state
+            if state == .cancelled {
+                record.verifiedLength = 0
+                record.segments = nil
+                record.etag = nil
+            }
+            record.updatedAt = Date()
+            try? journal.save(record)
+            emit(update(record))
+        } else {
+            emit(DownloadUpdate(id: id, transactionId: transaction.transactionId, productId: transaction.productId, contentVersion: nil,
+                                state: state, progress: 0, bytesReceived: 0, expectedContentLength: -1, timeRemaining: -1,
+                                bytesPerSecond: 0, error: nil, contentURL: nil))
+        }
     }
 
     // MARK: One transaction
@@ -108,8 +280,18 @@ public actor ContentFetcher {
     }
 
     private func process(_ transaction: QueuedTransaction) async throws {
+        let id = Self.downloadId(transaction)
+        inFlight.insert(id)
+        defer {
+            inFlight.remove(id)
+            controls[id] = nil
+        }
+        try checkControl(id)
         let grant = try await requestGrant(transaction)
         for download in grant.downloads {
+            let downloadId = "\(transaction.transactionId)-\(download.productId)"
+            inFlight.insert(downloadId)
+            defer { if downloadId != id { inFlight.remove(downloadId) } }
             try await deliver(download, transaction: transaction)
         }
         Failpoint.hit("installed")
@@ -129,7 +311,7 @@ public actor ContentFetcher {
             status = response.status.code
             data = try await response.body.collect(upTo: 1 << 20)
         } catch {
-            return try await retry(attempt, FetchError(.network, "cannot reach \(configuration.server): \(error)")) {
+            return try await retry(attempt, Self.downloadId(transaction), FetchError(.network, "cannot reach \(configuration.server): \(error)")) {
                 try await self.requestGrant(transaction, attempt: attempt + 1)
             }
         }
@@ -147,23 +329,25 @@ public actor ContentFetcher {
         case 400, 401, 403:
             throw emitFailure(transaction, FetchError(.refused, "the server refused the purchase (\(status) \(message.code)): \(message.text)"))
         default:
-            return try await retry(attempt, FetchError(.network, "the server answered \(status): \(message.text)")) {
+            return try await retry(attempt, Self.downloadId(transaction), FetchError(.network, "the server answered \(status): \(message.text)")) {
                 try await self.requestGrant(transaction, attempt: attempt + 1)
             }
         }
     }
 
     private func emitFailure(_ transaction: QueuedTransaction, _ error: FetchError) -> FetchError {
-        emit(DownloadUpdate(id: "\(transaction.transactionId)-\(transaction.productId)", transactionId: transaction.transactionId,
+        emit(DownloadUpdate(id: Self.downloadId(transaction), transactionId: transaction.transactionId,
                             productId: transaction.productId, contentVersion: nil, state: .failed, progress: 0, bytesReceived: 0,
                             expectedContentLength: -1, timeRemaining: -1, bytesPerSecond: 0, error: error, contentURL: nil))
         return error
     }
 
     /// Exponential backoff with jitter between attempts; gives up after `maxAttempts`.
-    private func retry<T>(_ attempt: Int, _ error: FetchError, _ again: () async throws -> T) async throws -> T {
-        guard attempt < configuration.maxAttempts, !pauseRequested else { throw error }
+    private func retry<T>(_ attempt: Int, _ id: String, _ error: FetchError, _ again: () async throws -> T) async throws -> T {
+        guard attempt < configuration.maxAttempts else { throw error }
+        try checkControl(id)
         await backoff(attempt)
+        try checkControl(id)
         return try await again()
     }
 
@@ -189,16 +373,17 @@ public actor ContentFetcher {
             sha256: download.sha256, expectedLength: download.contentLength, url: download.url, etag: nil, verifiedLength: 0,
             state: .waiting, error: nil, updatedAt: Date(), installedAt: nil, contentPath: nil)
         if record.state == .finished, record.sha256 == download.sha256, FileManager.default.fileExists(atPath: destination) {
-            emit(update(record, rate: RateEstimator()))
+            emit(update(record))
             return
         }
-        if record.sha256 != download.sha256 || record.contentVersion != download.contentVersion {
-            // Another archive than the one on disk: start over.
+        if record.sha256 != download.sha256 || record.contentVersion != download.contentVersion || record.state == .cancelled {
+            // Another archive than the one on disk, or a cancelled download: start over.
             unlink(journal.partialPath(id))
             record.sha256 = download.sha256
             record.contentVersion = download.contentVersion
             record.expectedLength = download.contentLength
             record.verifiedLength = 0
+            record.segments = nil
             record.etag = nil
         }
         record.url = download.url
@@ -207,18 +392,29 @@ public actor ContentFetcher {
         while true {
             attempt += 1
             do {
+                try checkControl(id)
                 try await transfer(&record)
                 break
-            } catch let error as FetchError where error.code == .cancelled {
-                record.state = .paused
+            } catch let stop as Stop {
+                controls[id] = nil
+                if stop.control == .cancel {
+                    unlink(journal.partialPath(id))
+                    record.verifiedLength = 0
+                    record.segments = nil
+                    record.etag = nil
+                    record.state = .cancelled
+                } else {
+                    record.state = .paused
+                }
+                record.updatedAt = Date()
                 try? journal.save(record)
-                emit(update(record, rate: RateEstimator()))
-                throw error
-            } catch let error as FetchError where error.code == .revoked || error.code == .noContent || error.code == .refused {
+                emit(update(record))
+                throw stop
+            } catch let error as FetchError where [.revoked, .noContent, .refused, .busy].contains(error.code) {
                 record.state = .failed
                 record.error = error
                 try? journal.save(record)
-                emit(update(record, rate: RateEstimator()))
+                emit(update(record))
                 throw error
             } catch is GrantExpired {
                 // Ask for a fresh grant and continue from the bytes already on disk.
@@ -230,18 +426,18 @@ public actor ContentFetcher {
                 if same.sha256 != record.sha256 { return try await deliver(same, transaction: transaction) }
             } catch {
                 let failure = error as? FetchError ?? FetchError(.network, "\(error)")
-                guard attempt < configuration.maxAttempts, !pauseRequested else {
+                guard attempt < configuration.maxAttempts else {
                     record.state = .failed
                     record.error = failure
                     try? journal.save(record)
-                    emit(update(record, rate: RateEstimator()))
+                    emit(update(record))
                     throw failure
                 }
                 // Waiting to retry; observers see why.
                 record.state = .waiting
                 record.error = failure
-                emit(update(record, rate: RateEstimator()))
-                await backoff(attempt)
+                emit(update(record))
+                if !(error is ArchiveChanged) { await backoff(attempt) }
             }
         }
         try install(&record, destination: destination)
@@ -249,126 +445,196 @@ public actor ContentFetcher {
 
     struct GrantExpired: Error {}
 
-    /// One attempt: continues the partial file from what the journal says is on disk, with
-    /// `Range` and `If-Range`, hashing as bytes arrive; ends with the SHA-256 check.
+    /// The server's archive is not the one the journal describes (a 200 or 416 where a range was
+    /// asked, or another ETag); the partial file was discarded.
+    struct ArchiveChanged: Error, CustomStringConvertible {
+        var description: String { "the archive changed on the server; starting over" }
+    }
+
+    /// One attempt: continues the partial file from what the journal says is on disk, over one or
+    /// more connections, with `Range` and `If-Range`, hashing as bytes arrive; ends with the
+    /// SHA-256 check.
     private func transfer(_ record: inout DownloadRecord) async throws {
-        let partial = journal.partialPath(record.id)
+        let path = journal.partialPath(record.id)
         let fd: SystemPackage.FileDescriptor
         do {
-            fd = try SystemPackage.FileDescriptor.open(partial, .readWrite, options: [.create], permissions: [.ownerReadWrite, .groupRead])
+            fd = try SystemPackage.FileDescriptor.open(path, .readWrite, options: [.create], permissions: [.ownerReadWrite, .groupRead])
         } catch {
-            throw FetchError(.install, "cannot write \(partial): \(error); check free space and permissions of --content-dir")
+            throw FetchError(.install, "cannot write \(path): \(error); check free space and permissions of --content-dir")
         }
         defer { try? fd.close() }
-        // Bytes past the journal's mark may be torn by a kill: drop them.
-        guard ftruncate(fd.rawValue, off_t(record.verifiedLength)) == 0 else {
-            throw FetchError(.install, "cannot truncate \(partial): \(String(cString: strerror(errno)))")
+        // The lock tells `iap-fetch cancel` and other runs that this process owns the download.
+        guard flock(fd.rawValue, LOCK_EX | LOCK_NB) == 0 else {
+            throw FetchError(.busy, "another iap-fetch is downloading \(record.id) into \(configuration.contentDirectory); let it finish or stop it first")
         }
-        var hasher = SHA256()
-        var offset: Int64 = 0
-        // Rebuild the hash of what is already on disk (SHA-256 state cannot be saved).
-        var buffer = [UInt8](repeating: 0, count: 1 << 20)
-        while offset < record.verifiedLength {
-            let n = try buffer.withUnsafeMutableBytes { raw in
-                try fd.read(fromAbsoluteOffset: offset, into: UnsafeMutableRawBufferPointer(rebasing: raw[0..<Int(min(Int64(raw.count), record.verifiedLength - offset))]))
-            }
-            if n == 0 { break }
-            hasher.update(data: buffer[0..<n])
-            offset += Int64(n)
+        var segments = record.segments ?? [Segment(start: 0, end: record.expectedLength, done: record.verifiedLength)]
+        if !Segment.isValid(segments, length: record.expectedLength) {
+            segments = [Segment(start: 0, end: record.expectedLength, done: 0)]
         }
-        if offset < record.expectedLength {
-            var request = HTTPClientRequest(url: record.url)
-            if offset > 0 {
-                request.headers.add(name: "Range", value: "bytes=\(offset)-")
-                if let etag = record.etag { request.headers.add(name: "If-Range", value: etag) }
+        if segments.count == 1 {
+            // Bytes past the journal's mark may be torn by a kill: drop them.
+            guard ftruncate(fd.rawValue, off_t(segments[0].done)) == 0 else {
+                throw FetchError(.install, "cannot truncate \(path): \(String(cString: strerror(errno)))")
             }
-            let response = try await client.execute(request, timeout: .hours(24))
-            switch response.status.code {
-            case 206:
-                let range = response.headers.first(name: "content-range") ?? ""
-                guard range.hasPrefix("bytes \(offset)-") else {
-                    throw FetchError(.network, "the server sent range '\(range)' for a request from byte \(offset)")
-                }
-            case 200:
-                if offset > 0 {
-                    // If-Range did not match: the archive changed; start over.
-                    hasher = SHA256()
-                    offset = 0
-                    _ = ftruncate(fd.rawValue, 0)
-                }
-            case 416:
-                throw FetchError(.network, "the server says byte \(offset) is past the end: the archive changed; starting over")
-            case 401:
-                throw GrantExpired()
-            case 403:
-                let body = try await response.body.collect(upTo: 64 << 10)
-                let message = Self.errorMessage(body)
-                throw FetchError(message.code == "revoked" ? .revoked : .refused, message.text)
-            case 404:
-                throw FetchError(.noContent, "the archive is no longer on the server")
-            default:
-                throw FetchError(.network, "the server answered \(response.status.code)")
-            }
-            record.etag = response.headers.first(name: "etag") ?? record.etag
-            record.state = .active
-            try journal.save(record)
-            var rate = RateEstimator()
-            var marked = offset
-            let started = ContinuousClock.now
-            var received: Int64 = 0
-            emit(update(record, offset: offset, rate: rate))
-            for try await chunk in response.body {
-                guard !pauseRequested else {
-                    try sync(fd, &record, offset)
-                    throw FetchError(.cancelled, "paused")
-                }
-                guard offset + Int64(chunk.readableBytes) <= record.expectedLength else {
-                    throw FetchError(.network, "the server sent more than the \(record.expectedLength) bytes granted")
-                }
-                do {
-                    _ = try chunk.withUnsafeReadableBytes { try fd.writeAll(toAbsoluteOffset: offset, $0) }
-                } catch {
-                    throw FetchError(.install, "cannot write \(partial): \(error); free disk space and run again")
-                }
-                chunk.withUnsafeReadableBytes { hasher.update(bufferPointer: $0) }
-                offset += Int64(chunk.readableBytes)
-                received += Int64(chunk.readableBytes)
-                rate.add(Int64(chunk.readableBytes))
-                if offset - marked >= configuration.journalInterval {
-                    try sync(fd, &record, offset)
-                    marked = offset
-                }
-                // Checked before building the update: this runs for every chunk received.
-                if progressDue(record.id) { emit(update(record, offset: offset, rate: rate)) }
-                if let limit = configuration.rateLimit, limit > 0 {
-                    let due = Duration.milliseconds(received * 1000 / Int64(limit))
-                    let elapsed = ContinuousClock.now - started
-                    if due > elapsed { try? await Task.sleep(for: due - elapsed) }
-                }
-            }
-            try sync(fd, &record, offset)
-            guard offset == record.expectedLength else {
-                throw FetchError(.network, "the transfer ended at byte \(offset) of \(record.expectedLength)")
+            if configuration.connections > 1 {
+                segments = Segment.plan(length: record.expectedLength, durable: segments[0].done,
+                                        connections: configuration.connections, minimum: configuration.minimumSegment)
             }
         }
-        let digest = hasher.finalize().map { String(format: "%02x", $0) }.joined()
-        guard digest == record.sha256 else {
-            // Corrupt bytes: throw them away and fetch again.
-            _ = ftruncate(fd.rawValue, 0)
+        let partial: PartialArchive
+        do {
+            partial = try PartialArchive(fd: fd, path: path, journal: journal, record: record, segments: segments,
+                                         syncInterval: configuration.journalInterval)
+        } catch {
+            // The file is shorter than the journal says: start over rather than trust it.
+            record.segments = nil
             record.verifiedLength = 0
-            record.etag = nil
             try journal.save(record)
-            throw FetchError(.integrity, "the downloaded archive's SHA-256 is \(digest), not the granted \(record.sha256)")
+            throw error
         }
+        transfers[record.id] = partial
+        defer {
+            record = partial.record
+            transfers[record.id] = nil
+        }
+        let missing = partial.missing
+        if !missing.isEmpty {
+            let (id, url, etag, length) = (record.id, record.url, record.etag, record.expectedLength)
+            let limit = configuration.rateLimit.map { max(1, $0 / missing.count) }
+            let whole = partial.segments.count == 1
+            do {
+                try await withThrowingTaskGroup(of: Void.self) { group in
+                    for part in missing {
+                        group.addTask {
+                            try await self.fetch(id: id, segment: part.segment, from: part.from, to: part.to, length: length,
+                                                 whole: whole, url: url, etag: etag, fd: fd, rateLimit: limit)
+                        }
+                    }
+                    try await group.waitForAll()
+                }
+            } catch {
+                // Keep what arrived, unless it belongs to an archive that changed.
+                if error is ArchiveChanged {
+                    try? partial.restart()
+                    try? journal.save(partial.record)
+                } else {
+                    try? partial.sync()
+                }
+                throw error
+            }
+            try partial.sync()
+        }
+        guard let digest = partial.digest() else {
+            throw FetchError(.network, "the transfer ended at byte \(partial.hashed) of \(record.expectedLength)")
+        }
+        guard digest == partial.record.sha256 else {
+            // Corrupt bytes: throw them away and fetch again.
+            try partial.restart()
+            try journal.save(partial.record)
+            throw FetchError(.integrity, "the downloaded archive's SHA-256 is \(digest), not the granted \(partial.record.sha256)")
+        }
+        // Every byte is here and verified: observers see 100% before the install starts.
+        emit(update(partial.record, received: partial.record.expectedLength, rate: partial.rate))
         Failpoint.hit("verified")
     }
 
-    /// fsync the partial file, then record how much of it is durable.
-    private func sync(_ fd: SystemPackage.FileDescriptor, _ record: inout DownloadRecord, _ offset: Int64) throws {
-        guard fsync(fd.rawValue) == 0 else { throw FetchError(.install, "cannot sync the partial download: \(String(cString: strerror(errno)))") }
-        record.verifiedLength = offset
-        record.updatedAt = Date()
-        try journal.save(record)
+    /// One connection's part of a transfer: asks for `[from, to)` and writes what arrives at its
+    /// offset. Runs off the actor; each chunk is reported to it.
+    private nonisolated func fetch(id: String, segment: Int, from: Int64, to: Int64, length: Int64, whole: Bool,
+                                   url: String, etag: String?, fd: SystemPackage.FileDescriptor, rateLimit: Int?) async throws {
+        var request = HTTPClientRequest(url: url)
+        let ranged = from > 0 || to < length
+        if ranged {
+            request.headers.add(name: "Range", value: "bytes=\(from)-\(to - 1)")
+            if let etag { request.headers.add(name: "If-Range", value: etag) }
+        }
+        let response = try await client.execute(request, timeout: .hours(24))
+        var position = from
+        switch response.status.code {
+        case 206:
+            let range = response.headers.first(name: "content-range") ?? ""
+            guard ranged, range.hasPrefix("bytes \(from)-\(to - 1)/") else {
+                throw FetchError(.network, "the server sent range '\(range)' for a request of bytes \(from)-\(to - 1)")
+            }
+        case 200:
+            if ranged {
+                // If-Range did not match: the archive changed. With one connection the whole new
+                // file is coming in this response; with several, every part starts over.
+                guard whole else { throw ArchiveChanged() }
+                try await restart(id)
+                position = 0
+            }
+        case 416:
+            throw ArchiveChanged()
+        case 401:
+            throw GrantExpired()
+        case 403:
+            let body = try await response.body.collect(upTo: 64 << 10)
+            let message = Self.errorMessage(body)
+            throw FetchError(message.code == "revoked" ? .revoked : .refused, message.text)
+        case 404:
+            throw FetchError(.noContent, "the archive is no longer on the server")
+        default:
+            throw FetchError(.network, "the server answered \(response.status.code)")
+        }
+        let end = position == 0 && !ranged || response.status.code == 200 ? length : to
+        try await accept(id, etag: response.headers.first(name: "etag"))
+        let started = ContinuousClock.now
+        var received: Int64 = 0
+        for try await chunk in response.body {
+            let count = Int64(chunk.readableBytes)
+            guard position + count <= end else {
+                throw FetchError(.network, "the server sent more than the \(end - from) bytes asked for")
+            }
+            do {
+                _ = try chunk.withUnsafeReadableBytes { try fd.writeAll(toAbsoluteOffset: position, $0) }
+            } catch {
+                throw FetchError(.install, "cannot write the partial download: \(error); free disk space and run again")
+            }
+            try await self.received(id, segment: segment, at: position, chunk)
+            position += count
+            received += count
+            if let rateLimit {
+                let due = Duration.milliseconds(received * 1000 / Int64(rateLimit))
+                let elapsed = ContinuousClock.now - started
+                if due > elapsed { try await Task.sleep(for: due - elapsed) }
+            }
+        }
+        guard position == end else {
+            throw FetchError(.network, "the transfer ended at byte \(position) of \(end)")
+        }
+    }
+
+    private func restart(_ id: String) throws {
+        guard let partial = transfers[id] else { throw CancellationError() }
+        try partial.restart()
+    }
+
+    /// A response was accepted: its validator must be the one of the bytes on disk.
+    private func accept(_ id: String, etag: String?) throws {
+        guard let partial = transfers[id] else { throw CancellationError() }
+        if let etag {
+            if let known = partial.record.etag, known != etag { throw ArchiveChanged() }
+            partial.record.etag = etag
+        }
+        if partial.record.state != .active {
+            partial.record.state = .active
+            partial.record.error = nil
+            try journal.save(partial.record)
+            emit(update(partial.record, received: partial.bytesWritten, rate: partial.rate))
+        }
+    }
+
+    /// A chunk was written: hash it, sync when due, apply pause or cancel, report progress.
+    private func received(_ id: String, segment: Int, at offset: Int64, _ chunk: ByteBuffer) throws {
+        guard let partial = transfers[id] else { throw CancellationError() }
+        try partial.wrote(chunk, segment: segment, at: offset)
+        if stopAll { throw Stop(control: .pause) }
+        if let control = controls[id] { throw Stop(control: control) }
+        // Requests from other processes are read at syncs: a file check per chunk would cost more.
+        if try partial.syncIfDue(), journal.takeCancelRequest(id) { throw Stop(control: .cancel) }
+        // Checked before building the update: this runs for every chunk received.
+        if progressDue(id) { emit(update(partial.record, received: partial.bytesWritten, rate: partial.rate)) }
     }
 
     /// Extracts into `<content>/<product>/<version>` atomically, then removes older versions.
@@ -394,7 +660,7 @@ public actor ContentFetcher {
                 record.state = .failed
                 record.error = FetchError(.install, error.message)
                 try? journal.save(record)
-                emit(update(record, rate: RateEstimator()))
+                emit(update(record))
                 throw record.error!
             }
         }
@@ -410,13 +676,13 @@ public actor ContentFetcher {
         record.updatedAt = Date()
         try journal.save(record)
         unlink(journal.partialPath(record.id))
-        emit(update(record, rate: RateEstimator()))
+        emit(update(record))
     }
 
     // MARK: Updates
 
-    private func update(_ record: DownloadRecord, offset: Int64? = nil, rate: RateEstimator) -> DownloadUpdate {
-        let received = record.state == .finished ? record.expectedLength : (offset ?? record.verifiedLength)
+    private func update(_ record: DownloadRecord, received bytes: Int64? = nil, rate: RateEstimator = RateEstimator()) -> DownloadUpdate {
+        let received = record.state == .finished ? record.expectedLength : (bytes ?? record.verifiedLength)
         return DownloadUpdate(
             id: record.id, transactionId: record.transactionId, productId: record.productId, contentVersion: record.contentVersion,
             state: record.state, progress: record.expectedLength > 0 ? Double(received) / Double(record.expectedLength) : 0,

@@ -24,6 +24,8 @@ public struct FetchError: Error, Codable, Sendable, Equatable, CustomStringConve
         case integrity
         /// The archive could not be installed (disk full, read-only folder, invalid archive).
         case install
+        /// Another iap-fetch process is downloading the same content into the same folder.
+        case busy
         case cancelled
     }
 
@@ -53,14 +55,26 @@ public struct DownloadRecord: Codable, Sendable, Equatable {
     public var url: String
     /// The validator of the bytes on disk, sent back as `If-Range`.
     public var etag: String?
-    /// Bytes of the partial file that are synced to disk.
+    /// Bytes of the partial file that are synced to disk (with several connections, the sum over
+    /// `segments`).
     public var verifiedLength: Int64
+    /// With several connections: the ranges being fetched and how much of each is on disk.
+    public var segments: [Segment]? = nil
     public var state: DownloadState
     public var error: FetchError?
     public var updatedAt: Date
     public var installedAt: Date?
     /// Where the content was installed (the `contentURL`), once finished.
     public var contentPath: String?
+}
+
+/// What `DownloadJournal.cancel` did.
+public enum CancelOutcome: Sendable, Equatable {
+    case cancelled
+    /// A running iap-fetch holds the download; it was asked to cancel it.
+    case requested
+    case alreadyFinished(String)
+    case unknown
 }
 
 /// The journal folder: `<content-dir>/.iap-fetch/` holding `<id>.json` records and `<id>.partial`
@@ -78,6 +92,8 @@ public struct DownloadJournal: Sendable {
     }
 
     public func partialPath(_ id: String) -> String { folder + "/" + id + ".partial" }
+    /// A file whose presence asks the process downloading `id` to cancel it (see `requestCancel`).
+    func cancelRequestPath(_ id: String) -> String { folder + "/" + id + ".cancel" }
     private func recordPath(_ id: String) -> String { folder + "/" + id + ".json" }
 
     public func load(_ id: String) -> DownloadRecord? {
@@ -96,6 +112,42 @@ public struct DownloadJournal: Sendable {
         } catch {
             throw FetchError(.install, "cannot save the download journal: \(error)")
         }
+    }
+
+    /// Cancels download `id`: its partial file is deleted and its state is `cancelled`; its
+    /// transaction stays unfinished. When another process is downloading it (it holds a lock on
+    /// the partial file), that process is asked instead and stops at its next journal sync;
+    /// the result says which happened.
+    public func cancel(_ id: String) throws(FetchError) -> CancelOutcome {
+        guard var record = load(id) else { return .unknown }
+        guard record.state != .finished else { return .alreadyFinished(record.contentPath ?? "") }
+        let fd = open(partialPath(id), O_RDWR | O_CLOEXEC)
+        if fd >= 0 {
+            defer { close(fd) }
+            if flock(fd, LOCK_EX | LOCK_NB) != 0 {
+                do {
+                    try atomicWrite(Data(), to: cancelRequestPath(id), permissions: 0o644)
+                } catch {
+                    throw FetchError(.install, "cannot ask the running download to cancel: \(error.message)")
+                }
+                return .requested
+            }
+        }
+        unlink(partialPath(id))
+        unlink(cancelRequestPath(id))
+        record.state = .cancelled
+        record.verifiedLength = 0
+        record.segments = nil
+        record.etag = nil
+        record.error = nil
+        record.updatedAt = Date()
+        try save(record)
+        return .cancelled
+    }
+
+    /// Whether another process asked to cancel `id`; the request is consumed.
+    func takeCancelRequest(_ id: String) -> Bool {
+        unlink(cancelRequestPath(id)) == 0
     }
 
     public func all() -> [DownloadRecord] {

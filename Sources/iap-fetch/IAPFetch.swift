@@ -24,9 +24,14 @@ struct Options: ParsableArguments {
     @Option(name: .customLong("content-dir"), help: "Where content is installed: <dir>/<productId>/<contentVersion>/.") var contentDir: String
     @Flag(help: "One JSON object per line for every update and every finished transaction.") var json = false
     @Option(name: .customLong("limit-rate"), help: "Cap the bandwidth, e.g. 500K or 20M bytes per second.") var limitRate: String?
+    @Option(help: "Connections per download (1-16): parallel ranges for archives of 32 MiB and more.") var connections = 1
 
     func configuration() throws -> FetchConfiguration {
         var configuration = FetchConfiguration(server: server, contentDirectory: contentDir)
+        guard (1...16).contains(connections) else {
+            throw ValidationError("--connections \(connections) is out of range: use 1 to 16")
+        }
+        configuration.connections = connections
         if let limitRate {
             let units: [Character: Int] = ["K": 1 << 10, "M": 1 << 20, "G": 1 << 30]
             let multiplier = limitRate.last.flatMap { units[Character($0.uppercased())] } ?? 1
@@ -49,10 +54,10 @@ func runFetcher(_ options: Options, source: any TransactionSource) async throws 
     // Ctrl-C pauses: the journal is saved and the next run resumes.
     signal(SIGINT, SIG_IGN)
     let interrupt = DispatchSource.makeSignalSource(signal: SIGINT, queue: .global())
-    interrupt.setEventHandler { Task { await fetcher.pause() } }
+    interrupt.setEventHandler { Task { await fetcher.pauseAll() } }
     interrupt.resume()
     let printer = Task { await Printer(json: options.json).print(fetcher.updates) }
-    let summary = await fetcher.run()
+    let summary = await fetcher.start()
     await fetcher.shutdown()
     await printer.value
     interrupt.cancel()
@@ -65,11 +70,15 @@ func runFetcher(_ options: Options, source: any TransactionSource) async throws 
         }
         FileHandle.standardError.write(Data("iap-fetch: transaction \(id) failed and stays unfinished: \(error.message)\n".utf8))
     }
-    if summary.paused {
+    for id in summary.cancelled {
+        if options.json { emitJSON(["event": "download-cancelled", "downloadId": id]) }
+        FileHandle.standardError.write(Data("iap-fetch: download \(id) was cancelled; its transaction stays unfinished\n".utf8))
+    }
+    if summary.interrupted {
         FileHandle.standardError.write(Data("iap-fetch: paused; run again to resume\n".utf8))
         throw ExitCode(130)
     }
-    if !summary.failed.isEmpty { throw ExitCode(1) }
+    if !summary.failed.isEmpty || !summary.cancelled.isEmpty { throw ExitCode(1) }
 }
 
 func emitJSON(_ object: [String: Any]) {
@@ -192,14 +201,16 @@ struct Cancel: ParsableCommand {
     func run() throws {
         do {
             let journal = try DownloadJournal(contentDirectory: contentDir)
-            guard var record = journal.load(id) else { throw ValidationError("no download \(id) in \(contentDir): see iap-fetch status") }
-            guard record.state != .finished else { throw ValidationError("\(id) is already finished and installed at \(record.contentPath ?? "?")") }
-            record.state = .cancelled
-            record.verifiedLength = 0
-            record.updatedAt = Date()
-            unlink(journal.partialPath(id))
-            try journal.save(record)
-            print("cancelled \(id); its transaction stays unfinished")
+            switch try journal.cancel(id) {
+            case .cancelled:
+                print("cancelled \(id); its transaction stays unfinished")
+            case .requested:
+                print("asked the running iap-fetch to cancel \(id); it stops within a few MiB and leaves the transaction unfinished")
+            case .alreadyFinished(let path):
+                throw ValidationError("\(id) is already finished and installed at \(path)")
+            case .unknown:
+                throw ValidationError("no download \(id) in \(contentDir): see iap-fetch status")
+            }
         } catch let error as FetchError {
             FileHandle.standardError.write(Data("iap-fetch: error: \(error.message)\n".utf8))
             throw ExitCode(1)

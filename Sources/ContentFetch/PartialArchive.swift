@@ -1,0 +1,176 @@
+import Crypto
+import Foundation
+import NIOCore
+import SystemPackage
+
+/// A byte range of the archive fetched over its own connection. The journal records `done`: the
+/// bytes from `start` that are synced to disk.
+public struct Segment: Codable, Sendable, Equatable {
+    public var start: Int64
+    /// Exclusive.
+    public var end: Int64
+    public var done: Int64
+
+    public init(start: Int64, end: Int64, done: Int64) {
+        self.start = start
+        self.end = end
+        self.done = done
+    }
+
+    /// Splits `[0, length)` for `connections` connections, the first segment keeping the
+    /// `durable` bytes already on disk; never into segments smaller than `minimum`.
+    static func plan(length: Int64, durable: Int64, connections: Int, minimum: Int64) -> [Segment] {
+        let remaining = length - durable
+        let count = Int(max(1, min(Int64(connections), remaining / max(1, minimum))))
+        guard count > 1 else { return [Segment(start: 0, end: length, done: durable)] }
+        let share = remaining / Int64(count)
+        var segments = [Segment(start: 0, end: durable + share, done: durable)]
+        for k in 1..<count {
+            let start = durable + Int64(k) * share
+            segments.append(Segment(start: start, end: k == count - 1 ? length : start + share, done: 0))
+        }
+        return segments
+    }
+
+    /// Whether `segments` tile `[0, length)` in order, each with a sane `done`: a journal from
+    /// disk is checked before it is trusted.
+    static func isValid(_ segments: [Segment], length: Int64) -> Bool {
+        var next: Int64 = 0
+        for s in segments {
+            guard s.start == next, s.end > s.start, s.done >= 0, s.start + s.done <= s.end else { return false }
+            next = s.end
+        }
+        return next == length && !segments.isEmpty
+    }
+}
+
+/// The partial archive on disk while one or more connections write into it: what each segment has
+/// written and synced, and the SHA-256 of the contiguous prefix.
+///
+/// The hash follows a frontier: bytes that arrive exactly at it are hashed as they arrive; bytes
+/// that later segments wrote ahead of it are read back from the file (from the page cache) once
+/// the frontier reaches them. With one connection every byte is hashed as it arrives, and with
+/// several the check still completes with the last byte instead of re-reading 2 GiB at the end.
+/// Used only from the fetcher actor.
+final class PartialArchive {
+    let fd: SystemPackage.FileDescriptor
+    let path: String
+    let journal: DownloadJournal
+    let syncInterval: Int64
+    var record: DownloadRecord
+    var rate = RateEstimator()
+    private(set) var segments: [Segment]
+    /// Bytes written from each segment's start; at least its `done`.
+    private(set) var written: [Int64]
+    private var hasher = SHA256()
+    private(set) var hashed: Int64 = 0
+    /// The segment the hash frontier is in.
+    private var cursor = 0
+    private var syncedTotal: Int64
+    private var readBuffer: [UInt8] = []
+
+    init(fd: SystemPackage.FileDescriptor, path: String, journal: DownloadJournal, record: DownloadRecord,
+         segments: [Segment], syncInterval: Int64) throws(FetchError) {
+        self.fd = fd
+        self.path = path
+        self.journal = journal
+        self.record = record
+        self.segments = segments
+        self.syncInterval = syncInterval
+        written = segments.map(\.done)
+        syncedTotal = written.reduce(0, +)
+        // SHA-256 state cannot be saved, so the hash of what is already on disk is rebuilt.
+        try advanceHash()
+    }
+
+    var bytesWritten: Int64 { written.reduce(0, +) }
+    var isComplete: Bool { hashed == record.expectedLength || zip(segments, written).allSatisfy { $0.start + $1 >= $0.end } }
+
+    /// The ranges still to fetch: (segment, from, to) with `to` exclusive.
+    var missing: [(segment: Int, from: Int64, to: Int64)] {
+        segments.indices.compactMap { i in
+            let from = segments[i].start + written[i]
+            return from < segments[i].end ? (i, from, segments[i].end) : nil
+        }
+    }
+
+    /// Records `chunk`, which segment `index` has just written at `offset`.
+    func wrote(_ chunk: ByteBuffer, segment index: Int, at offset: Int64) throws(FetchError) {
+        written[index] += Int64(chunk.readableBytes)
+        rate.add(Int64(chunk.readableBytes))
+        if offset == hashed {
+            chunk.withUnsafeReadableBytes { hasher.update(bufferPointer: $0) }
+            hashed += Int64(chunk.readableBytes)
+        }
+        try advanceHash()
+    }
+
+    /// Hashes, from the file, written bytes that are contiguous with the hashed prefix.
+    private func advanceHash() throws(FetchError) {
+        while cursor < segments.count {
+            let segment = segments[cursor]
+            if hashed >= segment.end {
+                cursor += 1
+                continue
+            }
+            let available = segment.start + written[cursor]
+            guard hashed < available else { return }
+            if readBuffer.isEmpty { readBuffer = [UInt8](repeating: 0, count: 1 << 20) }
+            while hashed < available {
+                let want = Int(min(Int64(readBuffer.count), available - hashed))
+                let n: Int
+                do {
+                    n = try readBuffer.withUnsafeMutableBytes { raw in
+                        try fd.read(fromAbsoluteOffset: hashed, into: UnsafeMutableRawBufferPointer(rebasing: raw[0..<want]))
+                    }
+                } catch {
+                    throw FetchError(.install, "cannot read back \(path): \(error)")
+                }
+                guard n > 0 else { throw FetchError(.install, "\(path) is shorter than its journal says; it will be fetched again") }
+                hasher.update(data: readBuffer[0..<n])
+                hashed += Int64(n)
+            }
+        }
+    }
+
+    /// Syncs when `syncInterval` bytes arrived since the last sync; returns whether it did.
+    func syncIfDue() throws(FetchError) -> Bool {
+        guard bytesWritten - syncedTotal >= syncInterval else { return false }
+        try sync()
+        return true
+    }
+
+    /// fsync the file, then record in the journal what is durable.
+    func sync() throws(FetchError) {
+        guard fsync(fd.rawValue) == 0 else {
+            throw FetchError(.install, "cannot sync \(path): \(String(cString: strerror(errno))); free disk space and run again")
+        }
+        for i in segments.indices { segments[i].done = written[i] }
+        syncedTotal = bytesWritten
+        record.segments = segments.count > 1 ? segments : nil
+        record.verifiedLength = segments.reduce(0) { $0 + $1.done }
+        record.updatedAt = Date()
+        try journal.save(record)
+    }
+
+    /// The archive changed on the server (a 200 answered a ranged request): everything on disk
+    /// is discarded and the body that came with the 200 is written from byte 0.
+    func restart() throws(FetchError) {
+        guard ftruncate(fd.rawValue, 0) == 0 else { throw FetchError(.install, "cannot truncate \(path): \(String(cString: strerror(errno)))") }
+        segments = [Segment(start: 0, end: record.expectedLength, done: 0)]
+        written = [0]
+        hasher = SHA256()
+        hashed = 0
+        cursor = 0
+        syncedTotal = 0
+        record.segments = nil
+        record.verifiedLength = 0
+        record.etag = nil
+    }
+
+    /// The archive's SHA-256, once every byte is hashed.
+    func digest() -> String? {
+        guard hashed == record.expectedLength else { return nil }
+        return hasher.finalize().map { String(format: "%02x", $0) }.joined()
+    }
+}

@@ -1,0 +1,152 @@
+import ContentFetch
+import Foundation
+import IAPTestSupport
+import Testing
+import TransactionQueue
+
+@Suite("Download queue: pause, resume, cancel and parallel ranges", .serialized)
+struct QueueControlTests {
+    func fetcher(_ shop: Shop, connections: Int = 1, rate: Int) throws -> ContentFetcher {
+        var configuration = FetchConfiguration(server: shop.server.base, contentDirectory: shop.content)
+        configuration.connections = connections
+        configuration.minimumSegment = 4 << 20
+        configuration.rateLimit = rate
+        return try ContentFetcher(configuration: configuration, source: try FileTransactionQueue(folder: shop.queue))
+    }
+
+    /// Collects every update; calls `act` once for the first update that matches `when`.
+    func observe(_ fetcher: ContentFetcher, when: @escaping @Sendable (DownloadUpdate) -> Bool,
+                 act: @escaping @Sendable (DownloadUpdate) async -> Void) -> Task<[DownloadUpdate], Never> {
+        Task {
+            var seen: [DownloadUpdate] = []
+            var acted = false
+            for await update in fetcher.updates {
+                seen.append(update)
+                if !acted, when(update) {
+                    acted = true
+                    await act(update)
+                }
+            }
+            return seen
+        }
+    }
+
+    @Test("pause(id) over 4 connections saves every segment while the queue goes on; resume(id) continues from disk to identical bytes")
+    func pauseAndResume() async throws {
+        let shop = try Shop(randomProducts: ["com.example.big": 24 << 20, "com.example.small": 64 << 10])
+        let big = try shop.store.purchase(productId: "com.example.big").transaction.transactionId!
+        let small = try shop.store.purchase(productId: "com.example.small").transaction.transactionId!
+        let bigId = "\(big)-com.example.big"
+        let fetcher = try fetcher(shop, connections: 4, rate: 8 << 20)
+        let observer = observe(fetcher, when: { $0.id == bigId && $0.state == .active && $0.bytesReceived >= 8 << 20 }) {
+            #expect(await fetcher.pause($0.id))
+        }
+        let first = await fetcher.start()
+        #expect(first.paused == [bigId])
+        #expect(first.finished == [small], "the queue goes on past a paused download")
+        let queue = try FileTransactionQueue(folder: shop.queue)
+        #expect(try queue.transaction(big)?.finishedAt == nil)
+        let journal = try DownloadJournal(contentDirectory: shop.content)
+        let paused = try #require(journal.load(bigId))
+        #expect(paused.state == .paused)
+        let segments = try #require(paused.segments)
+        #expect(segments.count == 4)
+        #expect(segments.filter { $0.done > 0 }.count >= 2, "several ranges were fetched in parallel: \(segments)")
+        #expect(paused.verifiedLength >= 8 << 20)
+
+        #expect(await fetcher.resume(bigId))
+        #expect(!(await fetcher.resume(bigId)), "resuming twice does nothing")
+        let second = await fetcher.start()
+        #expect(second.finished == [big])
+        #expect(shop.installed("com.example.big") == shop.payloads["com.example.big"])
+        let finished = try #require(try queue.transaction(big)?.finishedAt)
+        let installedAt = try #require(journal.load(bigId)?.installedAt)
+        #expect(finished >= installedAt.addingTimeInterval(-0.001))
+        await fetcher.shutdown()
+        let updates = await observer.value.filter { $0.id == bigId }
+        let pausedAt = try #require(updates.firstIndex { $0.state == .paused })
+        let resumed = try #require(updates[pausedAt...].first { $0.state == .active })
+        #expect(resumed.bytesReceived >= paused.verifiedLength, "resumed from the bytes on disk, not from zero")
+        #expect(updates.last?.state == .finished)
+        #expect(!FileManager.default.fileExists(atPath: journal.partialPath(bigId)))
+    }
+
+    @Test("cancel(id) deletes the partial file and leaves the transaction unfinished; the next start downloads it again")
+    func cancelRunning() async throws {
+        let shop = try Shop(randomProducts: ["com.example.big": 12 << 20])
+        let big = try shop.store.purchase(productId: "com.example.big").transaction.transactionId!
+        let id = "\(big)-com.example.big"
+        let fetcher = try fetcher(shop, rate: 4 << 20)
+        let observer = observe(fetcher, when: { $0.state == .active && $0.bytesReceived >= 2 << 20 }) {
+            #expect(await fetcher.cancel($0.id))
+        }
+        let first = await fetcher.start()
+        #expect(first.cancelled == [id])
+        #expect(first.finished.isEmpty)
+        let journal = try DownloadJournal(contentDirectory: shop.content)
+        #expect(journal.load(id)?.state == .cancelled)
+        #expect(journal.load(id)?.verifiedLength == 0)
+        #expect(!FileManager.default.fileExists(atPath: journal.partialPath(id)))
+        #expect(try FileTransactionQueue(folder: shop.queue).transaction(big)?.finishedAt == nil)
+        #expect(!(await fetcher.cancel("no-such-download")))
+
+        let second = await fetcher.start()
+        #expect(second.finished == [big])
+        #expect(shop.installed("com.example.big") == shop.payloads["com.example.big"])
+        await fetcher.shutdown()
+        let updates = await observer.value
+        let cancelledAt = try #require(updates.firstIndex { $0.state == .cancelled })
+        #expect(updates[cancelledAt...].first { $0.state == .active }?.bytesReceived == 0, "a cancelled download starts over")
+    }
+
+    @Test("iap-fetch --connections 3 killed mid-way resumes every range from its journal, even on one connection")
+    func parallelRangesSurviveKill() throws {
+        let shop = try Shop(randomProducts: ["com.example.big": 48 << 20])
+        let big = try shop.store.purchase(productId: "com.example.big").transaction.transactionId!
+        let id = "\(big)-com.example.big"
+        let journal = try DownloadJournal(contentDirectory: shop.content)
+        let (client, _) = try shop.startClient(["--connections", "3", "--limit-rate", "12M"])
+        let deadline = Date().addingTimeInterval(60)
+        while client.isRunning, Date() < deadline, (journal.load(id)?.verifiedLength ?? 0) < 12 << 20 { usleep(2_000) }
+        kill(client.processIdentifier, SIGKILL)
+        client.waitUntilExit()
+        let killed = try #require(journal.load(id))
+        let segments = try #require(killed.segments)
+        #expect(segments.count == 3)
+        #expect(segments.allSatisfy { $0.done > 0 }, "all three ranges were in flight: \(segments)")
+        #expect(try FileTransactionQueue(folder: shop.queue).transaction(big)?.finishedAt == nil)
+
+        let again = try run(productsDirectory() + "/iap-fetch", ["run", "--server", shop.server.base, "--queue", shop.queue,
+                                                                 "--content-dir", shop.content, "--json"])
+        #expect(again.status == 0, "\(again.stderr)")
+        let firstActive = again.stdout.split(separator: "\n").compactMap { try? JSONDecoder().decode(DownloadUpdate.self, from: Data($0.utf8)) }
+            .first { $0.state == .active }
+        #expect((firstActive?.bytesReceived ?? 0) >= killed.verifiedLength)
+        #expect(shop.installed("com.example.big") == shop.payloads["com.example.big"])
+        #expect(try FileTransactionQueue(folder: shop.queue).transaction(big)?.finishedAt != nil)
+    }
+
+    @Test("iap-fetch cancel while another process downloads: that process stops, deletes the partial file, exits 1")
+    func cancelAcrossProcesses() throws {
+        let shop = try Shop(randomProducts: ["com.example.big": 12 << 20])
+        let big = try shop.store.purchase(productId: "com.example.big").transaction.transactionId!
+        let id = "\(big)-com.example.big"
+        let journal = try DownloadJournal(contentDirectory: shop.content)
+        let (client, errors) = try shop.startClient(["--limit-rate", "4M"])
+        let deadline = Date().addingTimeInterval(60)
+        while client.isRunning, Date() < deadline, (journal.load(id)?.verifiedLength ?? 0) < 2 << 20 { usleep(2_000) }
+        let cancel = try run(productsDirectory() + "/iap-fetch", ["cancel", id, "--content-dir", shop.content])
+        #expect(cancel.status == 0, "\(cancel.stderr)")
+        #expect(cancel.stdout.contains("asked the running iap-fetch"))
+        client.waitUntilExit()
+        #expect(client.terminationStatus == 1)
+        let stderr = String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        #expect(stderr.contains("cancelled"), "\(stderr)")
+        #expect(journal.load(id)?.state == .cancelled)
+        #expect(!FileManager.default.fileExists(atPath: journal.partialPath(id)))
+        #expect(try FileTransactionQueue(folder: shop.queue).transaction(big)?.finishedAt == nil)
+        // With no process running it, cancel applies at once.
+        let idle = try run(productsDirectory() + "/iap-fetch", ["cancel", id, "--content-dir", shop.content])
+        #expect(idle.stdout.contains("cancelled \(id)"))
+    }
+}
