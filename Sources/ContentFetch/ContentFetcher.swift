@@ -18,8 +18,10 @@ public struct FetchConfiguration: Sendable {
     public var stallTimeout: Duration = .seconds(30)
     /// Optional bandwidth cap, bytes per second (shared by a download's connections).
     public var rateLimit: Int?
-    /// The journal records progress every this many bytes: what a kill can cost at most.
-    public var journalInterval: Int64 = 2 << 20
+    /// The journal records progress every this many bytes: what a killed process can lose at most.
+    public var journalInterval: Int64 = 1 << 20
+    /// The partial file is synced to disk every this many bytes: what a power cut can lose.
+    public var durableInterval: Int64 = 64 << 20
     /// Connections per download: more than one fetches parallel ranges into the same file and
     /// journal. Archives are split only into parts of at least `minimumSegment` bytes.
     public var connections = 1
@@ -252,9 +254,7 @@ public actor ContentFetcher {
         if var record = journal.load(id) {
             record.state = state
             if state == .cancelled {
-                record.verifiedLength = 0
-                record.segments = nil
-                record.etag = nil
+                record.discardBytes()
             }
             record.updatedAt = Date()
             try? journal.save(record)
@@ -382,9 +382,7 @@ public actor ContentFetcher {
             record.sha256 = download.sha256
             record.contentVersion = download.contentVersion
             record.expectedLength = download.contentLength
-            record.verifiedLength = 0
-            record.segments = nil
-            record.etag = nil
+            record.discardBytes()
         }
         record.url = download.url
         record.error = nil
@@ -399,9 +397,7 @@ public actor ContentFetcher {
                 controls[id] = nil
                 if stop.control == .cancel {
                     unlink(journal.partialPath(id))
-                    record.verifiedLength = 0
-                    record.segments = nil
-                    record.etag = nil
+                    record.discardBytes()
                     record.state = .cancelled
                 } else {
                     record.state = .paused
@@ -468,6 +464,10 @@ public actor ContentFetcher {
             throw FetchError(.busy, "another iap-fetch is downloading \(record.id) into \(configuration.contentDirectory); let it finish or stop it first")
         }
         var segments = record.segments ?? [Segment(start: 0, end: record.expectedLength, done: record.verifiedLength)]
+        if record.bootId != nil, record.bootId != BootID.current {
+            // The machine restarted since: only the synced bytes are certain to be on disk.
+            segments = record.durable ?? [Segment(start: 0, end: record.expectedLength, done: 0)]
+        }
         if !Segment.isValid(segments, length: record.expectedLength) {
             segments = [Segment(start: 0, end: record.expectedLength, done: 0)]
         }
@@ -484,11 +484,10 @@ public actor ContentFetcher {
         let partial: PartialArchive
         do {
             partial = try PartialArchive(fd: fd, path: path, journal: journal, record: record, segments: segments,
-                                         syncInterval: configuration.journalInterval)
+                                         syncInterval: configuration.journalInterval, durableInterval: configuration.durableInterval)
         } catch {
             // The file is shorter than the journal says: start over rather than trust it.
-            record.segments = nil
-            record.verifiedLength = 0
+            record.discardBytes()
             try journal.save(record)
             throw error
         }
@@ -538,70 +537,78 @@ public actor ContentFetcher {
         Failpoint.hit("verified")
     }
 
-    /// One connection's part of a transfer: asks for `[from, to)` and writes what arrives at its
-    /// offset. Runs off the actor; each chunk is reported to it.
+    /// One connection's part of a transfer: asks for `[from, to)`; `BodyReceiver` writes what
+    /// arrives at its offset on the event loop, and each part is then reported to the actor.
     private nonisolated func fetch(id: String, segment: Int, from: Int64, to: Int64, length: Int64, whole: Bool,
                                    url: String, etag: String?, fd: SystemPackage.FileDescriptor, rateLimit: Int?) async throws {
-        var request = HTTPClientRequest(url: url)
+        var request: HTTPClient.Request
+        do { request = try HTTPClient.Request(url: url) } catch {
+            throw FetchError(.refused, "the grant's URL \(url) is not usable: \(error)")
+        }
         let ranged = from > 0 || to < length
         if ranged {
             request.headers.add(name: "Range", value: "bytes=\(from)-\(to - 1)")
             if let etag { request.headers.add(name: "If-Range", value: etag) }
         }
-        let response = try await client.execute(request, timeout: .hours(24))
-        var position = from
-        switch response.status.code {
-        case 206:
-            let range = response.headers.first(name: "content-range") ?? ""
-            guard ranged, range.hasPrefix("bytes \(from)-\(to - 1)/") else {
-                throw FetchError(.network, "the server sent range '\(range)' for a request of bytes \(from)-\(to - 1)")
-            }
-        case 200:
-            if ranged {
-                // If-Range did not match: the archive changed. With one connection the whole new
-                // file is coming in this response; with several, every part starts over.
-                guard whole else { throw ArchiveChanged() }
-                try await restart(id)
-                position = 0
-            }
-        case 416:
-            throw ArchiveChanged()
-        case 401:
-            throw GrantExpired()
-        case 403:
-            let body = try await response.body.collect(upTo: 64 << 10)
-            let message = Self.errorMessage(body)
-            throw FetchError(message.code == "revoked" ? .revoked : .refused, message.text)
-        case 404:
-            throw FetchError(.noContent, "the archive is no longer on the server")
-        default:
-            throw FetchError(.network, "the server answered \(response.status.code)")
+        let receiver = BodyReceiver(fd: fd, rateLimit: rateLimit)
+        // One loop for the channel and the delegate: otherwise every part hops between two threads.
+        let task = client.execute(request: request, delegate: receiver, eventLoop: .delegateAndChannel(on: client.eventLoopGroup.next()))
+        defer {
+            receiver.close()
+            task.cancel()
         }
-        let end = position == 0 && !ranged || response.status.code == 200 ? length : to
-        try await accept(id, etag: response.headers.first(name: "etag"))
-        let started = ContinuousClock.now
-        var received: Int64 = 0
-        for try await chunk in response.body {
-            let count = Int64(chunk.readableBytes)
-            guard position + count <= end else {
-                throw FetchError(.network, "the server sent more than the \(end - from) bytes asked for")
+        try await withTaskCancellationHandler {
+            var status: UInt = 0
+            var position = from
+            var end = to
+            for try await event in receiver.events {
+                switch event {
+                case .head(let head):
+                    status = head.status.code
+                    switch status {
+                    case 206:
+                        let range = head.headers.first(name: "content-range") ?? ""
+                        guard ranged, range.hasPrefix("bytes \(from)-\(to - 1)/") else {
+                            throw FetchError(.network, "the server sent range '\(range)' for a request of bytes \(from)-\(to - 1)")
+                        }
+                    case 200:
+                        if ranged {
+                            // If-Range did not match: the archive changed. With one connection the
+                            // whole new file is coming in this response; with several, every part
+                            // starts over.
+                            guard whole else { throw ArchiveChanged() }
+                            try await restart(id)
+                        }
+                        (position, end) = (0, length)
+                    case 403:
+                        receiver.proceed(.collect)
+                        continue
+                    case 416: throw ArchiveChanged()
+                    case 401: throw GrantExpired()
+                    case 404: throw FetchError(.noContent, "the archive is no longer on the server")
+                    default: throw FetchError(.network, "the server answered \(status)")
+                    }
+                    try await accept(id, etag: head.headers.first(name: "etag"))
+                    receiver.proceed(.write(from: position, to: end))
+                case .body(let chunk, let offset):
+                    try await self.received(id, segment: segment, at: offset, chunk)
+                    receiver.consumed(chunk.readableBytes)
+                    position = offset + Int64(chunk.readableBytes)
+                case .end(let collected):
+                    if status == 403 {
+                        let message = Self.errorMessage(collected ?? ByteBuffer())
+                        throw FetchError(message.code == "revoked" ? .revoked : .refused, message.text)
+                    }
+                    guard position == end else {
+                        throw FetchError(.network, "the transfer ended at byte \(position) of \(end)")
+                    }
+                    return
+                }
             }
-            do {
-                _ = try chunk.withUnsafeReadableBytes { try fd.writeAll(toAbsoluteOffset: position, $0) }
-            } catch {
-                throw FetchError(.install, "cannot write the partial download: \(error); free disk space and run again")
-            }
-            try await self.received(id, segment: segment, at: position, chunk)
-            position += count
-            received += count
-            if let rateLimit {
-                let due = Duration.milliseconds(received * 1000 / Int64(rateLimit))
-                let elapsed = ContinuousClock.now - started
-                if due > elapsed { try await Task.sleep(for: due - elapsed) }
-            }
-        }
-        guard position == end else {
-            throw FetchError(.network, "the transfer ended at byte \(position) of \(end)")
+            try Task.checkCancellation()
+            throw FetchError(.network, "the connection closed at byte \(position) of \(end)")
+        } onCancel: {
+            task.cancel()
         }
     }
 

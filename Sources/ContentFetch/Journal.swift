@@ -60,12 +60,32 @@ public struct DownloadRecord: Codable, Sendable, Equatable {
     public var verifiedLength: Int64
     /// With several connections: the ranges being fetched and how much of each is on disk.
     public var segments: [Segment]? = nil
+    /// The boot during which `verifiedLength` and `segments` were recorded. Those bytes were
+    /// written but not all synced: they survive a killed process (the page cache keeps them) but
+    /// not a power cut, so after a reboot only `durable` is trusted.
+    public var bootId: String? = nil
+    /// The segments as of the last fsync of the partial file.
+    public var durable: [Segment]? = nil
     public var state: DownloadState
     public var error: FetchError?
     public var updatedAt: Date
     public var installedAt: Date?
     /// Where the content was installed (the `contentURL`), once finished.
     public var contentPath: String?
+}
+
+/// Identifies the running boot of the machine, so that the journal can tell a killed process
+/// (page cache intact) from a reboot (only synced bytes are safe).
+enum BootID {
+    static let current: String? = {
+        #if os(Linux)
+        guard let text = try? String(contentsOfFile: "/proc/sys/kernel/random/boot_id", encoding: .utf8) else { return nil }
+        let id = text.trimmingCharacters(in: .whitespacesAndNewlines)
+        return id.isEmpty ? nil : id
+        #else
+        return nil
+        #endif
+    }()
 }
 
 /// What `DownloadJournal.cancel` did.
@@ -75,6 +95,16 @@ public enum CancelOutcome: Sendable, Equatable {
     case requested
     case alreadyFinished(String)
     case unknown
+}
+
+extension DownloadRecord {
+    /// Forgets every byte on disk: the next transfer starts from zero.
+    mutating func discardBytes() {
+        verifiedLength = 0
+        segments = nil
+        durable = nil
+        etag = nil
+    }
 }
 
 /// The journal folder: `<content-dir>/.iap-fetch/` holding `<id>.json` records and `<id>.partial`
@@ -101,12 +131,13 @@ public struct DownloadJournal: Sendable {
         return try? Self.decoder.decode(DownloadRecord.self, from: data)
     }
 
-    public func save(_ record: DownloadRecord) throws(FetchError) {
+    /// Writes `record` atomically; with `durable: false` without fsync (see `atomicWrite`).
+    public func save(_ record: DownloadRecord, durable: Bool = true) throws(FetchError) {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
         encoder.dateEncodingStrategy = .millisecondsSince1970
         do {
-            try atomicWrite(try encoder.encode(record), to: recordPath(record.id), permissions: 0o644)
+            try atomicWrite(try encoder.encode(record), to: recordPath(record.id), permissions: 0o644, durable: durable)
         } catch let error as TransactionQueueError {
             throw FetchError(.install, "cannot save the download journal: \(error.message)")
         } catch {
@@ -136,9 +167,7 @@ public struct DownloadJournal: Sendable {
         unlink(partialPath(id))
         unlink(cancelRequestPath(id))
         record.state = .cancelled
-        record.verifiedLength = 0
-        record.segments = nil
-        record.etag = nil
+        record.discardBytes()
         record.error = nil
         record.updatedAt = Date()
         try save(record)

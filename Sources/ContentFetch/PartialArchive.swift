@@ -57,6 +57,7 @@ final class PartialArchive {
     let path: String
     let journal: DownloadJournal
     let syncInterval: Int64
+    let durableInterval: Int64
     var record: DownloadRecord
     var rate = RateEstimator()
     private(set) var segments: [Segment]
@@ -67,18 +68,21 @@ final class PartialArchive {
     /// The segment the hash frontier is in.
     private var cursor = 0
     private var syncedTotal: Int64
+    private var durableTotal: Int64
     private var readBuffer: [UInt8] = []
 
     init(fd: SystemPackage.FileDescriptor, path: String, journal: DownloadJournal, record: DownloadRecord,
-         segments: [Segment], syncInterval: Int64) throws(FetchError) {
+         segments: [Segment], syncInterval: Int64, durableInterval: Int64) throws(FetchError) {
         self.fd = fd
         self.path = path
         self.journal = journal
         self.record = record
         self.segments = segments
         self.syncInterval = syncInterval
+        self.durableInterval = durableInterval
         written = segments.map(\.done)
         syncedTotal = written.reduce(0, +)
+        durableTotal = record.bootId == nil ? syncedTotal : (record.durable ?? []).reduce(0) { $0 + $1.done }
         // SHA-256 state cannot be saved, so the hash of what is already on disk is rebuilt.
         try advanceHash()
     }
@@ -133,24 +137,36 @@ final class PartialArchive {
         }
     }
 
-    /// Syncs when `syncInterval` bytes arrived since the last sync; returns whether it did.
+    /// Records progress when `syncInterval` bytes arrived since the last record, and makes it
+    /// durable every `durableInterval` bytes; returns whether it recorded.
     func syncIfDue() throws(FetchError) -> Bool {
-        guard bytesWritten - syncedTotal >= syncInterval else { return false }
-        try sync()
+        let total = bytesWritten
+        guard total - syncedTotal >= syncInterval else { return false }
+        try sync(durable: total - durableTotal >= durableInterval)
         return true
     }
 
-    /// fsync the file, then record in the journal what is durable.
-    func sync() throws(FetchError) {
-        guard fsync(fd.rawValue) == 0 else {
-            throw FetchError(.install, "cannot sync \(path): \(String(cString: strerror(errno))); free disk space and run again")
+    /// Records in the journal what is written. Without `durable` that costs no fsync: a killed
+    /// process loses nothing the page cache holds, and the boot id tells a later run whether
+    /// those bytes are still there. With `durable`, the file is synced first and the journal
+    /// also keeps the synced segments for after a power cut.
+    func sync(durable: Bool = true) throws(FetchError) {
+        if durable {
+            guard fsync(fd.rawValue) == 0 else {
+                throw FetchError(.install, "cannot sync \(path): \(String(cString: strerror(errno))); free disk space and run again")
+            }
         }
         for i in segments.indices { segments[i].done = written[i] }
         syncedTotal = bytesWritten
+        if durable {
+            durableTotal = syncedTotal
+            record.durable = segments
+        }
+        record.bootId = BootID.current
         record.segments = segments.count > 1 ? segments : nil
-        record.verifiedLength = segments.reduce(0) { $0 + $1.done }
+        record.verifiedLength = syncedTotal
         record.updatedAt = Date()
-        try journal.save(record)
+        try journal.save(record, durable: durable)
     }
 
     /// The archive changed on the server (a 200 answered a ranged request): everything on disk
@@ -163,9 +179,8 @@ final class PartialArchive {
         hashed = 0
         cursor = 0
         syncedTotal = 0
-        record.segments = nil
-        record.verifiedLength = 0
-        record.etag = nil
+        durableTotal = 0
+        record.discardBytes()
     }
 
     /// The archive's SHA-256, once every byte is hashed.

@@ -158,7 +158,10 @@ public struct FileTransactionQueue: TransactionSource {
 
 /// Writes a file so that a crash leaves the old contents or the new, never a mix: a temporary
 /// file in the same folder, fsync, rename. Permissions 0600.
-public func atomicWrite(_ data: Data, to path: String, permissions: mode_t = 0o600) throws(TransactionQueueError) {
+///
+/// With `durable: false` the fsync is skipped: the rename still makes the replacement atomic for
+/// a killed process, but after a power cut the file may hold the previous contents.
+public func atomicWrite(_ data: Data, to path: String, permissions: mode_t = 0o600, durable: Bool = true) throws(TransactionQueueError) {
     let temp = path + ".tmp-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
     let fd = open(temp, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, permissions)
     guard fd >= 0 else { throw TransactionQueueError("cannot write \(path): \(String(cString: strerror(errno))); check the folder exists and is writable") }
@@ -172,7 +175,7 @@ public func atomicWrite(_ data: Data, to path: String, permissions: mode_t = 0o6
             return false
         }
     }
-    ok = ok && fsync(fd) == 0
+    ok = ok && (!durable || fsync(fd) == 0)
     close(fd)
     guard ok, rename(temp, path) == 0 else {
         let code = ok ? errno : writeErrno
