@@ -6,7 +6,7 @@
 #   user would script instead: curl -o, then sha256sum, then unzip; and curl -o alone;
 # - peak memory of each;
 # - bytes fetched twice after a SIGKILL at about 50% (partial bytes on disk minus what the journal
-#   had synced; the journal syncs every 2 MiB).
+#   had recorded; the journal records every 1 MiB).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/install-deps.sh

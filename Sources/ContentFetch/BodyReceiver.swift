@@ -124,6 +124,9 @@ final class BodyReceiver: HTTPClientResponseDelegate, Sendable {
         return windowOpen.flatMap { eventLoop.scheduleTask(deadline: due) {}.futureResult }
     }
 
+    /// Where the body written so far ends (parts not yet handled by the fetcher included).
+    var writtenThrough: Int64 { state.withLockedValue { $0.position } }
+
     /// Called by the fetcher when it has handled `count` bytes: reading resumes below half the window.
     func consumed(_ count: Int) {
         let promise = state.withLockedValue { state -> EventLoopPromise<Void>? in

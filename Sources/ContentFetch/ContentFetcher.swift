@@ -591,7 +591,7 @@ public actor ContentFetcher {
                     try await accept(id, etag: head.headers.first(name: "etag"))
                     receiver.proceed(.write(from: position, to: end))
                 case .body(let chunk, let offset):
-                    try await self.received(id, segment: segment, at: offset, chunk)
+                    try await self.received(id, segment: segment, at: offset, chunk, writtenThrough: receiver.writtenThrough)
                     receiver.consumed(chunk.readableBytes)
                     position = offset + Int64(chunk.readableBytes)
                 case .end(let collected):
@@ -633,9 +633,9 @@ public actor ContentFetcher {
     }
 
     /// A chunk was written: hash it, sync when due, apply pause or cancel, report progress.
-    private func received(_ id: String, segment: Int, at offset: Int64, _ chunk: ByteBuffer) throws {
+    private func received(_ id: String, segment: Int, at offset: Int64, _ chunk: ByteBuffer, writtenThrough: Int64) throws {
         guard let partial = transfers[id] else { throw CancellationError() }
-        try partial.wrote(chunk, segment: segment, at: offset)
+        try partial.wrote(chunk, segment: segment, at: offset, writtenThrough: writtenThrough)
         if stopAll { throw Stop(control: .pause) }
         if let control = controls[id] { throw Stop(control: control) }
         // Requests from other processes are read at syncs: a file check per chunk would cost more.

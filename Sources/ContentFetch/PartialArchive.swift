@@ -61,8 +61,12 @@ final class PartialArchive {
     var record: DownloadRecord
     var rate = RateEstimator()
     private(set) var segments: [Segment]
-    /// Bytes written from each segment's start; at least its `done`.
+    /// Bytes written from each segment's start and handled here (hashed when at the frontier);
+    /// at least its `done`.
     private(set) var written: [Int64]
+    /// Bytes the receivers have written from each segment's start, possibly ahead of `written`:
+    /// what the journal records, since they are in the file as much as the others are.
+    private var ahead: [Int64]
     private var hasher = SHA256()
     private(set) var hashed: Int64 = 0
     /// The segment the hash frontier is in.
@@ -81,6 +85,7 @@ final class PartialArchive {
         self.syncInterval = syncInterval
         self.durableInterval = durableInterval
         written = segments.map(\.done)
+        ahead = written
         syncedTotal = written.reduce(0, +)
         durableTotal = record.bootId == nil ? syncedTotal : (record.durable ?? []).reduce(0) { $0 + $1.done }
         // SHA-256 state cannot be saved, so the hash of what is already on disk is rebuilt.
@@ -98,9 +103,11 @@ final class PartialArchive {
         }
     }
 
-    /// Records `chunk`, which segment `index` has just written at `offset`.
-    func wrote(_ chunk: ByteBuffer, segment index: Int, at offset: Int64) throws(FetchError) {
+    /// Records `chunk`, which segment `index` has just written at `offset`; its receiver has
+    /// written up to `writtenThrough` by now.
+    func wrote(_ chunk: ByteBuffer, segment index: Int, at offset: Int64, writtenThrough: Int64? = nil) throws(FetchError) {
         written[index] += Int64(chunk.readableBytes)
+        ahead[index] = max(ahead[index], written[index], (writtenThrough ?? 0) - segments[index].start)
         rate.add(Int64(chunk.readableBytes))
         if offset == hashed {
             chunk.withUnsafeReadableBytes { hasher.update(bufferPointer: $0) }
@@ -140,7 +147,7 @@ final class PartialArchive {
     /// Records progress when `syncInterval` bytes arrived since the last record, and makes it
     /// durable every `durableInterval` bytes; returns whether it recorded.
     func syncIfDue() throws(FetchError) -> Bool {
-        let total = bytesWritten
+        let total = zip(written, ahead).reduce(0) { $0 + max($1.0, $1.1) }
         guard total - syncedTotal >= syncInterval else { return false }
         try sync(durable: total - durableTotal >= durableInterval)
         return true
@@ -156,8 +163,8 @@ final class PartialArchive {
                 throw FetchError(.install, "cannot sync \(path): \(String(cString: strerror(errno))); free disk space and run again")
             }
         }
-        for i in segments.indices { segments[i].done = written[i] }
-        syncedTotal = bytesWritten
+        for i in segments.indices { segments[i].done = min(segments[i].end - segments[i].start, max(written[i], ahead[i])) }
+        syncedTotal = segments.reduce(0) { $0 + $1.done }
         if durable {
             durableTotal = syncedTotal
             record.durable = segments
@@ -175,6 +182,7 @@ final class PartialArchive {
         guard ftruncate(fd.rawValue, 0) == 0 else { throw FetchError(.install, "cannot truncate \(path): \(String(cString: strerror(errno)))") }
         segments = [Segment(start: 0, end: record.expectedLength, done: 0)]
         written = [0]
+        ahead = [0]
         hasher = SHA256()
         hashed = 0
         cursor = 0
