@@ -15,6 +15,7 @@ struct ContentHTTPChannel: HTTPChannelHandler {
     let responder: Responder
     let service: ContentService
     let idleTimeout: Duration
+    let headerTimeout: Duration
 
     func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<Value> {
         channel.eventLoop.makeCompletedFuture {
@@ -29,6 +30,7 @@ struct ContentHTTPChannel: HTTPChannelHandler {
             try sync.configureHTTPServerPipeline(
                 withPipeliningAssistance: true, withErrorHandling: false, withOutboundHeaderValidation: false,
                 withEncoderConfiguration: .init(), withDecoderLimitConfiguration: limits)
+            try sync.addHandler(RequestHeadDeadline(timeout: .nanoseconds(Int64(headerTimeout.components.seconds) * 1_000_000_000 + headerTimeout.components.attoseconds / 1_000_000_000)))
             try sync.addHandler(ContentChannelHandler(prefix: "/v1/content/", resolver: service, observer: service.metrics))
             try sync.addHandler(HTTP1ToHTTPServerCodec(secure: false))
             // No idle timeout here: this handler cannot see content transfers and would cut them.

@@ -22,7 +22,7 @@ public enum ContentServerApp {
         let app = Application(
             router: router,
             server: HTTPServerBuilder { responder in
-                ContentHTTPChannel(responder: responder, service: service, idleTimeout: configuration.idleTimeout)
+                ContentHTTPChannel(responder: responder, service: service, idleTimeout: configuration.idleTimeout, headerTimeout: configuration.headerTimeout)
             },
             configuration: .init(address: .hostname(configuration.host, port: configuration.port), serverName: "iap-server"),
             onServerRunning: { channel in

@@ -206,27 +206,29 @@ struct APIRoutes: Sendable {
             manifest = decoded
         }
         let path = service.store.temporaryUploadPath()
-        do {
-            let fd = try FileDescriptor.open(path, .writeOnly, options: [.create, .exclusiveCreate], permissions: [.ownerReadWrite])
-            var written: UInt64 = 0
+        let folder = service.configuration.dataDirectory
+        do throws(UploadError) {
+            let fd: SystemPackage.FileDescriptor
             do {
-                for try await chunk in request.body {
-                    written += UInt64(chunk.readableBytes)
-                    guard written <= ArchiveLimits.maxArchiveSize else {
-                        try? fd.close()
-                        unlink(path)
-                        return apiError(.contentTooLarge, "too-large", "the upload passed \(ArchiveLimits.maxArchiveSize) bytes (2 GiB), the most an archive may weigh")
-                    }
-                    _ = try chunk.withUnsafeReadableBytes { try fd.writeAll($0) }
-                }
-                try fd.close()
+                fd = try SystemPackage.FileDescriptor.open(path, .writeOnly, options: [.create, .exclusiveCreate], permissions: [.ownerReadWrite])
             } catch {
-                try? fd.close()
-                throw error
+                throw UploadError(status: .serviceUnavailable, code: "storage",
+                                  message: "cannot create an upload file in \(folder)/tmp: \(error); check that the data folder is writable")
+            }
+            defer { try? fd.close() }
+            if let part = try await UploadReceiver.receive(request.body, contentType: request.headers[.contentType], into: fd, folder: folder) {
+                guard manifest == nil else {
+                    throw UploadError(status: .badRequest, code: "invalid-manifest", message: "send the manifest once: in the IAP-Manifest header or in the 'manifest' part, not both")
+                }
+                do throws(ArchiveError) {
+                    manifest = try ArchiveManifest.decode(Data(part), source: "the manifest part")
+                } catch {
+                    throw UploadError(status: .badRequest, code: "invalid-manifest", message: error.message)
+                }
             }
         } catch {
             unlink(path)
-            return apiError(.serviceUnavailable, "storage", "could not store the upload in \(service.configuration.dataDirectory)/tmp: \(error)")
+            return apiError(error.status, error.code, error.message)
         }
         let store = service.store
         let chosenManifest = manifest

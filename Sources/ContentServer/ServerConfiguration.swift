@@ -22,6 +22,9 @@ public struct ServerConfiguration: Sendable {
     public var publicURL: String?
     /// Connections that send nothing for this long between requests are closed.
     public var idleTimeout: Duration = .seconds(60)
+    /// A request head must be complete within this long of the connection opening or of the
+    /// previous response ending (a slow-loris client is cut off), like nginx's `client_header_timeout`.
+    public var headerTimeout: Duration = .seconds(30)
     /// How long SIGTERM waits for transfers in flight before closing them.
     public var drainTimeout: Duration = .seconds(30)
     /// Largest JSON request body.
@@ -39,5 +42,6 @@ public struct ServerConfiguration: Sendable {
         ("IAP_DATA", "--data"), ("IAP_BUNDLE_ID", "--bundle-id"), ("IAP_HOST", "--host"), ("IAP_PORT", "--port"),
         ("IAP_TRUST_ROOTS", "--trust-root, colon-separated"), ("IAP_ENVIRONMENT", "--environment"),
         ("IAP_TOKEN_TTL", "--token-ttl"), ("IAP_ADMIN_TOKEN_FILE", "--admin-token-file"), ("IAP_PUBLIC_URL", "--public-url"),
+        ("IAP_HEADER_TIMEOUT", "--header-timeout"), ("IAP_IDLE_TIMEOUT", "--idle-timeout"),
     ]
 }

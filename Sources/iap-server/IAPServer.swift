@@ -41,10 +41,20 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .customLong("token-ttl"), help: "Seconds a download URL stays valid.") var tokenTTL: Int?
     @Option(name: .customLong("admin-token-file"), help: "A file holding the bearer token for PUT /v1/admin/archives; without it the admin API is off.") var adminTokenFile: String?
     @Option(name: .customLong("public-url"), help: "The base of download URLs, e.g. https://content.example.com (default http://<host>:<port>).") var publicURL: String?
+    @Option(name: .customLong("header-timeout"), help: "Seconds a client has to send a complete request head (default 30).") var headerTimeout: Int?
+    @Option(name: .customLong("idle-timeout"), help: "Seconds a connection may send nothing between requests (default 60).") var idleTimeout: Int?
     @Option(name: .customLong("port-file"), help: "Write the bound port to this file once listening (for scripts).") var portFile: String?
     @Flag(name: .customLong("allow-local-testing"), help: "Also accept Xcode and LocalTesting transactions.") var allowLocalTesting = false
 
+    /// A timeout from its flag or environment variable, checked.
+    func timeout(_ flag: Int?, _ variable: String, _ name: String) throws -> Duration? {
+        guard let value = flag ?? env(variable).flatMap(Int.init) else { return nil }
+        guard (1...3600).contains(value) else { throw ValidationError("\(name) must be between 1 and 3600 seconds, not \(value)") }
+        return .seconds(value)
+    }
+
     func run() async throws {
+        signal(SIGXFSZ, SIG_IGN)  // a file-size limit then fails the write (answered 507) instead of killing the server
         guard let dataDirectory = data ?? env("IAP_DATA") else { throw ValidationError("--data (or IAP_DATA) is required: the folder for the catalog and archives") }
         guard let bundle = bundleId ?? env("IAP_BUNDLE_ID") else { throw ValidationError("--bundle-id (or IAP_BUNDLE_ID) is required: the app's bundle identifier") }
         var configuration = ServerConfiguration(dataDirectory: dataDirectory, bundleId: bundle)
@@ -71,6 +81,8 @@ struct Serve: AsyncParsableCommand {
             configuration.adminToken = token
         }
         configuration.publicURL = publicURL ?? env("IAP_PUBLIC_URL")
+        if let seconds = try timeout(headerTimeout, "IAP_HEADER_TIMEOUT", "--header-timeout") { configuration.headerTimeout = seconds }
+        if let seconds = try timeout(idleTimeout, "IAP_IDLE_TIMEOUT", "--idle-timeout") { configuration.idleTimeout = seconds }
         var logger = Logger(label: "iap-server")
         logger.logLevel = env("LOG_LEVEL").flatMap(Logger.Level.init(rawValue:)) ?? .info
         let portFile = self.portFile

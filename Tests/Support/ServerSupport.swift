@@ -51,13 +51,20 @@ public final class ServerProcess: @unchecked Sendable {
     public let log: String
     public var base: String { "http://127.0.0.1:\(port)" }
 
-    /// Starts the server on a free port, or (with `fixedPort`) on the `--port` in `arguments`.
-    public init(data: String, arguments: [String], folder: TemporaryFolder, fixedPort: Bool = false) throws {
+    /// Starts the server on a free port, or (with `fixedPort`) on the `--port` in `arguments`;
+    /// `launcher` runs it through another program, e.g. `setpriv` to drop privileges.
+    public init(data: String, arguments: [String], folder: TemporaryFolder, fixedPort: Bool = false, launcher: [String] = []) throws {
         let portFile = folder.sub("port-\(UUID().uuidString)")
         log = folder.sub("server-\(UUID().uuidString).log")
         _ = FileManager.default.createFile(atPath: log, contents: nil)
-        process.executableURL = URL(fileURLWithPath: productsDirectory() + "/iap-server")
-        process.arguments = ["serve", "--data", data] + (fixedPort ? [] : ["--port", "0"]) + ["--port-file", portFile] + arguments
+        let serve = ["serve", "--data", data] + (fixedPort ? [] : ["--port", "0"]) + ["--port-file", portFile] + arguments
+        if launcher.isEmpty {
+            process.executableURL = URL(fileURLWithPath: productsDirectory() + "/iap-server")
+            process.arguments = serve
+        } else {
+            process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+            process.arguments = launcher + [productsDirectory() + "/iap-server"] + serve
+        }
         process.standardOutput = FileHandle(forWritingAtPath: log)
         process.standardError = FileHandle(forWritingAtPath: log)
         try process.run()

@@ -1,0 +1,72 @@
+import NIOCore
+import NIOHTTP1
+
+/// Closes a connection whose next request head is not complete within `timeout` of the
+/// connection opening or of the previous request ending, as nginx's `client_header_timeout` does.
+///
+/// The read-idle timeout alone does not stop a slow-loris client: one byte every few seconds keeps
+/// the connection "active" for ever while it holds a slot. The deadline runs from the moment the
+/// previous response was sent (not its request: a 2 GiB response takes minutes), so it also
+/// bounds how long a kept-alive connection may sit between requests.
+final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler {
+    typealias InboundIn = HTTPServerRequestPart
+    typealias InboundOut = HTTPServerRequestPart
+    typealias OutboundIn = HTTPServerResponsePart
+    typealias OutboundOut = HTTPServerResponsePart
+
+    private let timeout: TimeAmount
+    private var timer: Scheduled<Void>?
+
+    init(timeout: TimeAmount) {
+        self.timeout = timeout
+    }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        if context.channel.isActive { arm(context) }
+    }
+
+    func channelActive(context: ChannelHandlerContext) {
+        arm(context)
+        context.fireChannelActive()
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        switch unwrapInboundIn(data) {
+        case .head:
+            timer?.cancel()
+            timer = nil
+        case .body, .end:
+            break
+        }
+        context.fireChannelRead(data)
+    }
+
+    func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
+        guard case .end = unwrapOutboundIn(data) else {
+            context.write(data, promise: promise)
+            return
+        }
+        // Armed once the whole response has left, file regions included.
+        let sent = promise ?? context.eventLoop.makePromise()
+        let handler = NIOLoopBound(self, eventLoop: context.eventLoop)
+        let contextBox = NIOLoopBound(context, eventLoop: context.eventLoop)
+        sent.futureResult.whenSuccess {
+            if contextBox.value.channel.isActive { handler.value.arm(contextBox.value) }
+        }
+        context.write(data, promise: sent)
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        timer?.cancel()
+        timer = nil
+        context.fireChannelInactive()
+    }
+
+    private func arm(_ context: ChannelHandlerContext) {
+        timer?.cancel()
+        let channel = context.channel
+        timer = context.eventLoop.scheduleTask(in: timeout) {
+            channel.close(promise: nil)
+        }
+    }
+}

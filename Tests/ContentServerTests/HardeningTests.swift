@@ -1,0 +1,182 @@
+import ContentArchive
+import ContentCatalog
+import Foundation
+import IAPTestSupport
+import SandboxStore
+import Testing
+
+@Suite("iap-server against slow clients, multipart uploads and failing storage", .serialized)
+struct HardeningTests {
+    let bundleId = "com.example.app"
+    let product = "com.example.cosmos.levels1"
+    let adminToken = "admin-token-for-tests-0123456789"
+
+    func pack(_ tmp: TemporaryFolder, version: String) throws -> PackResult {
+        let content = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+            .appendingPathComponent("content/\(product)/Contents").path
+        return try ArchivePacker.pack(folder: content, options: .init(
+            productId: try ProductIdentifier(product), contentVersion: try ContentVersion(version), outputDirectory: tmp.sub("out-\(version)")))
+    }
+
+    func start(_ tmp: TemporaryFolder, extra: [String] = [], launcher: [String] = []) throws -> (SandboxStore, ServerProcess) {
+        let sandbox = tmp.sub("sandbox")
+        let store = FileManager.default.fileExists(atPath: sandbox + "/store.json")
+            ? try SandboxStore(folder: sandbox) : try SandboxStore.initialize(folder: sandbox, bundleId: bundleId)
+        try adminToken.write(toFile: tmp.sub("admin-token"), atomically: true, encoding: .utf8)
+        let server = try ServerProcess(data: tmp.sub("data"), arguments: [
+            "--bundle-id", bundleId, "--trust-root", store.rootCertificatePath, "--environment", "sandbox",
+            "--admin-token-file", tmp.sub("admin-token"),
+        ] + extra, folder: tmp, launcher: launcher)
+        return (store, server)
+    }
+
+    func multipart(_ server: ServerProcess, _ tmp: TemporaryFolder, _ parts: [String], headers: [String] = []) throws -> HTTPResult {
+        try curl(["-X", "PUT", "-H", "Authorization: Bearer \(adminToken)"] + headers + parts.flatMap { ["-F", $0] }
+                 + [server.base + "/v1/admin/archives"], folder: tmp)
+    }
+
+    func leftovers(_ tmp: TemporaryFolder) -> [String] {
+        (try? FileManager.default.contentsOfDirectory(atPath: tmp.sub("data/tmp"))) ?? []
+    }
+
+    @Test("multipart uploads: archive and manifest parts are checked like the header form; malformed bodies are refused and leave nothing")
+    func multipartUploads() throws {
+        let tmp = try TemporaryFolder()
+        let (_, server) = try start(tmp)
+        let v1 = try pack(tmp, version: "1.0"), v2 = try pack(tmp, version: "1.1")
+        let published = try multipart(server, tmp, ["archive=@\(v1.archivePath)", "manifest=@\(v1.manifestPath);type=application/json"])
+        #expect(published.status == 201, "\(published.text)")
+        #expect(published.json["sha256"] as? String == v1.manifest.archiveSHA256)
+
+        var lying = v2.manifest
+        lying.entries[1].sha256 = String(repeating: "0", count: 64)
+        let liar = tmp.sub("lying.manifest.json")
+        try lying.jsonData().write(to: URL(fileURLWithPath: liar))
+        let lie = try multipart(server, tmp, ["archive=@\(v2.archivePath)", "manifest=@\(liar)"])
+        #expect(lie.status == 400 && lie.errorCode == "invalid-archive", "\(lie.text)")
+        let stray = try multipart(server, tmp, ["archive=@\(v2.archivePath)", "notes=hello"])
+        #expect(stray.status == 400 && stray.errorCode == "invalid-multipart" && stray.text.contains("'notes'"))
+        let noArchive = try multipart(server, tmp, ["manifest=@\(v2.manifestPath)"])
+        #expect(noArchive.status == 400 && noArchive.text.contains("no complete part named 'archive'"))
+        let encoded = v2.manifest.jsonData().base64EncodedString().replacingOccurrences(of: "+", with: "-")
+            .replacingOccurrences(of: "/", with: "_").replacingOccurrences(of: "=", with: "")
+        let twice = try multipart(server, tmp, ["archive=@\(v2.archivePath)", "manifest=@\(v2.manifestPath)"], headers: ["-H", "IAP-Manifest: \(encoded)"])
+        #expect(twice.status == 400 && twice.errorCode == "invalid-manifest")
+        let mixed = try curl(["-X", "PUT", "-H", "Authorization: Bearer \(adminToken)", "-H", "Content-Type: multipart/mixed; boundary=x",
+                              "--data-binary", "--x\r\n\r\nhi\r\n--x--\r\n", server.base + "/v1/admin/archives"], folder: tmp)
+        #expect(mixed.status == 400 && mixed.errorCode == "invalid-multipart")
+        // A body cut off inside the archive part, and one whose part headers never end.
+        let archiveBytes = try Data(contentsOf: URL(fileURLWithPath: v2.archivePath))
+        let cut = "--b\r\nContent-Disposition: form-data; name=\"archive\"\r\n\r\n" + String(decoding: archiveBytes.prefix(1000), as: UTF8.self)
+        let truncated = try rawExchange(port: server.port, "PUT /v1/admin/archives HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \(adminToken)\r\n"
+            + "Content-Type: multipart/form-data; boundary=b\r\nContent-Length: \(cut.utf8.count)\r\nConnection: close\r\n\r\n" + cut, folder: tmp)
+        #expect(truncated.hasPrefix("HTTP/1.1 400") && truncated.contains("no complete part named 'archive'"), "\(truncated.prefix(300))")
+        let endless = "--b\r\nX-Padding: " + String(repeating: "p", count: 100_000)
+        let headerFlood = try rawExchange(port: server.port, "PUT /v1/admin/archives HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \(adminToken)\r\n"
+            + "Content-Type: multipart/form-data; boundary=b\r\nContent-Length: \(endless.utf8.count)\r\nConnection: close\r\n\r\n" + endless, folder: tmp)
+        #expect(headerFlood.hasPrefix("HTTP/1.1 400") && headerFlood.contains("64 KiB"), "\(headerFlood.prefix(300))")
+
+        #expect(leftovers(tmp).isEmpty, "uploads that failed left files: \(leftovers(tmp))")
+        let upgraded = try multipart(server, tmp, ["archive=@\(v2.archivePath)"])
+        #expect(upgraded.status == 201, "\(upgraded.text)")
+        let info = try curl([server.base + "/v1/products/\(product)"], folder: tmp)
+        #expect((info.json["versions"] as? [[String: Any]])?.count == 2)
+        #expect(server.stop() == 0)
+    }
+
+    @Test("a slow-loris client trickling its request head is cut off; a slow download of a finished head is not")
+    func slowClients() throws {
+        let tmp = try TemporaryFolder()
+        let (store, server) = try start(tmp, extra: ["--header-timeout", "2"])
+        let v1 = try pack(tmp, version: "1.0")
+        #expect(try multipart(server, tmp, ["archive=@\(v1.archivePath)"]).status == 201)
+        let script = try tmp.write("loris.py", """
+            import socket, sys, time
+            s = socket.create_connection(('127.0.0.1', int(sys.argv[1])))
+            s.sendall(b"GET /healthz HTTP/1.1\\r\\nHost: x\\r\\n")
+            s.settimeout(0.25)
+            start = time.monotonic()
+            while time.monotonic() - start < 20:
+                try:
+                    s.sendall(b"X")
+                    if s.recv(100) == b"":
+                        print("closed"); sys.exit(0)
+                except socket.timeout:
+                    continue
+                except OSError:
+                    print("closed"); sys.exit(0)
+            print("still open")
+            """)
+        let loris = try run("python3", [script, String(server.port)])
+        #expect(loris.stdout.contains("closed"), "\(loris.stdout) \(loris.stderr)")
+
+        // A download that takes longer than the header timeout is not cut: the deadline only
+        // covers the time to send a request head.
+        let purchase = try store.purchase(productId: product)
+        let grant = try postJSON(server.base + "/v1/downloads", ["signedTransaction": purchase.signedTransaction], folder: tmp)
+        let url = try #require((grant.json["downloads"] as? [[String: Any]])?.first?["url"] as? String)
+        let slow = try curl(["--limit-rate", "12K", url], folder: tmp)
+        #expect(slow.status == 200 && slow.body.count == Int(v1.manifest.archiveSize))
+        #expect(try curl([server.base + "/healthz"], folder: tmp).status == 200)
+        #expect(server.stop() == 0)
+    }
+
+    @Test("a full disk: uploads get 507 and notifications 503, nothing half-applied; once space is back both work")
+    func fullDisk() throws {
+        let tmp = try TemporaryFolder()
+        let (store, server) = try start(tmp)
+        let v1 = try pack(tmp, version: "1.0"), v2 = try pack(tmp, version: "1.1")
+        #expect(try multipart(server, tmp, ["archive=@\(v1.archivePath)"]).status == 201)
+        let purchase = try store.purchase(productId: product)
+        let refund = try store.refund(transactionId: purchase.transaction.transactionId!)
+        // The kernel's file-size limit on the running server makes every write fail as a full disk would.
+        #expect(try run("prlimit", ["--pid", String(server.process.processIdentifier), "--fsize=1:unlimited"]).status == 0)
+        let upload = try multipart(server, tmp, ["archive=@\(v2.archivePath)"])
+        #expect(upload.status == 507 && upload.errorCode == "insufficient-storage", "\(upload.text)")
+        let notified = try postJSON(server.base + "/v1/notifications", ["signedPayload": refund.signedPayload], folder: tmp)
+        #expect(notified.status == 503 && notified.errorCode == "storage", "\(notified.text)")
+        #expect(try curl([server.base + "/healthz"], folder: tmp).status == 200, "the server stays up")
+        #expect(try curl([server.base + "/v1/products/\(product)"], folder: tmp).status == 200)
+
+        #expect(try run("prlimit", ["--pid", String(server.process.processIdentifier), "--fsize=unlimited:unlimited"]).status == 0)
+        #expect(leftovers(tmp).isEmpty)
+        #expect(try ContentStore(dataDirectory: tmp.sub("data")).notificationCount() == 0, "the refused notification left no trace")
+        #expect(try postJSON(server.base + "/v1/notifications", ["signedPayload": refund.signedPayload], folder: tmp).status == 200)
+        let cut = try postJSON(server.base + "/v1/downloads", ["signedTransaction": purchase.signedTransaction], folder: tmp)
+        #expect(cut.status == 403 && cut.errorCode == "revoked")
+        #expect(try multipart(server, tmp, ["archive=@\(v2.archivePath)"]).status == 201)
+        #expect(server.stop() == 0)
+    }
+
+    @Test("a read-only catalog: the server starts, reads work, writes get 503 naming the fix, and nothing is lost")
+    func readOnlyCatalog() throws {
+        let tmp = try TemporaryFolder()
+        var (store, server) = try start(tmp)
+        let v1 = try pack(tmp, version: "1.0"), v2 = try pack(tmp, version: "1.1")
+        #expect(try multipart(server, tmp, ["archive=@\(v1.archivePath)"]).status == 201)
+        let purchase = try store.purchase(productId: product)
+        #expect(server.stop() == 0)
+        // Root writes any file, so the server runs as nobody over a catalog it may not write.
+        #expect(try run("chown", ["-R", "65534:65534", tmp.path]).status == 0)
+        #expect(chmod(tmp.sub("data/catalog.sqlite"), 0o444) == 0)
+        (store, server) = try start(tmp, launcher: ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"])
+        let info = try curl([server.base + "/v1/products/\(product)"], folder: tmp)
+        #expect(info.status == 200 && (info.json["versions"] as? [[String: Any]])?.count == 1)
+        let upload = try multipart(server, tmp, ["archive=@\(v2.archivePath)"])
+        #expect(upload.status == 503 && upload.text.contains("writable"), "\(upload.text)")
+        let refund = try store.refund(transactionId: purchase.transaction.transactionId!)
+        let notified = try postJSON(server.base + "/v1/notifications", ["signedPayload": refund.signedPayload], folder: tmp)
+        #expect(notified.status == 503 && notified.text.contains("writable"), "\(notified.text)")
+        #expect(try curl([server.base + "/healthz"], folder: tmp).status == 200)
+        #expect(leftovers(tmp).isEmpty)
+        #expect(server.stop() == 0)
+
+        #expect(chmod(tmp.sub("data/catalog.sqlite"), 0o644) == 0)
+        (_, server) = try start(tmp)
+        #expect(try postJSON(server.base + "/v1/notifications", ["signedPayload": refund.signedPayload], folder: tmp).status == 200)
+        #expect(try multipart(server, tmp, ["archive=@\(v2.archivePath)"]).status == 201)
+        let after = try curl([server.base + "/v1/products/\(product)"], folder: tmp)
+        #expect((after.json["versions"] as? [[String: Any]])?.count == 2, "what was published before is still there")
+        #expect(server.stop() == 0)
+    }
+}
