@@ -185,7 +185,7 @@ public final class ContentChannelHandler: ChannelDuplexHandler, RemovableChannel
             headers.add(name: "Content-Type", value: file.contentType)
             headers.add(name: "Content-Range", value: "bytes \(range.first)-\(range.last)/\(file.size)")
             headers.add(name: "Content-Length", value: String(range.count))
-            pieces = [.fileRegion(FileRegion(fileHandle: file.handle, readerIndex: Int(range.first), endIndex: Int(range.last) + 1))]
+            pieces = [body(file, from: range.first, count: range.count, context: context)]
         case .partial(let ranges):
             status = .partialContent
             let boundary = String(UInt64.random(in: 0...UInt64.max), radix: 16)
@@ -207,6 +207,26 @@ public final class ContentChannelHandler: ChannelDuplexHandler, RemovableChannel
         context.write(wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: status, headers: headers))), promise: nil)
         for piece in pieces { context.write(wrapOutboundOut(.body(piece)), promise: nil) }
         finish(context: context, status: status, bytes: bytes, keepAlive: keepAlive)
+    }
+
+    /// Ranges up to this size are read into the response buffer instead of sent with sendfile.
+    public static let smallRange: UInt64 = 64 << 10
+
+    /// The bytes of one range. A small range is read into a buffer so that the response head and
+    /// body leave in one `writev`, one TCP segment: with sendfile the head goes out in a segment of
+    /// its own, which doubled the kernel's work per request for 4 KiB ranges (nginx avoids that
+    /// with TCP_CORK). Large ranges and whole files go through sendfile.
+    private func body(_ file: ServedFile, from first: UInt64, count: UInt64, context: ChannelHandlerContext) -> IOData {
+        if count <= Self.smallRange {
+            var buffer = context.channel.allocator.buffer(capacity: Int(count))
+            let read = try? file.handle.withUnsafeFileDescriptor { fd in
+                buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: Int(count)) { raw in
+                    max(0, pread(fd, raw.baseAddress, Int(count), off_t(first)))
+                }
+            }
+            if read == Int(count) { return .byteBuffer(buffer) }
+        }
+        return .fileRegion(FileRegion(fileHandle: file.handle, readerIndex: Int(first), endIndex: Int(first + count)))
     }
 
     private func sendError(context: ChannelHandlerContext, status: HTTPResponseStatus, code: String, message: String,
