@@ -57,11 +57,15 @@ public enum GrantError: Error, Sendable, Equatable, CustomStringConvertible {
 public struct GrantKeyRing: Sendable {
     public let activeKeyId: String
     private let keys: [String: SymmetricKey]
+    /// An HMAC already keyed for each key, copied for each check: keying hashes two blocks,
+    /// which showed in the profile of small range requests.
+    private let keyed: [String: HMAC<SHA256>]
 
     public init(activeKeyId: String, keys: [String: SymmetricKey]) {
         precondition(keys[activeKeyId] != nil, "the active key must be in the ring")
         self.activeKeyId = activeKeyId
         self.keys = keys
+        keyed = keys.mapValues { HMAC<SHA256>(key: $0) }
     }
 
     /// A ring with one fresh 256-bit key.
@@ -86,10 +90,11 @@ public struct GrantKeyRing: Sendable {
         let parts = bytes.split(separator: UInt8(ascii: "."), maxSplits: 3, omittingEmptySubsequences: false)
         guard parts.count == 3 else { return .failure(.malformed) }
         let keyId = String(decoding: parts[0], as: UTF8.self)
-        guard let key = keys[keyId] else { return .failure(.unknownKey(String(keyId.prefix(16)))) }
+        guard var hmac = keyed[keyId] else { return .failure(.unknownKey(String(keyId.prefix(16)))) }
         guard let mac = Base64URL.decode(parts[2]), let payload = Base64URL.decode(parts[1]) else { return .failure(.malformed) }
-        let signed = bytes[bytes.startIndex..<parts[1].endIndex]
-        guard HMAC<SHA256>.isValidAuthenticationCode(mac, authenticating: signed, using: key) else {
+        hmac.update(data: bytes[bytes.startIndex..<parts[1].endIndex])
+        // HashedAuthenticationCode's == compares in constant time.
+        guard hmac.finalize() == mac else {
             return .failure(.forged)
         }
         let fields = payload.split(separator: UInt8(ascii: "|"), maxSplits: 5, omittingEmptySubsequences: false)
