@@ -3,6 +3,7 @@ import ContentArchive
 import Crypto
 import Foundation
 import NIOCore
+import NIOPosix
 import SystemPackage
 import TransactionQueue
 
@@ -639,7 +640,9 @@ public actor ContentFetcher {
         if stopAll { throw Stop(control: .pause) }
         if let control = controls[id] { throw Stop(control: control) }
         // Requests from other processes are read at syncs: a file check per chunk would cost more.
-        if try partial.syncIfDue(), journal.takeCancelRequest(id) { throw Stop(control: .cancel) }
+        let (recorded, makeDurable) = try partial.syncIfDue()
+        if let snapshot = makeDurable { syncInBackground(id, partial: partial, snapshot: snapshot) }
+        if recorded, journal.takeCancelRequest(id) { throw Stop(control: .cancel) }
         // Checked before building the update: this runs for every chunk received.
         if progressDue(id) { emit(update(partial.record, received: partial.bytesWritten, rate: partial.rate)) }
     }
@@ -684,6 +687,26 @@ public actor ContentFetcher {
         try journal.save(record)
         unlink(journal.partialPath(record.id))
         emit(update(record))
+    }
+
+    /// fsyncs the partial file on a thread of its own, so that the event loop and this actor go on
+    /// receiving and recording (an fsync of 64 MiB can take a while); the journal then records
+    /// `snapshot` as durable, unless the transfer ended meanwhile (its end syncs everything).
+    private func syncInBackground(_ id: String, partial: PartialArchive, snapshot: [Segment]) {
+        // A duplicate descriptor: the transfer may close its own before this fsync runs.
+        let duplicate = dup(partial.fd.rawValue)
+        guard duplicate >= 0 else { return }
+        let identity = ObjectIdentifier(partial)
+        Task {
+            let synced = (try? await NIOThreadPool.singleton.runIfActive { fsync(duplicate) == 0 }) ?? false
+            close(duplicate)
+            self.backgroundSyncDone(id, identity: identity, snapshot: synced ? snapshot : nil)
+        }
+    }
+
+    private func backgroundSyncDone(_ id: String, identity: ObjectIdentifier, snapshot: [Segment]?) {
+        guard let partial = transfers[id], ObjectIdentifier(partial) == identity else { return }
+        if let snapshot { try? partial.madeDurable(snapshot) } else { try? partial.madeDurable([]) }
     }
 
     // MARK: Updates

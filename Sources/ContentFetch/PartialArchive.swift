@@ -73,6 +73,7 @@ final class PartialArchive {
     private var cursor = 0
     private var syncedTotal: Int64
     private var durableTotal: Int64
+    private var durableSyncRunning = false
     private var readBuffer: [UInt8] = []
 
     init(fd: SystemPackage.FileDescriptor, path: String, journal: DownloadJournal, record: DownloadRecord,
@@ -144,13 +145,26 @@ final class PartialArchive {
         }
     }
 
-    /// Records progress when `syncInterval` bytes arrived since the last record, and makes it
-    /// durable every `durableInterval` bytes; returns whether it recorded.
-    func syncIfDue() throws(FetchError) -> Bool {
+    /// Records progress when `syncInterval` bytes arrived since the last record; returns whether
+    /// it recorded, and the segments to make durable when `durableInterval` bytes were recorded
+    /// since the last fsync (the caller fsyncs off its thread, then calls `madeDurable`).
+    func syncIfDue() throws(FetchError) -> (recorded: Bool, makeDurable: [Segment]?) {
         let total = zip(written, ahead).reduce(0) { $0 + max($1.0, $1.1) }
-        guard total - syncedTotal >= syncInterval else { return false }
-        try sync(durable: total - durableTotal >= durableInterval)
-        return true
+        guard total - syncedTotal >= syncInterval else { return (false, nil) }
+        try sync(durable: false)
+        guard !durableSyncRunning, syncedTotal - durableTotal >= durableInterval else { return (true, nil) }
+        durableSyncRunning = true
+        return (true, segments)
+    }
+
+    /// An fsync that started after `snapshot` was recorded has completed.
+    func madeDurable(_ snapshot: [Segment]) throws(FetchError) {
+        durableSyncRunning = false
+        let total = snapshot.reduce(0) { $0 + $1.done }
+        guard total > durableTotal else { return }
+        durableTotal = total
+        record.durable = snapshot
+        try journal.save(record)
     }
 
     /// Records in the journal what is written. Without `durable` that costs no fsync: a killed
