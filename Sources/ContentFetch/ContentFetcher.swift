@@ -502,12 +502,15 @@ public actor ContentFetcher {
             let (id, url, etag, length) = (record.id, record.url, record.etag, record.expectedLength)
             let limit = configuration.rateLimit.map { max(1, $0 / missing.count) }
             let whole = partial.segments.count == 1
+            // Bytes waiting for the hash: 8 MiB on one connection, 16 MiB in all on several.
+            let window = max(1 << 20, min(8 << 20, (16 << 20) / missing.count))
             do {
                 try await withThrowingTaskGroup(of: Void.self) { group in
                     for part in missing {
                         group.addTask {
                             try await self.fetch(id: id, segment: part.segment, from: part.from, to: part.to, length: length,
-                                                 whole: whole, url: url, etag: etag, fd: fd, rateLimit: limit)
+                                                 whole: whole, url: url, etag: etag, fd: fd, rateLimit: limit,
+                                                 window: window)
                         }
                     }
                     try await group.waitForAll()
@@ -541,7 +544,8 @@ public actor ContentFetcher {
     /// One connection's part of a transfer: asks for `[from, to)`; `BodyReceiver` writes what
     /// arrives at its offset on the event loop, and each part is then reported to the actor.
     private nonisolated func fetch(id: String, segment: Int, from: Int64, to: Int64, length: Int64, whole: Bool,
-                                   url: String, etag: String?, fd: SystemPackage.FileDescriptor, rateLimit: Int?) async throws {
+                                   url: String, etag: String?, fd: SystemPackage.FileDescriptor, rateLimit: Int?,
+                                   window: Int) async throws {
         var request: HTTPClient.Request
         do { request = try HTTPClient.Request(url: url) } catch {
             throw FetchError(.refused, "the grant's URL \(url) is not usable: \(error)")
@@ -551,7 +555,7 @@ public actor ContentFetcher {
             request.headers.add(name: "Range", value: "bytes=\(from)-\(to - 1)")
             if let etag { request.headers.add(name: "If-Range", value: etag) }
         }
-        let receiver = BodyReceiver(fd: fd, rateLimit: rateLimit)
+        let receiver = BodyReceiver(fd: fd, window: window, rateLimit: rateLimit)
         // One loop for the channel and the delegate: otherwise every part hops between two threads.
         let task = client.execute(request: request, delegate: receiver, eventLoop: .delegateAndChannel(on: client.eventLoopGroup.next()))
         defer {
