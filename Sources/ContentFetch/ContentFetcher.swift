@@ -410,7 +410,8 @@ public actor ContentFetcher {
             } catch let error as FetchError where [.revoked, .noContent, .refused, .busy].contains(error.code) {
                 record.state = .failed
                 record.error = error
-                try? journal.save(record)
+                // A busy download's journal belongs to the process that holds it: leave it alone.
+                if error.code != .busy { try? journal.save(record) }
                 emit(update(record))
                 throw error
             } catch is GrantExpired {
@@ -498,7 +499,10 @@ public actor ContentFetcher {
             transfers[record.id] = nil
         }
         let missing = partial.missing
-        if !missing.isEmpty {
+        if missing.isEmpty {
+            // Every byte is already on disk (an earlier run stopped before installing).
+            partial.record.state = .active
+        } else {
             let (id, url, etag, length) = (record.id, record.url, record.etag, record.expectedLength)
             let limit = configuration.rateLimit.map { max(1, $0 / missing.count) }
             let whole = partial.segments.count == 1

@@ -94,7 +94,6 @@ final class PartialArchive {
     }
 
     var bytesWritten: Int64 { written.reduce(0, +) }
-    var isComplete: Bool { hashed == record.expectedLength || zip(segments, written).allSatisfy { $0.start + $1 >= $0.end } }
 
     /// The ranges still to fetch: (segment, from, to) with `to` exclusive.
     var missing: [(segment: Int, from: Int64, to: Int64)] {

@@ -150,4 +150,21 @@ struct QueueControlTests {
         let idle = try run(productsDirectory() + "/iap-fetch", ["cancel", id, "--content-dir", shop.content])
         #expect(idle.stdout.contains("cancelled \(id)"))
     }
+
+    @Test("a second iap-fetch on the same content folder is refused and leaves the running download alone")
+    func secondProcessRefused() throws {
+        let shop = try Shop(randomProducts: ["com.example.big": 12 << 20])
+        let big = try shop.store.purchase(productId: "com.example.big").transaction.transactionId!
+        let journal = try DownloadJournal(contentDirectory: shop.content)
+        let (client, _) = try shop.startClient(["--limit-rate", "4M"])
+        let deadline = Date().addingTimeInterval(60)
+        while client.isRunning, Date() < deadline, (journal.load("\(big)-com.example.big")?.verifiedLength ?? 0) < 1 << 20 { usleep(2_000) }
+        let second = try run(productsDirectory() + "/iap-fetch", ["run", "--server", shop.server.base, "--queue", shop.queue, "--content-dir", shop.content])
+        #expect(second.status == 1)
+        #expect(second.stderr.contains("another iap-fetch is downloading"), "\(second.stderr)")
+        client.waitUntilExit()
+        #expect(client.terminationStatus == 0)
+        #expect(shop.installed("com.example.big") == shop.payloads["com.example.big"])
+        #expect(try FileTransactionQueue(folder: shop.queue).transaction(big)?.finishedAt != nil)
+    }
 }
