@@ -4,7 +4,7 @@ import StoreKit
 /// The device's real queue on Apple platforms: StoreKit 2's unfinished transactions.
 ///
 /// Compiles on Apple platforms only (it is not built or tested on Linux). An app creates a
-/// `ContentFetcher` with this source at launch, runs it, and runs it again for every element of
+/// `ContentFetcher` with this source at launch, calls `start()`, and again for every element of
 /// `Transaction.updates`; the content server verifies each transaction's `jwsRepresentation`, so
 /// the local verification result is not trusted here.
 @available(iOS 15.0, macOS 12.0, tvOS 15.0, watchOS 8.0, visionOS 1.0, *)
