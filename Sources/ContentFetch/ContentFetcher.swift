@@ -189,7 +189,6 @@ public actor ContentFetcher {
         } else {
             return false
         }
-        unlink(journal.partialPath(id))
         persistState(id, transaction, .cancelled)
         outcomes.append(.cancelled(id))
         return true
@@ -253,12 +252,13 @@ public actor ContentFetcher {
     /// Records a state chosen while the download is not running, and tells observers.
     private func persistState(_ id: String, _ transaction: QueuedTransaction, _ state: DownloadState) {
         if var record = journal.load(id) {
-            record.state = state
             if state == .cancelled {
-                record.discardBytes()
+                try? journal.markCancelled(&record)
+            } else {
+                record.state = state
+                record.updatedAt = Date()
+                try? journal.save(record)
             }
-            record.updatedAt = Date()
-            try? journal.save(record)
             emit(update(record))
         } else {
             emit(DownloadUpdate(id: id, transactionId: transaction.transactionId, productId: transaction.productId, contentVersion: nil,
@@ -397,14 +397,12 @@ public actor ContentFetcher {
             } catch let stop as Stop {
                 controls[id] = nil
                 if stop.control == .cancel {
-                    unlink(journal.partialPath(id))
-                    record.discardBytes()
-                    record.state = .cancelled
+                    try? journal.markCancelled(&record)
                 } else {
                     record.state = .paused
+                    record.updatedAt = Date()
+                    try? journal.save(record)
                 }
-                record.updatedAt = Date()
-                try? journal.save(record)
                 emit(update(record))
                 throw stop
             } catch let error as FetchError where [.revoked, .noContent, .refused, .busy].contains(error.code) {

@@ -55,8 +55,8 @@ public struct DownloadRecord: Codable, Sendable, Equatable {
     public var url: String
     /// The validator of the bytes on disk, sent back as `If-Range`.
     public var etag: String?
-    /// Bytes of the partial file that are synced to disk (with several connections, the sum over
-    /// `segments`).
+    /// Bytes of the partial file recorded as written (with several connections, the sum over
+    /// `segments`): all of them survive a killed process; `durable` says which survive a power cut.
     public var verifiedLength: Int64
     /// With several connections: the ranges being fetched and how much of each is on disk.
     public var segments: [Segment]? = nil
@@ -164,14 +164,20 @@ public struct DownloadJournal: Sendable {
                 return .requested
             }
         }
-        unlink(partialPath(id))
         unlink(cancelRequestPath(id))
-        record.state = .cancelled
+        try markCancelled(&record)
+        return .cancelled
+    }
+
+    /// The one way a download becomes `cancelled`: its partial file goes, the record forgets
+    /// its bytes (the next start downloads from zero) and is saved.
+    func markCancelled(_ record: inout DownloadRecord) throws(FetchError) {
+        unlink(partialPath(record.id))
         record.discardBytes()
+        record.state = .cancelled
         record.error = nil
         record.updatedAt = Date()
         try save(record)
-        return .cancelled
     }
 
     /// Whether another process asked to cancel `id`; the request is consumed.
