@@ -61,11 +61,17 @@ enum UploadReceiver {
     }
 
     static func boundary(_ contentType: String) -> String? {
-        for parameter in contentType.split(separator: ";").dropFirst() {
+        guard let value = parameter("boundary", in: contentType), (1...70).contains(value.utf8.count) else { return nil }
+        return value
+    }
+
+    /// A `name=value` or `name="value"` parameter of a header such as Content-Type or
+    /// Content-Disposition (names compared case-insensitively).
+    static func parameter(_ name: String, in header: String) -> String? {
+        for parameter in header.split(separator: ";").dropFirst() {
             let pair = parameter.split(separator: "=", maxSplits: 1).map { $0.trimmingCharacters(in: .whitespaces) }
-            guard pair.count == 2, pair[0].lowercased() == "boundary" else { continue }
-            let value = pair[1].hasPrefix("\"") && pair[1].hasSuffix("\"") && pair[1].count >= 2 ? String(pair[1].dropFirst().dropLast()) : pair[1]
-            return (1...70).contains(value.utf8.count) ? value : nil
+            guard pair.count == 2, pair[0].lowercased() == name else { continue }
+            return pair[1].hasPrefix("\"") && pair[1].hasSuffix("\"") && pair[1].count >= 2 ? String(pair[1].dropFirst().dropLast()) : pair[1]
         }
         return nil
     }
@@ -88,7 +94,7 @@ enum UploadReceiver {
         let parts = Parts()
         parser.onHeader = { name, value in
             guard parts.failure == nil, name.lowercased() == "content-disposition" else { return }
-            switch dispositionName(value) {
+            switch parameter("name", in: value) {
             case "archive" where !parts.sawArchive: parts.current = .archive
             case "manifest" where !parts.sawManifest: parts.current = .manifest
             case let other:
@@ -158,15 +164,5 @@ enum UploadReceiver {
                               message: "the multipart body has no complete part named 'archive': send the archive there")
         }
         return parts.sawManifest ? parts.manifest : nil
-    }
-
-    /// The `name` parameter of a `Content-Disposition: form-data; name="…"` header.
-    static func dispositionName(_ value: String) -> String? {
-        for parameter in value.split(separator: ";").dropFirst() {
-            let pair = parameter.split(separator: "=", maxSplits: 1).map { $0.trimmingCharacters(in: .whitespaces) }
-            guard pair.count == 2, pair[0].lowercased() == "name" else { continue }
-            return pair[1].hasPrefix("\"") && pair[1].hasSuffix("\"") && pair[1].count >= 2 ? String(pair[1].dropFirst().dropLast()) : pair[1]
-        }
-        return nil
     }
 }
