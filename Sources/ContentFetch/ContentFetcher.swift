@@ -261,10 +261,15 @@ public actor ContentFetcher {
             }
             emit(update(record))
         } else {
-            emit(DownloadUpdate(id: id, transactionId: transaction.transactionId, productId: transaction.productId, contentVersion: nil,
-                                state: state, progress: 0, bytesReceived: 0, expectedContentLength: -1, timeRemaining: -1,
-                                bytesPerSecond: 0, error: nil, contentURL: nil))
+            emit(Self.beforeGrant(transaction, state))
         }
+    }
+
+    /// An update for a download whose grant (so its version and size) is not known yet.
+    private static func beforeGrant(_ transaction: QueuedTransaction, _ state: DownloadState, error: FetchError? = nil) -> DownloadUpdate {
+        DownloadUpdate(id: downloadId(transaction), transactionId: transaction.transactionId, productId: transaction.productId,
+                       contentVersion: nil, state: state, progress: 0, bytesReceived: 0, expectedContentLength: -1,
+                       timeRemaining: -1, bytesPerSecond: 0, error: error, contentURL: nil)
     }
 
     // MARK: One transaction
@@ -337,9 +342,7 @@ public actor ContentFetcher {
     }
 
     private func emitFailure(_ transaction: QueuedTransaction, _ error: FetchError) -> FetchError {
-        emit(DownloadUpdate(id: Self.downloadId(transaction), transactionId: transaction.transactionId,
-                            productId: transaction.productId, contentVersion: nil, state: .failed, progress: 0, bytesReceived: 0,
-                            expectedContentLength: -1, timeRemaining: -1, bytesPerSecond: 0, error: error, contentURL: nil))
+        emit(Self.beforeGrant(transaction, .failed, error: error))
         return error
     }
 

@@ -133,11 +133,8 @@ public struct DownloadJournal: Sendable {
 
     /// Writes `record` atomically; with `durable: false` without fsync (see `atomicWrite`).
     public func save(_ record: DownloadRecord, durable: Bool = true) throws(FetchError) {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
-        encoder.dateEncodingStrategy = .millisecondsSince1970
         do {
-            try atomicWrite(try encoder.encode(record), to: recordPath(record.id), permissions: 0o644, durable: durable)
+            try atomicWrite(try Self.encoder.encode(record), to: recordPath(record.id), permissions: 0o644, durable: durable)
         } catch let error as TransactionQueueError {
             throw FetchError(.install, "cannot save the download journal: \(error.message)")
         } catch {
@@ -189,6 +186,14 @@ public struct DownloadJournal: Sendable {
         let names = (try? FileManager.default.contentsOfDirectory(atPath: folder)) ?? []
         return names.filter { $0.hasSuffix(".json") }.compactMap { load(String($0.dropLast(5))) }.sorted { $0.updatedAt < $1.updatedAt }
     }
+
+    /// Made once: a record is saved every 1 MiB received.
+    private static let encoder: JSONEncoder = {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
+        encoder.dateEncodingStrategy = .millisecondsSince1970
+        return encoder
+    }()
 
     private static let decoder: JSONDecoder = {
         let decoder = JSONDecoder()

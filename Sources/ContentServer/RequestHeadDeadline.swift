@@ -51,10 +51,8 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler {
         }
         // Armed once the whole response has left, file regions included.
         let sent = promise ?? context.eventLoop.makePromise()
-        let handler = NIOLoopBound(self, eventLoop: context.eventLoop)
-        let contextBox = NIOLoopBound(context, eventLoop: context.eventLoop)
-        sent.futureResult.whenSuccess {
-            if contextBox.value.channel.isActive { handler.value.arm(contextBox.value) }
+        sent.futureResult.assumeIsolated().whenSuccess { [self] in
+            if context.channel.isActive { arm(context) }
         }
         context.write(data, promise: sent)
     }
@@ -73,10 +71,8 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler {
     }
 
     private func schedule(_ context: ChannelHandlerContext, at due: NIODeadline) {
-        let handler = NIOLoopBound(self, eventLoop: context.eventLoop)
-        let contextBox = NIOLoopBound(context, eventLoop: context.eventLoop)
-        timer = context.eventLoop.scheduleTask(deadline: due) {
-            handler.value.fired(contextBox.value)
+        timer = context.eventLoop.assumeIsolated().scheduleTask(deadline: due) { [self] in
+            fired(context)
         }
     }
 

@@ -195,9 +195,6 @@ struct APIRoutes: Sendable {
         guard constantTimeEqual(presented, expected) else {
             return apiError(.unauthorized, "unauthorized", "send the admin token as Authorization: Bearer <token>")
         }
-        if let length = request.headers[.contentLength].flatMap(UInt64.init), length > ArchiveLimits.maxArchiveSize {
-            return apiError(.contentTooLarge, "too-large", "the upload is \(length) bytes; archives are at most \(ArchiveLimits.maxArchiveSize) bytes (2 GiB)")
-        }
         var manifest: ArchiveManifest?
         if let header = request.headers[HTTPField.Name("IAP-Manifest")!] {
             guard let bytes = Base64URL.decode(header.utf8), let decoded = try? ArchiveManifest.decode(Data(bytes), source: "the IAP-Manifest header") else {
@@ -216,7 +213,9 @@ struct APIRoutes: Sendable {
                                   message: "cannot create an upload file in \(folder)/tmp: \(error); check that the data folder is writable")
             }
             defer { try? fd.close() }
-            if let part = try await UploadReceiver.receive(request.body, contentType: request.headers[.contentType], into: fd, folder: folder) {
+            let length = request.headers[.contentLength].flatMap(UInt64.init)
+            if let part = try await UploadReceiver.receive(request.body, contentType: request.headers[.contentType], length: length,
+                                                           into: fd, folder: folder) {
                 guard manifest == nil else {
                     throw UploadError(status: .badRequest, code: "invalid-manifest", message: "send the manifest once: in the IAP-Manifest header or in the 'manifest' part, not both")
                 }

@@ -22,13 +22,25 @@ enum UploadReceiver {
     static let maxPartHeaders = 64 << 10
 
     /// Writes the archive bytes to `fd`; returns the manifest part's bytes, if one was sent.
-    static func receive(_ body: RequestBody, contentType: String?, into fd: SystemPackage.FileDescriptor, folder: String) async throws(UploadError) -> [UInt8]? {
+    /// A declared `length` that cannot fit is refused before anything is read.
+    static func receive(_ body: RequestBody, contentType: String?, length: UInt64?, into fd: SystemPackage.FileDescriptor,
+                        folder: String) async throws(UploadError) -> [UInt8]? {
         if let contentType, contentType.lowercased().hasPrefix("multipart/") {
             guard contentType.lowercased().hasPrefix("multipart/form-data"), let boundary = boundary(contentType) else {
                 throw UploadError(status: .badRequest, code: "invalid-multipart",
                                   message: "a multipart upload must be multipart/form-data with a boundary parameter")
             }
+            // Room for the archive, the manifest and their part headers.
+            let most = ArchiveLimits.maxArchiveSize + UInt64(maxManifest + 2 * maxPartHeaders)
+            if let length, length > most {
+                throw UploadError(status: .contentTooLarge, code: "too-large",
+                                  message: "the upload is \(length) bytes; an archive is at most \(ArchiveLimits.maxArchiveSize) bytes (2 GiB) and its manifest 16 MiB")
+            }
             return try await receiveMultipart(body, boundary: boundary, into: fd, folder: folder)
+        }
+        if let length, length > ArchiveLimits.maxArchiveSize {
+            throw UploadError(status: .contentTooLarge, code: "too-large",
+                              message: "the upload is \(length) bytes; archives are at most \(ArchiveLimits.maxArchiveSize) bytes (2 GiB)")
         }
         var written: UInt64 = 0
         do {

@@ -77,7 +77,9 @@ public struct GrantKeyRing: Sendable {
         let payload = Base64URL.encode([grant.transactionId, grant.productId, grant.contentVersion, grant.sha256, String(grant.expiresAt)]
             .joined(separator: "|").utf8)
         let prefix = activeKeyId + "." + payload
-        let mac = HMAC<SHA256>.authenticationCode(for: Data(prefix.utf8), using: keys[activeKeyId]!)
+        var hmac = keyed[activeKeyId]!
+        hmac.update(data: Data(prefix.utf8))
+        let mac = hmac.finalize()
         return prefix + "." + Base64URL.encode(mac)
     }
 
