@@ -57,7 +57,7 @@ final class PartialArchive {
     let path: String
     let journal: DownloadJournal
     let syncInterval: Int64
-    let durableInterval: Int64
+    let durableInterval: Duration
     var record: DownloadRecord
     var rate = RateEstimator()
     private(set) var segments: [Segment]
@@ -74,10 +74,11 @@ final class PartialArchive {
     private var syncedTotal: Int64
     private var durableTotal: Int64
     private var durableSyncRunning = false
+    private var lastDurableSync = ContinuousClock.now
     private var readBuffer: [UInt8] = []
 
     init(fd: SystemPackage.FileDescriptor, path: String, journal: DownloadJournal, record: DownloadRecord,
-         segments: [Segment], syncInterval: Int64, durableInterval: Int64) throws(FetchError) {
+         segments: [Segment], syncInterval: Int64, durableInterval: Duration) throws(FetchError) {
         self.fd = fd
         self.path = path
         self.journal = journal
@@ -145,14 +146,16 @@ final class PartialArchive {
     }
 
     /// Records progress when `syncInterval` bytes arrived since the last record; returns whether
-    /// it recorded, and the segments to make durable when `durableInterval` bytes were recorded
-    /// since the last fsync (the caller fsyncs off its thread, then calls `madeDurable`).
+    /// it recorded, and the segments to make durable when bytes were recorded and `durableInterval`
+    /// passed since the last fsync (the caller fsyncs off its thread, then calls `madeDurable`).
     func syncIfDue() throws(FetchError) -> (recorded: Bool, makeDurable: [Segment]?) {
         let total = zip(written, ahead).reduce(0) { $0 + max($1.0, $1.1) }
         guard total - syncedTotal >= syncInterval else { return (false, nil) }
         try sync(durable: false)
-        guard !durableSyncRunning, syncedTotal - durableTotal >= durableInterval else { return (true, nil) }
+        let now = ContinuousClock.now
+        guard !durableSyncRunning, syncedTotal > durableTotal, now - lastDurableSync >= durableInterval else { return (true, nil) }
         durableSyncRunning = true
+        lastDurableSync = now
         return (true, segments)
     }
 
@@ -180,6 +183,7 @@ final class PartialArchive {
         syncedTotal = segments.reduce(0) { $0 + $1.done }
         if durable {
             durableTotal = syncedTotal
+            lastDurableSync = .now
             record.durable = segments
         }
         record.bootId = BootID.current

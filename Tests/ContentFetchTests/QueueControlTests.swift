@@ -72,6 +72,44 @@ struct QueueControlTests {
         #expect(!FileManager.default.fileExists(atPath: journal.partialPath(bigId)))
     }
 
+    @Test("after a reboot (another boot id in the journal) a transfer continues from the last fsynced bytes, not the 1 MiB mark")
+    func resumeAfterPowerCut() async throws {
+        let shop = try Shop(randomProducts: ["com.example.big": 24 << 20])
+        let big = try shop.store.purchase(productId: "com.example.big").transaction.transactionId!
+        let id = "\(big)-com.example.big"
+        let fetcher = try fetcher(shop, rate: 8 << 20)
+        let observer = observe(fetcher, when: { $0.id == id && $0.state == .active && $0.bytesReceived >= 6 << 20 }) {
+            #expect(await fetcher.pause($0.id))
+        }
+        #expect(await fetcher.start().paused == [id])
+        let journal = try DownloadJournal(contentDirectory: shop.content)
+        var record = try #require(journal.load(id))
+        #expect(record.verifiedLength >= 6 << 20)
+        #expect(record.durable == [Segment(start: 0, end: record.expectedLength, done: record.verifiedLength)],
+                "a pause fsyncs what it keeps")
+
+        // A power cut after only 2 MiB had been fsynced: the pages past them are lost (zeros
+        // here), and the journal names the boot that wrote them.
+        let synced: Int64 = 2 << 20
+        record.durable = [Segment(start: 0, end: record.expectedLength, done: synced)]
+        record.bootId = "an-earlier-boot"
+        try journal.save(record)
+        let handle = try #require(FileHandle(forWritingAtPath: journal.partialPath(id)))
+        try handle.seek(toOffset: UInt64(synced))
+        try handle.write(contentsOf: Data(count: Int(record.verifiedLength - synced)))
+        try handle.close()
+
+        #expect(await fetcher.resume(id))
+        #expect(await fetcher.start().finished == [big])
+        #expect(shop.installed("com.example.big") == shop.payloads["com.example.big"])
+        await fetcher.shutdown()
+        let updates = await observer.value.filter { $0.id == id }
+        let pausedAt = try #require(updates.firstIndex { $0.state == .paused })
+        let resumed = try #require(updates[pausedAt...].first { $0.state == .active })
+        #expect(resumed.bytesReceived == synced, "continued from the fsynced mark, not from \(record.verifiedLength)")
+        #expect(!updates.contains { $0.state == .failed }, "no hash mismatch: the lost bytes were fetched again, not trusted")
+    }
+
     @Test("cancel(id) deletes the partial file and leaves the transaction unfinished; the next start downloads it again")
     func cancelRunning() async throws {
         let shop = try Shop(randomProducts: ["com.example.big": 12 << 20])
