@@ -45,6 +45,8 @@ PY
 settle() { sync; sleep 1; }
 timed() { settle; /usr/bin/time -f "%e %M" -o "$work/t" "$@" >/dev/null 2>&1; cat "$work/t"; }
 best_fetch=999999; best_curl=999999; best_curl_all=999999; best_t1=999999; best_t4=999999
+all_t1=(); all_curl=()
+median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 for run in 1 2 3 4 5; do
   for c in 1 4; do
     "$bin/iap-sandbox" purchase --dir "$work/sandbox" --product-id bench.fetch > "$work/tx.jws"
@@ -53,7 +55,7 @@ for run in 1 2 3 4 5; do
     [ "$t" = fail ] && { echo "iap-fetch --connections $c failed" >&2; exit 1; }
     echo "run $run: iap-fetch transfer only, $c connection(s): $t s" >&2
     cmp -s "$work/device/bench.fetch/1.0/Contents/payload.bin" "$work/content/payload.bin" || { echo "iap-fetch installed wrong bytes" >&2; exit 1; }
-    if [ $c = 1 ]; then awk -v s="$t" -v b="$best_t1" 'BEGIN { exit !(s < b) }' && best_t1=$t
+    if [ $c = 1 ]; then all_t1+=("$t"); awk -v s="$t" -v b="$best_t1" 'BEGIN { exit !(s < b) }' && best_t1=$t
     else awk -v s="$t" -v b="$best_t4" 'BEGIN { exit !(s < b) }' && best_t4=$t; fi
   done
   "$bin/iap-sandbox" purchase --dir "$work/sandbox" --product-id bench.fetch > "$work/tx.jws"
@@ -64,6 +66,7 @@ for run in 1 2 3 4 5; do
   url=$(curl -s -X POST "$base/v1/downloads" -d "{\"signedTransaction\":\"$(cat "$work/tx.jws")\"}" | python3 -c 'import json,sys; print(json.load(sys.stdin)["downloads"][0]["url"])')
   rm -f "$work/c.zip"
   read -r secs kb <<< "$(timed curl -s -o "$work/c.zip" "$url")"
+  all_curl+=("$secs")
   awk -v s="$secs" -v b="$best_curl" 'BEGIN { exit !(s < b) }' && { best_curl=$secs; curl_kb=$kb; }
   echo "run $run: curl -o: $secs s" >&2
   rm -rf "$work/c.zip" "$work/unzipped"; settle
@@ -98,6 +101,8 @@ awk -v s="$best_curl" -v k="$curl_kb" 'BEGIN { printf "%-58s %9.2f %11.1f\n", "c
 awk -v s="$best_t1" 'BEGIN { printf "%-58s %9.2f %11s\n", "iap-fetch transfer only (bytes on disk + SHA-256), 1 conn", s, "-" }'
 awk -v s="$best_t4" 'BEGIN { printf "%-58s %9.2f %11s\n", "iap-fetch transfer only, --connections 4", s, "-" }'
 awk -v a="$best_t1" -v b="$best_curl" 'BEGIN { printf "transfer ratio, one connection, curl time / iap-fetch time: %.2f (goal >= 0.95)\n", b / a }'
+awk -v a="$(median "${all_t1[@]}")" -v b="$(median "${all_curl[@]}")" \
+  'BEGIN { printf "  the same with medians of the runs (%.2f s / %.2f s): %.2f\n", b, a, b / a }'
 awk -v a="$best_t4" -v b="$best_curl" 'BEGIN { printf "transfer ratio, 4 connections, curl time / iap-fetch time: %.2f\n", b / a }'
 awk -v a="$best_fetch" -v b="$best_curl_all" 'BEGIN { printf "end-to-end ratio, curl pipeline time / iap-fetch time: %.2f (above 1: iap-fetch faster)\n", b / a }'
 awk -v d="$on_disk" -v s="$synced" -v z="$size" 'BEGIN { printf "SIGKILL at %.0f%%: %d bytes on disk, %d synced in the journal: %.2f MiB fetched again\n", d * 100 / z, d, s, (d - s) / 1048576 }'
