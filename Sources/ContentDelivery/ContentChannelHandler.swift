@@ -131,116 +131,15 @@ public final class ContentChannelHandler: ChannelDuplexHandler, RemovableChannel
     }
 
     private func respond(context: ChannelHandlerContext, head: HTTPRequestHead) {
-        let keepAlive = head.isKeepAlive
-        var headers = HTTPHeaders()
-        headers.add(name: "Date", value: HTTPDate.now)
-        if !keepAlive { headers.add(name: "Connection", value: "close") }
-        guard head.method == .GET || head.method == .HEAD else {
-            headers.add(name: "Allow", value: "GET, HEAD")
-            return sendError(context: context, status: .methodNotAllowed, code: "method-not-allowed",
-                             message: "content URLs answer GET and HEAD only", headers: headers, keepAlive: keepAlive, head: head)
-        }
-        // Byte-level slicing: Character iteration over the URI showed in the profile.
-        let uri = head.uri.utf8
-        let start = uri.index(uri.startIndex, offsetBy: prefix.utf8.count)
-        let end = uri[start...].firstIndex(of: UInt8(ascii: "?")) ?? uri.endIndex
-        let path = Substring(uri[start..<end])
-        switch resolver.resolve(path: path, on: context.eventLoop) {
-        case .refuse(let status, let code, let message):
-            sendError(context: context, status: status, code: code, message: message, headers: headers, keepAlive: keepAlive, head: head)
-        case .file(let file, let fileName):
-            sendFile(context: context, head: head, file: file, fileName: fileName, headers: headers, keepAlive: keepAlive)
-        }
-    }
-
-    private func sendFile(context: ChannelHandlerContext, head: HTTPRequestHead, file: ServedFile, fileName: String,
-                          headers baseHeaders: HTTPHeaders, keepAlive: Bool) {
-        var headers = baseHeaders
-        headers.add(name: "Accept-Ranges", value: "bytes")
-        headers.add(name: "ETag", value: file.etag)
-        headers.add(name: "Last-Modified", value: file.lastModified)
-        headers.add(name: "Cache-Control", value: "private, no-transform")
-        let decision = RangeEvaluator.evaluate(
-            size: file.size, etag: file.etag, lastModified: file.lastModified,
+        let response = ContentResponse.make(
+            method: head.method, uri: head.uri, keepAlive: head.isKeepAlive, prefix: prefix,
             range: head.headers.first(name: "range"), ifRange: head.headers.first(name: "if-range"),
-            ifNoneMatch: head.headers.first(name: "if-none-match"), maxRanges: maxRanges)
-
-        var status = HTTPResponseStatus.ok
-        var pieces: [IOData] = []
-        switch decision {
-        case .notModified:
-            status = .notModified
-        case .unsatisfiable:
-            status = .rangeNotSatisfiable
-            headers.add(name: "Content-Range", value: "bytes */\(file.size)")
-            headers.add(name: "Content-Length", value: "0")
-        case .full:
-            headers.add(name: "Content-Type", value: file.contentType)
-            headers.add(name: "Content-Disposition", value: "attachment; filename=\"\(fileName)\"")
-            headers.add(name: "Content-Length", value: String(file.size))
-            pieces = [.fileRegion(FileRegion(fileHandle: file.handle, readerIndex: 0, endIndex: Int(file.size)))]
-        case .partial(let ranges) where ranges.count == 1:
-            status = .partialContent
-            let range = ranges[0]
-            headers.add(name: "Content-Type", value: file.contentType)
-            headers.add(name: "Content-Range", value: "bytes \(range.first)-\(range.last)/\(file.size)")
-            headers.add(name: "Content-Length", value: String(range.count))
-            pieces = [body(file, from: range.first, count: range.count, context: context)]
-        case .partial(let ranges):
-            status = .partialContent
-            let boundary = String(UInt64.random(in: 0...UInt64.max), radix: 16)
-            headers.add(name: "Content-Type", value: "multipart/byteranges; boundary=\(boundary)")
-            var length: UInt64 = 0
-            for range in ranges {
-                let partHead = "\r\n--\(boundary)\r\nContent-Type: \(file.contentType)\r\nContent-Range: bytes \(range.first)-\(range.last)/\(file.size)\r\n\r\n"
-                pieces.append(.byteBuffer(context.channel.allocator.buffer(string: partHead)))
-                pieces.append(.fileRegion(FileRegion(fileHandle: file.handle, readerIndex: Int(range.first), endIndex: Int(range.last) + 1)))
-                length += UInt64(partHead.utf8.count) + range.count
-            }
-            let tail = "\r\n--\(boundary)--\r\n"
-            pieces.append(.byteBuffer(context.channel.allocator.buffer(string: tail)))
-            length += UInt64(tail.utf8.count)
-            headers.add(name: "Content-Length", value: String(length))
-        }
-        if head.method == .HEAD { pieces = [] }
-        let bytes = pieces.reduce(UInt64(0)) { $0 + UInt64($1.readableBytes) }
-        context.write(wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: status, headers: headers))), promise: nil)
-        for piece in pieces { context.write(wrapOutboundOut(.body(piece)), promise: nil) }
-        finish(context: context, status: status, bytes: bytes, keepAlive: keepAlive)
-    }
-
-    /// Ranges up to this size are read into the response buffer instead of sent with sendfile.
-    public static let smallRange: UInt64 = 64 << 10
-
-    /// The bytes of one range. A small range is read into a buffer so that the response head and
-    /// body leave in one `writev`, one TCP segment: with sendfile the head goes out in a segment of
-    /// its own, which doubled the kernel's work per request for 4 KiB ranges (nginx avoids that
-    /// with TCP_CORK). Large ranges and whole files go through sendfile.
-    private func body(_ file: ServedFile, from first: UInt64, count: UInt64, context: ChannelHandlerContext) -> IOData {
-        if count <= Self.smallRange {
-            var buffer = context.channel.allocator.buffer(capacity: Int(count))
-            let read = try? file.handle.withUnsafeFileDescriptor { fd in
-                buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: Int(count)) { raw in
-                    max(0, pread(fd, raw.baseAddress, Int(count), off_t(first)))
-                }
-            }
-            if read == Int(count) { return .byteBuffer(buffer) }
-        }
-        return .fileRegion(FileRegion(fileHandle: file.handle, readerIndex: Int(first), endIndex: Int(first + count)))
-    }
-
-    private func sendError(context: ChannelHandlerContext, status: HTTPResponseStatus, code: String, message: String,
-                           headers baseHeaders: HTTPHeaders, keepAlive: Bool, head: HTTPRequestHead) {
-        var headers = baseHeaders
-        let body = #"{"error":{"code":"\#(jsonEscaped(code))","message":"\#(jsonEscaped(message))"}}"# + "\n"
-        headers.add(name: "Content-Type", value: "application/json")
-        headers.add(name: "Content-Length", value: String(body.utf8.count))
-        headers.add(name: "Cache-Control", value: "no-store")
-        context.write(wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: status, headers: headers))), promise: nil)
-        if head.method != .HEAD {
-            context.write(wrapOutboundOut(.body(.byteBuffer(context.channel.allocator.buffer(string: body)))), promise: nil)
-        }
-        finish(context: context, status: status, bytes: 0, keepAlive: keepAlive)
+            ifNoneMatch: head.headers.first(name: "if-none-match"), maxRanges: maxRanges,
+            resolver: resolver, eventLoop: context.eventLoop, allocator: context.channel.allocator)
+        let headers = HTTPHeaders(response.headers)
+        context.write(wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: response.status, headers: headers))), promise: nil)
+        for piece in response.body { context.write(wrapOutboundOut(.body(piece)), promise: nil) }
+        finish(context: context, status: response.status, bytes: response.servedBytes, keepAlive: response.keepAlive)
     }
 
     private func finish(context: ChannelHandlerContext, status: HTTPResponseStatus, bytes: UInt64, keepAlive: Bool) {

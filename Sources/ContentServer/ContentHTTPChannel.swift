@@ -16,6 +16,7 @@ struct ContentHTTPChannel: HTTPChannelHandler {
     let service: ContentService
     let idleTimeout: Duration
     let headerTimeout: Duration
+    static let contentPrefix = "/v1/content/"
 
     func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<Value> {
         channel.eventLoop.makeCompletedFuture {
@@ -27,11 +28,14 @@ struct ContentHTTPChannel: HTTPChannelHandler {
             limits.maxHeaderFieldCount = 100
             let sync = channel.pipeline.syncOperations
             try sync.addHandler(IdleStateHandler(readTimeout: .nanoseconds(Int64(idleTimeout.components.seconds) * 1_000_000_000)))
+            // Plain content requests are answered here from the bytes read; the first other
+            // request hands the connection to the HTTP/1 pipeline below for good.
+            try sync.addHandler(ContentFastPath(prefix: Self.contentPrefix, resolver: service, observer: service.metrics))
             try sync.configureHTTPServerPipeline(
                 withPipeliningAssistance: true, withErrorHandling: false, withOutboundHeaderValidation: false,
                 withEncoderConfiguration: .init(), withDecoderLimitConfiguration: limits)
             try sync.addHandler(RequestHeadDeadline(timeout: .nanoseconds(Int64(headerTimeout.components.seconds) * 1_000_000_000 + headerTimeout.components.attoseconds / 1_000_000_000)))
-            try sync.addHandler(ContentChannelHandler(prefix: "/v1/content/", resolver: service, observer: service.metrics))
+            try sync.addHandler(ContentChannelHandler(prefix: Self.contentPrefix, resolver: service, observer: service.metrics))
             try sync.addHandler(HTTP1ToHTTPServerCodec(secure: false))
             // No idle timeout here: this handler cannot see content transfers and would cut them.
             try sync.addHandler(HTTPConnectionStateHandler(idleTimeout: nil, logger: logger))

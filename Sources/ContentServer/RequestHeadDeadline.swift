@@ -1,3 +1,4 @@
+import ContentDelivery
 import NIOCore
 import NIOHTTP1
 
@@ -55,6 +56,15 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler {
             if context.channel.isActive { arm(context) }
         }
         context.write(data, promise: sent)
+    }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        // Requests answered by the fast path ahead of the decoder are never seen here as parts.
+        switch event as? ContentFastPathEvent {
+        case .requestHeadReceived: deadline = nil
+        case .responseSent: arm(context)
+        case nil: context.fireUserInboundEventTriggered(event)
+        }
     }
 
     func channelInactive(context: ChannelHandlerContext) {

@@ -1,0 +1,146 @@
+import Foundation
+import IAPTestSupport
+import Testing
+
+/// Content requests are answered ahead of NIO's HTTP/1 decoder (`ContentFastPath`) until the
+/// first request it does not take; these speak raw HTTP/1.1 over a socket to check the seams.
+extension HardeningTests {
+    static let rawClient = """
+        import socket, sys
+
+        port, path, archive = int(sys.argv[1]), sys.argv[2], open(sys.argv[3], 'rb').read()
+        failures = []
+
+        def connect():
+            s = socket.create_connection(('127.0.0.1', port))
+            s.settimeout(10)
+            return s, s.makefile('rb')
+
+        def response(f, head_request=False):
+            status = f.readline().decode()
+            headers = {}
+            while True:
+                line = f.readline().decode()
+                if line in ('\\r\\n', ''):
+                    break
+                name, _, value = line.partition(':')
+                headers[name.strip().lower()] = value.strip()
+            length = int(headers.get('content-length', '0'))
+            body = b'' if head_request else f.read(length)
+            return status.split(' ')[0:2], headers, body
+
+        def check(name, condition, detail=''):
+            if not condition:
+                failures.append(f'{name}: {detail}')
+
+        def closed(f):
+            try:
+                return f.read(1) == b''
+            except OSError:
+                return True
+
+        # Pipelined in one write: two content requests, an API request (hands the connection to
+        # the decoder), then a content request answered behind it.
+        s, f = connect()
+        s.sendall((f'GET {path} HTTP/1.1\\r\\nHost: x\\r\\nRange: bytes=0-9\\r\\n\\r\\n'
+                   f'HEAD {path} HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n'
+                   'GET /healthz HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n'
+                   f'GET {path} HTTP/1.1\\r\\nHost: x\\r\\nrAnGe: bytes=-5\\r\\nConnection: close\\r\\n\\r\\n').encode())
+        (v, code), h, body = response(f)
+        check('pipelined range', code == '206' and body == archive[0:10], f'{code} {body!r}')
+        (v, code), h, body = response(f, head_request=True)
+        check('pipelined HEAD', code == '200' and h.get('content-length') == str(len(archive)) and h.get('accept-ranges') == 'bytes', f'{code} {h}')
+        (v, code), h, body = response(f)
+        check('pipelined API request', code == '200', f'{code} {body!r}')
+        (v, code), h, body = response(f)
+        check('content after the hand-off', code == '206' and body == archive[-5:], f'{code} {body!r}')
+        check('Connection: close', closed(f))
+        s.close()
+
+        # A GET with a body is left to the decoder, which reads and drops the body.
+        s, f = connect()
+        s.sendall((f'GET {path} HTTP/1.1\\r\\nHost: x\\r\\nRange: bytes=10-19\\r\\nContent-Length: 5\\r\\n\\r\\nhello'
+                   f'GET {path} HTTP/1.1\\r\\nHost: x\\r\\nRange: bytes=20-29\\r\\nConnection: close\\r\\n\\r\\n').encode())
+        (v, code), h, body = response(f)
+        check('GET with a body', code == '206' and body == archive[10:20], f'{code} {body!r}')
+        (v, code), h, body = response(f)
+        check('the request after it', code == '206' and body == archive[20:30], f'{code} {body!r}')
+        s.close()
+
+        # HTTP/1.0 without keep-alive: answered in 1.0, then closed.
+        s, f = connect()
+        s.sendall(f'GET {path} HTTP/1.0\\r\\nRange: bytes=0-3\\r\\n\\r\\n'.encode())
+        (v, code), h, body = response(f)
+        check('HTTP/1.0', v == 'HTTP/1.0' and code == '206' and body == archive[0:4], f'{v} {code} {body!r}')
+        check('HTTP/1.0 closes', closed(f))
+        s.close()
+
+        # The client closes its side after the request: the whole answer still arrives.
+        s, f = connect()
+        s.sendall(f'GET {path} HTTP/1.1\\r\\nHost: x\\r\\nRange: bytes=100-199999\\r\\n\\r\\n'.encode())
+        s.shutdown(socket.SHUT_WR)
+        (v, code), h, body = response(f)
+        check('half-closed client', code == '206' and body == archive[100:200000], f'{code} {len(body)}')
+        check('closed after the answer', closed(f))
+        s.close()
+
+        # A head over the limits goes to the decoder, which refuses it.
+        s, f = connect()
+        s.sendall((f'GET {path} HTTP/1.1\\r\\nHost: x\\r\\nX-Big: ' + 'a' * 20000 + '\\r\\n\\r\\n').encode())
+        (v, code), h, body = response(f)
+        check('oversized head', code in ('400', '431'), f'{code}')
+        s.close()
+
+        # Repeated and malformed fields are left to the decoder too, and still answered.
+        s, f = connect()
+        s.sendall(f'GET {path} HTTP/1.1\\r\\nHost: x\\r\\nRange: bytes=0-1\\r\\nRange: bytes=2-3\\r\\nConnection: close\\r\\n\\r\\n'.encode())
+        (v, code), h, body = response(f)
+        check('repeated Range', code in ('200', '206'), f'{code}')
+        s.close()
+
+        print('\\n'.join(failures) if failures else 'ok')
+        """
+
+    @Test("content requests answered ahead of the decoder: pipelining, hand-off to the API, bodies, HTTP/1.0, half-close, limits")
+    func fastPathSeams() throws {
+        let tmp = try TemporaryFolder()
+        let (store, server) = try start(tmp)
+        let v1 = try pack(tmp, version: "1.0")
+        #expect(try multipart(server, tmp, ["archive=@\(v1.archivePath)"]).status == 201)
+        let purchase = try store.purchase(productId: product)
+        let grant = try postJSON(server.base + "/v1/downloads", ["signedTransaction": purchase.signedTransaction], folder: tmp)
+        let url = try #require((grant.json["downloads"] as? [[String: Any]])?.first?["url"] as? String)
+        let path = String(url.dropFirst(server.base.count))
+        let script = try tmp.write("raw.py", Self.rawClient)
+        let result = try run("python3", [script, String(server.port), path, v1.archivePath])
+        #expect(result.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "ok", "\(result.stdout) \(result.stderr)")
+        #expect(try curl([server.base + "/healthz"], folder: tmp).status == 200, "the server is still up")
+        #expect(server.stop() == 0)
+    }
+
+    @Test("a slow-loris client trickling a content request head is cut off too")
+    func slowContentHead() throws {
+        let tmp = try TemporaryFolder()
+        let (_, server) = try start(tmp, extra: ["--header-timeout", "2"])
+        let script = try tmp.write("loris.py", """
+            import socket, sys, time
+            s = socket.create_connection(('127.0.0.1', int(sys.argv[1])))
+            s.sendall(b"GET /v1/content/some-token HTTP/1.1\\r\\nHost: x\\r\\n")
+            s.settimeout(0.25)
+            start = time.monotonic()
+            while time.monotonic() - start < 20:
+                try:
+                    s.sendall(b"X")
+                    if s.recv(100) == b"":
+                        print("closed"); sys.exit(0)
+                except socket.timeout:
+                    continue
+                except OSError:
+                    print("closed"); sys.exit(0)
+            print("still open")
+            """)
+        let loris = try run("python3", [script, String(server.port)])
+        #expect(loris.stdout.contains("closed"), "\(loris.stdout) \(loris.stderr)")
+        #expect(server.stop() == 0)
+    }
+}
