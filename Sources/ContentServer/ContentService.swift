@@ -60,8 +60,8 @@ public final class ContentService: ContentResolver, Sendable {
     // MARK: ContentResolver (runs on the event loop)
 
     public func resolve(path: Substring, on eventLoop: any EventLoop) -> ContentResolution {
-        let slash = path.utf8.firstIndex(of: UInt8(ascii: "/")) ?? path.utf8.endIndex
-        let token = Substring(path.utf8[path.utf8.startIndex..<slash])
+        let length = path.utf8Offset(of: UInt8(ascii: "/")) ?? path.utf8.count
+        let token = Substring(path.utf8.prefix(length))
         let key = String(token)
         let now = Date()
         let grant: Grant
