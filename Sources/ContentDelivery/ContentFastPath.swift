@@ -297,21 +297,17 @@ public final class ContentFastPath: ChannelDuplexHandler {
                 while trimmed > valueStart, bytes[trimmed - 1] == 0x20 || bytes[trimmed - 1] == 0x09 { trimmed -= 1 }
                 let name = UnsafeBufferPointer(rebasing: bytes[line..<colon])
                 let value = UnsafeBufferPointer(rebasing: bytes[valueStart..<trimmed])
+                // A repeated field is combined by some parsers and not by others: leave it to NIO.
                 switch Self.field(name) {
-                case .range, .ifRange, .ifNoneMatch:
-                    let text = String(decoding: value, as: UTF8.self)
-                    // A repeated field is combined by some parsers and not by others: leave it to NIO.
-                    switch Self.field(name) {
-                    case .range:
-                        guard request.range == nil else { return .handOff }
-                        request.range = text
-                    case .ifRange:
-                        guard request.ifRange == nil else { return .handOff }
-                        request.ifRange = text
-                    default:
-                        guard request.ifNoneMatch == nil else { return .handOff }
-                        request.ifNoneMatch = text
-                    }
+                case .range:
+                    guard request.range == nil else { return .handOff }
+                    request.range = String(decoding: value, as: UTF8.self)
+                case .ifRange:
+                    guard request.ifRange == nil else { return .handOff }
+                    request.ifRange = String(decoding: value, as: UTF8.self)
+                case .ifNoneMatch:
+                    guard request.ifNoneMatch == nil else { return .handOff }
+                    request.ifNoneMatch = String(decoding: value, as: UTF8.self)
                 case .connection:
                     for token in value.split(separator: UInt8(ascii: ",")) {
                         let option = token.drop { $0 == 0x20 || $0 == 0x09 }.reversed().drop { $0 == 0x20 || $0 == 0x09 }.reversed()

@@ -703,8 +703,8 @@ public actor ContentFetcher {
     }
 
     /// fsyncs the partial file on a thread of its own, so that the event loop and this actor go on
-    /// receiving and recording (an fsync of seconds of transfer can take a while); the journal then records
-    /// `snapshot` as durable, unless the transfer ended meanwhile (its end syncs everything).
+    /// receiving and recording (an fsync of seconds of transfer can take a while); the journal then
+    /// records `snapshot` as durable, unless the transfer ended meanwhile (its record is final then).
     private func syncInBackground(_ id: String, partial: PartialArchive, snapshot: [Segment]) {
         // A duplicate descriptor: the transfer may close its own before this fsync runs.
         let duplicate = dup(partial.fd.rawValue)
