@@ -30,11 +30,12 @@ struct ContentHTTPChannel: HTTPChannelHandler {
             try sync.addHandler(IdleStateHandler(readTimeout: .nanoseconds(Int64(idleTimeout.components.seconds) * 1_000_000_000)))
             // Plain content requests are answered here from the bytes read; the first other
             // request hands the connection to the HTTP/1 pipeline below for good.
-            try sync.addHandler(ContentFastPath(prefix: Self.contentPrefix, resolver: service, observer: service.metrics))
+            let deadline = RequestHeadDeadline(timeout: .nanoseconds(Int64(headerTimeout.components.seconds) * 1_000_000_000 + headerTimeout.components.attoseconds / 1_000_000_000))
+            try sync.addHandler(ContentFastPath(prefix: Self.contentPrefix, resolver: service, observer: service.metrics, heads: deadline))
             try sync.configureHTTPServerPipeline(
                 withPipeliningAssistance: true, withErrorHandling: false, withOutboundHeaderValidation: false,
                 withEncoderConfiguration: .init(), withDecoderLimitConfiguration: limits)
-            try sync.addHandler(RequestHeadDeadline(timeout: .nanoseconds(Int64(headerTimeout.components.seconds) * 1_000_000_000 + headerTimeout.components.attoseconds / 1_000_000_000)))
+            try sync.addHandler(deadline)
             try sync.addHandler(ContentChannelHandler(prefix: Self.contentPrefix, resolver: service, observer: service.metrics))
             try sync.addHandler(HTTP1ToHTTPServerCodec(secure: false))
             // No idle timeout here: this handler cannot see content transfers and would cut them.

@@ -9,7 +9,7 @@ import NIOHTTP1
 /// the connection "active" for ever while it holds a slot. The deadline runs from the moment the
 /// previous response was sent (not its request: a 2 GiB response takes minutes), so it also
 /// bounds how long a kept-alive connection may sit between requests.
-final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler {
+final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler, RequestHeadObserver {
     typealias InboundIn = HTTPServerRequestPart
     typealias InboundOut = HTTPServerRequestPart
     typealias OutboundIn = HTTPServerResponsePart
@@ -21,12 +21,15 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler {
     /// One timer at a time, moved forward lazily when it fires early: re-arming a timer for every
     /// request showed in the profile of small range requests.
     private var timer: Scheduled<Void>?
+    /// Kept for the fast path's calls, which arrive outside this handler's own events.
+    private var context: ChannelHandlerContext?
 
     init(timeout: TimeAmount) {
         self.timeout = timeout
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
+        self.context = context
         if context.channel.isActive { arm(context) }
     }
 
@@ -58,13 +61,18 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler {
         context.write(data, promise: sent)
     }
 
-    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
-        // Requests answered by the fast path ahead of the decoder are never seen here as parts.
-        switch event as? ContentFastPathEvent {
-        case .requestHeadReceived: deadline = nil
-        case .responseSent: arm(context)
-        case nil: context.fireUserInboundEventTriggered(event)
-        }
+    // MARK: RequestHeadObserver (requests answered by the fast path ahead of the decoder)
+
+    func requestHeadReceived() {
+        deadline = nil
+    }
+
+    func responseSent() {
+        if let context, context.channel.isActive { arm(context) }
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        self.context = nil
     }
 
     func channelInactive(context: ChannelHandlerContext) {
