@@ -131,11 +131,11 @@ public final class ContentChannelHandler: ChannelDuplexHandler, RemovableChannel
     }
 
     private func respond(context: ChannelHandlerContext, head: HTTPRequestHead) {
-        let response = ContentResponse.make(
-            method: head.method, uri: head.uri, keepAlive: head.isKeepAlive, prefix: prefix,
-            range: head.headers.first(name: "range"), ifRange: head.headers.first(name: "if-range"),
-            ifNoneMatch: head.headers.first(name: "if-none-match"), maxRanges: maxRanges,
-            resolver: resolver, eventLoop: context.eventLoop, allocator: context.channel.allocator)
+        let request = ContentRequest(method: head.method, uri: head.uri, keepAlive: head.isKeepAlive,
+                                     range: head.headers.first(name: "range"), ifRange: head.headers.first(name: "if-range"),
+                                     ifNoneMatch: head.headers.first(name: "if-none-match"))
+        let response = ContentResponse.make(request, prefix: prefix, maxRanges: maxRanges, resolver: resolver,
+                                            eventLoop: context.eventLoop, allocator: context.channel.allocator)
         let headers = HTTPHeaders(response.headers)
         context.write(wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: response.status, headers: headers))), promise: nil)
         for piece in response.body { context.write(wrapOutboundOut(.body(piece)), promise: nil) }

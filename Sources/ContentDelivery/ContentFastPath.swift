@@ -157,10 +157,8 @@ public final class ContentFastPath: ChannelDuplexHandler {
     }
 
     private func answer(_ request: Request, context: ChannelHandlerContext) {
-        let response = ContentResponse.make(
-            method: request.method, uri: request.uri, keepAlive: request.keepAlive, prefix: prefix, range: request.range,
-            ifRange: request.ifRange, ifNoneMatch: request.ifNoneMatch, maxRanges: maxRanges, resolver: resolver,
-            eventLoop: context.eventLoop, allocator: context.channel.allocator)
+        let response = ContentResponse.make(request.content, prefix: prefix, maxRanges: maxRanges, resolver: resolver,
+                                            eventLoop: context.eventLoop, allocator: context.channel.allocator)
         if !response.keepAlive { closing = true }
 
         var head = context.channel.allocator.buffer(capacity: 512)
@@ -212,13 +210,8 @@ public final class ContentFastPath: ChannelDuplexHandler {
     // MARK: Parsing
 
     struct Request {
-        var method: HTTPMethod
-        var uri: String
+        var content: ContentRequest
         var http10: Bool
-        var keepAlive: Bool
-        var range: String?
-        var ifRange: String?
-        var ifNoneMatch: String?
     }
 
     enum Parsed {
@@ -273,7 +266,7 @@ public final class ContentFastPath: ChannelDuplexHandler {
             } else {
                 return .handOff
             }
-            var request = Request(method: method, uri: uri, http10: http10, keepAlive: !http10)
+            var request = ContentRequest(method: method, uri: uri, keepAlive: !http10)
             var connectionClose = false
             var connectionKeepAlive = false
 
@@ -334,7 +327,7 @@ public final class ContentFastPath: ChannelDuplexHandler {
             } else if http10 {
                 request.keepAlive = connectionKeepAlive
             }
-            return .request(request, length: end)
+            return .request(Request(content: request, http10: http10), length: end)
         }
     }
 

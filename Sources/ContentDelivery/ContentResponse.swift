@@ -2,6 +2,16 @@ import Foundation
 import NIOCore
 import NIOHTTP1
 
+/// What a content request asks, however it was parsed.
+struct ContentRequest {
+    var method: HTTPMethod
+    var uri: String
+    var keepAlive: Bool
+    var range: String?
+    var ifRange: String?
+    var ifNoneMatch: String?
+}
+
 /// The answer to one content request, decided once for both ways a request can arrive (through
 /// NIO's HTTP/1 decoder, or parsed by `ContentFastPath`): status, headers in order, and body
 /// pieces (file regions for sendfile, or buffers).
@@ -16,9 +26,9 @@ struct ContentResponse {
     /// Ranges up to this size are read into the response buffer instead of sent with sendfile.
     static let smallRange: UInt64 = 64 << 10
 
-    static func make(method: HTTPMethod, uri: String, keepAlive: Bool, prefix: String, range: String?, ifRange: String?,
-                     ifNoneMatch: String?, maxRanges: Int, resolver: any ContentResolver, eventLoop: any EventLoop,
-                     allocator: ByteBufferAllocator) -> ContentResponse {
+    static func make(_ request: ContentRequest, prefix: String, maxRanges: Int, resolver: any ContentResolver,
+                     eventLoop: any EventLoop, allocator: ByteBufferAllocator) -> ContentResponse {
+        let (method, uri, keepAlive) = (request.method, request.uri, request.keepAlive)
         var headers: [(String, String)] = []
         headers.reserveCapacity(10)
         headers.append(("Date", HTTPDate.now))
@@ -35,21 +45,21 @@ struct ContentResponse {
         case .refuse(let status, let code, let message):
             return error(status, code: code, message: message, headers: headers, method: method, keepAlive: keepAlive, allocator: allocator)
         case .file(let file, let fileName):
-            return serve(file, fileName: fileName, method: method, range: range, ifRange: ifRange, ifNoneMatch: ifNoneMatch,
-                         maxRanges: maxRanges, headers: headers, keepAlive: keepAlive, allocator: allocator)
+            return serve(file, fileName: fileName, request: request, maxRanges: maxRanges, headers: headers, allocator: allocator)
         }
     }
 
-    private static func serve(_ file: ServedFile, fileName: String, method: HTTPMethod, range: String?, ifRange: String?,
-                              ifNoneMatch: String?, maxRanges: Int, headers base: [(String, String)], keepAlive: Bool,
-                              allocator: ByteBufferAllocator) -> ContentResponse {
+    private static func serve(_ file: ServedFile, fileName: String, request: ContentRequest, maxRanges: Int,
+                              headers base: [(String, String)], allocator: ByteBufferAllocator) -> ContentResponse {
+        let method = request.method
         var headers = base
         headers.append(("Accept-Ranges", "bytes"))
         headers.append(("ETag", file.etag))
         headers.append(("Last-Modified", file.lastModified))
         headers.append(("Cache-Control", "private, no-transform"))
         let decision = RangeEvaluator.evaluate(size: file.size, etag: file.etag, lastModified: file.lastModified,
-                                               range: range, ifRange: ifRange, ifNoneMatch: ifNoneMatch, maxRanges: maxRanges)
+                                               range: request.range, ifRange: request.ifRange, ifNoneMatch: request.ifNoneMatch,
+                                               maxRanges: maxRanges)
         var status = HTTPResponseStatus.ok
         var pieces: [IOData] = []
         switch decision {
@@ -89,7 +99,7 @@ struct ContentResponse {
         }
         if method == .HEAD { pieces = [] }
         let served = pieces.reduce(UInt64(0)) { $0 + UInt64($1.readableBytes) }
-        return ContentResponse(status: status, headers: headers, body: pieces, keepAlive: keepAlive, servedBytes: served)
+        return ContentResponse(status: status, headers: headers, body: pieces, keepAlive: request.keepAlive, servedBytes: served)
     }
 
     /// The bytes of one range. A small range is read into a buffer so that the response head and

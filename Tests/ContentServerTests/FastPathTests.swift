@@ -122,23 +122,7 @@ extension HardeningTests {
     func slowContentHead() throws {
         let tmp = try TemporaryFolder()
         let (_, server) = try start(tmp, extra: ["--header-timeout", "2"])
-        let script = try tmp.write("loris.py", """
-            import socket, sys, time
-            s = socket.create_connection(('127.0.0.1', int(sys.argv[1])))
-            s.sendall(b"GET /v1/content/some-token HTTP/1.1\\r\\nHost: x\\r\\n")
-            s.settimeout(0.25)
-            start = time.monotonic()
-            while time.monotonic() - start < 20:
-                try:
-                    s.sendall(b"X")
-                    if s.recv(100) == b"":
-                        print("closed"); sys.exit(0)
-                except socket.timeout:
-                    continue
-                except OSError:
-                    print("closed"); sys.exit(0)
-            print("still open")
-            """)
+        let script = try tmp.write("loris.py", Self.lorisScript(requestLine: "GET /v1/content/some-token"))
         let loris = try run("python3", [script, String(server.port)])
         #expect(loris.stdout.contains("closed"), "\(loris.stdout) \(loris.stderr)")
         #expect(server.stop() == 0)

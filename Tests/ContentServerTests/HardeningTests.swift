@@ -35,6 +35,28 @@ struct HardeningTests {
                  + [server.base + "/v1/admin/archives"], folder: tmp)
     }
 
+    /// A client that sends `requestLine` and one header, then one byte every 0.25 s for up to 20 s,
+    /// never finishing the head; prints "closed" when the server cuts it off.
+    static func lorisScript(requestLine: String) -> String {
+        """
+        import socket, sys, time
+        s = socket.create_connection(('127.0.0.1', int(sys.argv[1])))
+        s.sendall(b"\(requestLine) HTTP/1.1\\r\\nHost: x\\r\\n")
+        s.settimeout(0.25)
+        start = time.monotonic()
+        while time.monotonic() - start < 20:
+            try:
+                s.sendall(b"X")
+                if s.recv(100) == b"":
+                    print("closed"); sys.exit(0)
+            except socket.timeout:
+                continue
+            except OSError:
+                print("closed"); sys.exit(0)
+        print("still open")
+        """
+    }
+
     func leftovers(_ tmp: TemporaryFolder) -> [String] {
         (try? FileManager.default.contentsOfDirectory(atPath: tmp.sub("data/tmp"))) ?? []
     }
@@ -90,23 +112,7 @@ struct HardeningTests {
         let (store, server) = try start(tmp, extra: ["--header-timeout", "2"])
         let v1 = try pack(tmp, version: "1.0")
         #expect(try multipart(server, tmp, ["archive=@\(v1.archivePath)"]).status == 201)
-        let script = try tmp.write("loris.py", """
-            import socket, sys, time
-            s = socket.create_connection(('127.0.0.1', int(sys.argv[1])))
-            s.sendall(b"GET /healthz HTTP/1.1\\r\\nHost: x\\r\\n")
-            s.settimeout(0.25)
-            start = time.monotonic()
-            while time.monotonic() - start < 20:
-                try:
-                    s.sendall(b"X")
-                    if s.recv(100) == b"":
-                        print("closed"); sys.exit(0)
-                except socket.timeout:
-                    continue
-                except OSError:
-                    print("closed"); sys.exit(0)
-            print("still open")
-            """)
+        let script = try tmp.write("loris.py", Self.lorisScript(requestLine: "GET /healthz"))
         let loris = try run("python3", [script, String(server.port)])
         #expect(loris.stdout.contains("closed"), "\(loris.stdout) \(loris.stderr)")
 
