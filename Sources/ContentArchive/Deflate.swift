@@ -54,6 +54,23 @@ final class DeflateCompressor {
 enum DeflateJoin {
     /// Rewrites `stream` (a complete raw DEFLATE stream) so that another stream may follow it.
     static func makeContinuable(_ stream: inout [UInt8]) throws(ArchiveError) {
+        let walked = stream.withUnsafeBytes { DeflateBlockWalker.finalBlock(of: $0) }
+        let final: FinalBlock
+        if let walked { final = walked } else { final = try finalBlockByInflating(stream) }
+        stream[final.headerByte] &= ~(UInt8(1) << UInt8(final.headerBit))
+        // Zero the padding after the last code, then append an empty stored block (3 header bits
+        // of zero, padding, LEN=0, NLEN=0xFFFF) so the next stream starts on a byte boundary.
+        if final.unusedBitsAtEnd > 0 {
+            stream[stream.count - 1] &= UInt8((1 << (8 - final.unusedBitsAtEnd)) - 1)
+        }
+        if final.unusedBitsAtEnd < 3 { stream.append(0) }
+        stream.append(contentsOf: [0x00, 0x00, 0xFF, 0xFF])
+    }
+
+    /// The final block's position found by decompressing with zlib: the slow reference that
+    /// ``DeflateBlockWalker`` is tested against, and its fallback.
+    static func finalBlockByInflating(_ stream: [UInt8]) throws(ArchiveError) -> FinalBlock {
+        var stream = stream
         var z = z_stream()
         guard czlib_inflate_init_raw(&z) == Z_OK else {
             throw .io("zlib could not start a decompressor (out of memory?)")
@@ -91,14 +108,7 @@ enum DeflateJoin {
         guard status == Z_STREAM_END, z.avail_in == 0 else {
             throw .io("internal error: a compressed chunk did not decode back (zlib status \(status)); please report this")
         }
-        stream[header.byte] &= ~(UInt8(1) << UInt8(header.bit))
-        // Zero the padding after the last code, then append an empty stored block (3 header bits
-        // of zero, padding, LEN=0, NLEN=0xFFFF) so the next stream starts on a byte boundary.
-        if unusedBitsAtEnd > 0 {
-            stream[stream.count - 1] &= UInt8((1 << (8 - unusedBitsAtEnd)) - 1)
-        }
-        if unusedBitsAtEnd < 3 { stream.append(0) }
-        stream.append(contentsOf: [0x00, 0x00, 0xFF, 0xFF])
+        return FinalBlock(headerByte: header.byte, headerBit: header.bit, unusedBitsAtEnd: unusedBitsAtEnd)
     }
 }
 
