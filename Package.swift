@@ -42,10 +42,11 @@ let package = Package(
         .systemLibrary(name: "CLibDeflate", pkgConfig: "libdeflate", providers: [.apt(["libdeflate-dev"])]),
         // zlib (Debian: zlib1g-dev) for streaming inflate, which libdeflate (whole-buffer only) cannot do.
         .systemLibrary(name: "CZlib", pkgConfig: "zlib", providers: [.apt(["zlib1g-dev"])]),
+        .systemLibrary(name: "CLinuxWriteback"),
         .target(
             name: "ContentArchive",
             dependencies: [
-                "CLibDeflate", "CZlib",
+                "CLibDeflate", "CZlib", "CLinuxWriteback",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "SystemPackage", package: "swift-system"),
             ]

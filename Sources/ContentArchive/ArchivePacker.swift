@@ -1,5 +1,6 @@
 import Crypto
 import Foundation
+import Synchronization
 import SystemPackage
 #if canImport(Glibc)
 import Glibc
@@ -21,7 +22,10 @@ public struct PackOptions: Sendable {
     public var contentVersion: ContentVersion?
     /// Where the archive and manifest go; created if missing.
     public var outputDirectory: String
-    /// 0 stores every entry; 1 (fastest) to 12 (smallest). 6 gives archives no larger than `zip -6`.
+    /// 0 stores every entry. 1 to 9 aim at `zip -<level>`'s size at the least CPU: each large entry
+    /// gets the fastest libdeflate level that compresses a sample of it no larger than zlib's
+    /// `level` does (smaller entries get libdeflate's `level`, which is never larger). 10 to 12 are
+    /// libdeflate's slow near-optimal levels, for the smallest archives.
     public var level: Int
     /// The largest archive allowed, in bytes.
     public var sizeCap: UInt64
@@ -66,6 +70,9 @@ public struct PackProgress: Sendable {
 /// so the bytes do not either.
 public enum ArchivePacker {
     static let chunkSize = 4 << 20
+    /// Input bytes the compressors may hold ahead of the writer: enough for them to keep busy
+    /// while the writer copies a large stored file, little enough for memory to stay flat.
+    static let windowBytes = 64 << 20
     static let sampleSize = 64 << 10
 
     /// Packs `folder` into `<output>/<id>-<version>.zip` and its manifest. Nothing is left behind
@@ -91,9 +98,8 @@ public enum ArchivePacker {
         let writer = try BufferedFileWriter(creating: archiveTemp)
         var manifestWriter: BufferedFileWriter?
         do throws(ArchiveError) {
-            let entries = try write(plan: plan, to: writer, options: options, progress: progress)
+            let (entries, size, digest) = try write(plan: plan, to: writer, options: options, progress: progress)
             try writer.finish()
-            let (size, digest) = try hashFile(archiveTemp)
             let manifest = ArchiveManifest(
                 formatVersion: ArchiveManifest.currentFormatVersion,
                 productId: content.info.productIdentifier, contentVersion: content.info.contentVersion,
@@ -120,11 +126,12 @@ public enum ArchivePacker {
     }
 
     /// Streams the planned entries through the compressors into `writer`; returns the manifest
-    /// entries. Throws `capExceeded`, with the final size, when the archive ends over the cap.
+    /// entries and the archive's size and SHA-256. Throws `capExceeded`, with the final size, when
+    /// the archive ends over the cap.
     private static func write(plan: Plan, to writer: BufferedFileWriter, options: PackOptions,
-                              progress: (@Sendable (PackProgress) -> Void)?) throws(ArchiveError) -> [ArchiveManifest.Entry] {
+                              progress: (@Sendable (PackProgress) -> Void)?) throws(ArchiveError) -> ([ArchiveManifest.Entry], UInt64, String) {
         let pipeline = OrderedPipeline(units: plan.units, entries: plan.entries, level: options.level,
-                                       threads: max(1, options.threads), window: max(4, options.threads * 3))
+                                       threads: max(1, options.threads), windowBytes: windowBytes)
         pipeline.start()
         defer { pipeline.stop() }
 
@@ -139,9 +146,19 @@ public enum ArchivePacker {
                                     mode: 0, localHeaderOffset: 0, dosTime: dos.time, dosDate: dos.date)
         var hasher = SHA256()
         var compressedSize: UInt64 = 0
+        // The archive is hashed as it is written, from memory, except a multi-chunk entry: its
+        // header is patched once its last chunk is in, so it is read back (from the page cache)
+        // and hashed then. Hashing the whole file at the end instead left one core idle.
+        var archiveHasher = SHA256()
+        var archiveHashed: UInt64 = 0
+        var hashingDeferred = false
 
         // Bytes are still counted once the cap is passed, so the error can say by how much.
         func emit(_ bytes: [UInt8]) throws(ArchiveError) {
+            if !hashingDeferred && archiveHashed == size {
+                bytes.withUnsafeBytes { archiveHasher.update(bufferPointer: $0) }
+                archiveHashed += UInt64(bytes.count)
+            }
             size += UInt64(bytes.count)
             if !overCap && size > options.sizeCap {
                 overCap = true
@@ -155,6 +172,8 @@ public enum ArchivePacker {
             let entry = plan.entries[unit.entry]
             let result = try pipeline.result(at: index)
             let data = result.compressed ?? result.raw
+            // A single-chunk entry arrives hashed by its worker.
+            let digest = unit.chunk == 0 && unit.isLast ? result.digest ?? UnitResult.digest(of: result.raw) : nil
             if unit.chunk == 0 {
                 header.name = Array(entry.path.utf8)
                 header.method = result.compressed == nil ? Zip.methodStored : Zip.methodDeflate
@@ -163,21 +182,22 @@ public enum ArchivePacker {
                 header.crc32 = 0
                 header.compressedSize = 0
                 header.uncompressedSize = UInt32(entry.size)
-                if unit.isLast {
-                    header.crc32 = result.raw.withUnsafeBytes { crc32(0, $0) }
+                if let digest {
+                    header.crc32 = digest.crc32
                     header.compressedSize = UInt32(data.count)
                 }
                 hasher = SHA256()
                 compressedSize = 0
+                hashingDeferred = !unit.isLast
                 try emit(header.localHeader)
             }
-            if !(unit.chunk == 0 && unit.isLast) {
+            if digest == nil {
                 header.crc32 = result.raw.withUnsafeBytes { crc32(header.crc32, $0) }
+                result.raw.withUnsafeBytes { hasher.update(bufferPointer: $0) }
             }
-            result.raw.withUnsafeBytes { hasher.update(bufferPointer: $0) }
             compressedSize += UInt64(data.count)
             try emit(data)
-            bytesDone += UInt64(result.raw.count)
+            bytesDone += UInt64(unit.length)
             if unit.isLast {
                 guard compressedSize <= UInt64(Zip.maxEntrySize) else {
                     throw .invalid("\(entry.path) compresses to more than 4 GiB, which a ZIP entry without ZIP64 cannot hold: split it")
@@ -190,14 +210,18 @@ public enum ArchivePacker {
                     patch.u32(header.compressedSize)
                     patch.u32(header.uncompressedSize)
                     try writer.patch(at: UInt64(header.localHeaderOffset) + 14, patch.bytes)
+                    try writer.flush()
+                    try hashWritten(writer.path, from: archiveHashed, to: size, into: &archiveHasher)
+                    archiveHashed = size
                 }
+                hashingDeferred = false
                 centralDirectory += header.centralHeader
                 let offset = UInt64(header.localHeaderOffset)
                 manifestEntries.append(.init(
                     path: entry.path, kind: entry.isDirectory ? .directory : .file,
                     method: header.method == Zip.methodDeflate ? .deflate : .stored,
                     uncompressedSize: entry.size, compressedSize: compressedSize, crc32: header.crc32,
-                    sha256: Array(hasher.finalize()).hexString,
+                    sha256: digest?.sha256 ?? Array(hasher.finalize()).hexString,
                     localHeaderOffset: offset, dataOffset: offset + UInt64(Zip.localHeaderSize + header.name.count)))
                 progress?(PackProgress(bytesDone: bytesDone, bytesTotal: plan.totalBytes))
             }
@@ -209,7 +233,23 @@ public enum ArchivePacker {
         if overCap {
             throw .init(.capExceeded, "the archive for \(plan.productId) would be \(size) bytes, \(size - options.sizeCap) bytes over the cap of \(options.sizeCap) bytes (\(formatBytes(options.sizeCap))); nothing was written. Move some content to another product, or remove or shrink files")
         }
-        return manifestEntries
+        guard archiveHashed == size else {
+            throw .io("internal error: \(archiveHashed) of \(size) archive bytes were hashed; please report this")
+        }
+        return (manifestEntries, size, Array(archiveHasher.finalize()).hexString)
+    }
+
+    /// Hashes bytes `start..<end` of a file being written.
+    private static func hashWritten(_ path: String, from start: UInt64, to end: UInt64, into hasher: inout SHA256) throws(ArchiveError) {
+        let fd = try openFile(path)
+        defer { try? fd.close() }
+        var offset = start
+        while offset < end {
+            let chunk = try readFully(fd, at: offset, count: Int(min(1 << 20, end - offset)), path: path)
+            guard !chunk.isEmpty else { throw .io("\(path) is shorter than what was written to it: is something else writing there?") }
+            hasher.update(data: chunk)
+            offset += UInt64(chunk.count)
+        }
     }
 
     static func hashFile(_ path: String) throws(ArchiveError) -> (UInt64, String) {
@@ -247,6 +287,8 @@ struct Plan: Sendable {
         let size: UInt64
         let source: Source
         let method: Method
+        /// The libdeflate level for `deflate` and `smaller`.
+        let level: Int
         var isDirectory: Bool { if case .directory = source { true } else { false } }
     }
 
@@ -275,21 +317,23 @@ struct Plan: Sendable {
         items += content.directories.map { ($0, .directory, 0) }
         items += content.files.map { ($0.archivePath, .file($0.diskPath), $0.size) }
         items.sort { $0.0.utf8.lexicographicallyPrecedes($1.0.utf8) }
-        let sampler = options.level > 0 ? DeflateCompressor(level: options.level) : nil
+        let choices = options.level > 0 ? Self.sampleLargeFiles(items, level: options.level) : [:]
         for (path, source, size) in items {
             var method: Method = .stored
-            if let sampler, size > 0 {
-                // Multi-chunk files are sampled here: every chunk must then use the same method.
-                if case .file(let disk) = source, size > UInt64(ArchivePacker.chunkSize) {
-                    method = Self.sample(disk, with: sampler) ? .deflate : .stored
-                } else if case .directory = source {
+            var level = options.level
+            if options.level > 0, size > 0 {
+                if case .directory = source {
                     method = .stored
+                } else if let choice = choices[path] {
+                    level = choice.level
+                    // Every chunk of a multi-chunk file must use the same method.
+                    method = size > UInt64(ArchivePacker.chunkSize) ? (choice.compressible ? .deflate : .stored) : .smaller
                 } else {
                     method = .smaller
                 }
             }
             let index = entries.count
-            entries.append(Entry(path: path, size: size, source: source, method: method))
+            entries.append(Entry(path: path, size: size, source: source, method: method, level: level))
             totalBytes += size
             let chunks = max(1, Int((size + UInt64(ArchivePacker.chunkSize) - 1) / UInt64(ArchivePacker.chunkSize)))
             for chunk in 0..<chunks {
@@ -300,11 +344,28 @@ struct Plan: Sendable {
         }
     }
 
-    private static func sample(_ path: String, with compressor: DeflateCompressor) -> Bool {
-        guard let fd = try? FileDescriptor.open(path, .readOnly) else { return true }
-        defer { try? fd.close() }
-        guard let bytes = try? readFully(fd, at: 0, count: ArchivePacker.sampleSize, path: path) else { return true }
-        return bytes.withUnsafeBytes { compressor.looksCompressible($0) }
+    /// Files at least this large are sampled to pick their level; below it, sampling would cost
+    /// more than the faster level saves.
+    static let sampledSize: UInt64 = 2 << 20
+
+    /// Samples the first 64 KiB of every large file, on all cores (the choice depends only on the
+    /// bytes, so the archive does not depend on the thread count): whether it compresses at all,
+    /// and the level to use. A file that cannot be read is left to the workers, which report it.
+    private static func sampleLargeFiles(_ items: [(String, Source, UInt64)], level: Int) -> [String: LevelChoice] {
+        let large: [(String, String)] = items.compactMap { path, source, size in
+            guard case .file(let disk) = source, size >= sampledSize else { return nil }
+            return (path, disk)
+        }
+        let choices = Mutex<[String: LevelChoice]>([:])
+        DispatchQueue.concurrentPerform(iterations: large.count) { index in
+            let (path, disk) = large[index]
+            guard let fd = try? FileDescriptor.open(disk, .readOnly) else { return }
+            defer { try? fd.close() }
+            guard let sample = try? readFully(fd, at: 0, count: ArchivePacker.sampleSize, path: disk) else { return }
+            let choice = sample.withUnsafeBytes { LevelChoice(sample: $0, level: level) }
+            choices.withLock { $0[path] = choice }
+        }
+        return choices.withLock { $0 }
     }
 
     /// Refuses before anything is written when the archive cannot fit under `cap`: exactly when

@@ -1,3 +1,4 @@
+import Crypto
 import Foundation
 import SystemPackage
 #if canImport(Glibc)
@@ -6,15 +7,37 @@ import Glibc
 import Darwin
 #endif
 
-/// The output of one chunk: its raw bytes (the writer hashes them) and, when deflated, the
-/// compressed bytes.
+/// The output of one chunk: its raw bytes unless they are no longer needed, and, when deflated,
+/// the compressed bytes.
 struct UnitResult: Sendable {
+    /// Kept when stored, and for chunks of multi-chunk entries, whose CRC and SHA-256 run across
+    /// chunks on the writer's thread.
     var raw: [UInt8]
     var compressed: [UInt8]?
+    /// CRC-32 and SHA-256 of a whole single-chunk entry, computed by the worker: the writer then
+    /// has little to do per small file, and the raw bytes of compressed ones need not wait in
+    /// the window.
+    var digest: (crc32: UInt32, sha256: String)?
+
+    init(raw: [UInt8], compressed: [UInt8]?) {
+        self.raw = raw
+        self.compressed = compressed
+    }
+
+    var heldBytes: Int { raw.count + (compressed?.count ?? 0) }
+
+    static func digest(of raw: [UInt8]) -> (crc32: UInt32, sha256: String) {
+        raw.withUnsafeBytes { (crc32(0, $0), Array(SHA256.hash(data: $0)).hexString) }
+    }
 }
 
 /// Compresses chunks on worker threads and hands the results back strictly in order, with at most
-/// `window` chunks in flight so memory stays flat (about `window` × 8 MiB) whatever the content size.
+/// `windowBytes` of input in flight so memory stays flat whatever the content size.
+///
+/// Chunks of stored multi-chunk files are not the workers' business: the consumer reads them when
+/// their turn comes. Holding them would fill the window with bytes nobody compresses, and the
+/// workers could not get ahead to the compressible files behind them; this way they compress
+/// those while the consumer copies and hashes the stored ones.
 ///
 /// Threads rather than tasks: the work is blocking file reads and long CPU-bound C calls, which
 /// would starve Swift's cooperative thread pool. The shared state is guarded by one condition lock.
@@ -23,7 +46,9 @@ final class OrderedPipeline: @unchecked Sendable {
     private let entries: [Plan.Entry]
     private let level: Int
     private let threads: Int
-    private let window: Int
+    private let windowBytes: Int
+    /// Input bytes claimed by workers and not yet consumed.
+    private var inFlight = 0
     private let condition = NSCondition()
     private var next = 0
     private var consumed = 0
@@ -31,12 +56,12 @@ final class OrderedPipeline: @unchecked Sendable {
     private var stopped = false
     private let group = DispatchGroup()
 
-    init(units: [Plan.Unit], entries: [Plan.Entry], level: Int, threads: Int, window: Int) {
+    init(units: [Plan.Unit], entries: [Plan.Entry], level: Int, threads: Int, windowBytes: Int) {
         self.units = units
         self.entries = entries
         self.level = level
         self.threads = threads
-        self.window = window
+        self.windowBytes = windowBytes
     }
 
     func start() {
@@ -60,44 +85,79 @@ final class OrderedPipeline: @unchecked Sendable {
         group.wait()
     }
 
+    /// Whether the consumer reads this unit itself (a chunk of a stored multi-chunk file).
+    private func readByConsumer(_ unit: Plan.Unit) -> Bool {
+        let entry = entries[unit.entry]
+        guard level > 0, entry.method == .stored, case .file = entry.source else { return false }
+        return true
+    }
+
     /// Waits for the result of unit `index`; must be called for 0, 1, 2, ... in turn.
     func result(at index: Int) throws(ArchiveError) -> UnitResult {
+        let unit = units[index]
+        if readByConsumer(unit) {
+            condition.lock()
+            consumed = index + 1
+            condition.broadcast()
+            condition.unlock()
+            guard case .file(let path) = entries[unit.entry].source else { return UnitResult(raw: [], compressed: nil) }
+            return UnitResult(raw: try readChunk(path, unit: unit, entrySize: entries[unit.entry].size), compressed: nil)
+        }
         condition.lock()
         while results[index] == nil { condition.wait() }
         let result = results.removeValue(forKey: index)!
         consumed = index + 1
+        inFlight -= (try? result.get())?.heldBytes ?? 0
         condition.broadcast()
         condition.unlock()
         return try result.get()
     }
 
+    /// At most this many units ahead of the consumer, whatever their size (thousands of tiny files).
+    private let maxUnitsAhead = 4096
+
     private func work() {
-        let compressor = level > 0 ? DeflateCompressor(level: level) : nil
+        // One compressor per level this thread meets; entries may use different levels.
+        var compressors: [Int: DeflateCompressor] = [:]
         while true {
             condition.lock()
-            while !stopped && next < units.count && next - consumed >= window { condition.wait() }
+            while !stopped && next < units.count && readByConsumer(units[next]) { next += 1 }
+            while !stopped && next < units.count
+                    && (next - consumed >= maxUnitsAhead || (inFlight > 0 && inFlight + units[next].length > windowBytes)) {
+                condition.wait()
+                while !stopped && next < units.count && readByConsumer(units[next]) { next += 1 }
+            }
             if stopped || next >= units.count {
                 condition.unlock()
                 return
             }
             let index = next
             next += 1
+            inFlight += units[index].length
             condition.unlock()
 
+            let unit = units[index]
             let outcome: Result<UnitResult, ArchiveError>
             do {
-                outcome = .success(try process(units[index], compressor: compressor))
+                var result = try process(unit, compressors: &compressors)
+                if unit.chunk == 0 && unit.isLast {
+                    result.digest = UnitResult.digest(of: result.raw)
+                    if result.compressed != nil { result.raw = [] }
+                }
+                outcome = .success(result)
             } catch {
                 outcome = .failure(error)
             }
+            let held = (try? outcome.get())?.heldBytes ?? 0
             condition.lock()
+            inFlight += held - unit.length
             results[index] = outcome
             condition.broadcast()
             condition.unlock()
         }
     }
 
-    private func process(_ unit: Plan.Unit, compressor: DeflateCompressor?) throws(ArchiveError) -> UnitResult {
+    private func process(_ unit: Plan.Unit, compressors: inout [Int: DeflateCompressor]) throws(ArchiveError) -> UnitResult {
         let entry = entries[unit.entry]
         let raw: [UInt8]
         switch entry.source {
@@ -108,7 +168,14 @@ final class OrderedPipeline: @unchecked Sendable {
         case .file(let path):
             raw = try readChunk(path, unit: unit, entrySize: entry.size)
         }
-        guard let compressor, !raw.isEmpty else { return UnitResult(raw: raw, compressed: nil) }
+        guard level > 0, entry.method != .stored, !raw.isEmpty else { return UnitResult(raw: raw, compressed: nil) }
+        let compressor: DeflateCompressor
+        if let existing = compressors[entry.level] {
+            compressor = existing
+        } else {
+            compressor = DeflateCompressor(level: entry.level)
+            compressors[entry.level] = compressor
+        }
         switch entry.method {
         case .stored:
             return UnitResult(raw: raw, compressed: nil)

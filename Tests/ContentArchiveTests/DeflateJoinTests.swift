@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 @testable import ContentArchive
+import CZlib
 
 @Suite("Joining DEFLATE streams")
 struct DeflateJoinTests {
@@ -73,5 +74,54 @@ struct DeflateJoinTests {
         #expect(inflater.isFinished)
         #expect(consumed == joined.count)
         #expect(output == expected)
+    }
+}
+
+@Suite("Choosing a level per file")
+struct LevelChoiceTests {
+    static let floats: [UInt8] = (0..<16_384).flatMap { i -> [UInt8] in
+        let value = (sin(Double(i) * 0.001) * 100 * 100).rounded() / 100
+        return withUnsafeBytes(of: Float(value).bitPattern.littleEndian, Array.init)
+    }
+
+    /// The sample compressed at `level` by libdeflate, and by zlib at `zlibLevel`.
+    func sizes(_ sample: [UInt8], level: Int, zlibLevel: Int) throws -> (Int, Int) {
+        let ours = try #require(sample.withUnsafeBytes { DeflateCompressor(level: level).compress($0, limit: .max) })
+        let zlib = sample.withUnsafeBytes { czlibSize($0, zlibLevel) }
+        return (ours.count, zlib)
+    }
+
+    @Test("each sample gets the fastest level that is no larger than zlib's at the asked level")
+    func fastestLevelNoLargerThanZlib() throws {
+        let text = Array(logText(lines: 900, seed: 4).utf8.prefix(64 << 10))
+        for (name, sample) in [("floats", Self.floats), ("logs", text)] {
+            for asked in [1, 4, 6, 9] {
+                let choice = sample.withUnsafeBytes { LevelChoice(sample: $0, level: asked) }
+                #expect(choice.compressible, "\(name)")
+                #expect((1...asked).contains(choice.level), "\(name) at \(asked)")
+                let (ours, zlib) = try sizes(sample, level: choice.level, zlibLevel: asked)
+                // The asked level itself is the fallback when no faster one is small enough.
+                if choice.level < asked { #expect(ours <= zlib, "\(name) at \(asked): level \(choice.level)") }
+                for faster in 1..<choice.level {
+                    let (size, _) = try sizes(sample, level: faster, zlibLevel: asked)
+                    #expect(size > zlib, "\(name) at \(asked): level \(faster) was small enough")
+                }
+            }
+        }
+        // Float arrays compress as well at libdeflate's level 2 as at zlib's 6.
+        #expect(Self.floats.withUnsafeBytes { LevelChoice(sample: $0, level: 6) }.level < 6)
+    }
+
+    @Test("noise is stored; levels 10 to 12 are kept as asked")
+    func noiseAndHighLevels() {
+        let noise = Array(pseudoRandomBytes(64 << 10, seed: 9))
+        #expect(!noise.withUnsafeBytes { LevelChoice(sample: $0, level: 6) }.compressible)
+        for level in 10...12 {
+            #expect(Self.floats.withUnsafeBytes { LevelChoice(sample: $0, level: level) }.level == level)
+        }
+    }
+
+    func czlibSize(_ buffer: UnsafeRawBufferPointer, _ level: Int) -> Int {
+        czlib_deflated_size(buffer.baseAddress, buffer.count, Int32(level))
     }
 }
