@@ -318,6 +318,7 @@ struct Plan: Sendable {
         items += content.files.map { ($0.archivePath, .file($0.diskPath), $0.size) }
         items.sort { $0.0.utf8.lexicographicallyPrecedes($1.0.utf8) }
         let choices = options.level > 0 ? Self.sampleLargeFiles(items, level: options.level) : [:]
+        let smallFileLevels = options.level > 0 ? Self.sampleSmallFiles(items, level: options.level) : [:]
         for (path, source, size) in items {
             var method: Method = .stored
             var level = options.level
@@ -330,6 +331,7 @@ struct Plan: Sendable {
                     method = size > UInt64(ArchivePacker.chunkSize) ? (choice.compressible ? .deflate : .stored) : .smaller
                 } else {
                     method = .smaller
+                    level = smallFileLevels[Self.fileExtension(path)] ?? options.level
                 }
             }
             let index = entries.count
@@ -366,6 +368,43 @@ struct Plan: Sendable {
             choices.withLock { $0[path] = choice }
         }
         return choices.withLock { $0 }
+    }
+
+    /// Small files are too many and too small to sample one by one, so they are sampled by kind:
+    /// for each file extension, the first files of that kind in archive order, read up to 64 KiB,
+    /// choose the level for every file of that kind. (Each file is still stored when deflating
+    /// does not make it smaller.)
+    private static func sampleSmallFiles(_ items: [(String, Source, UInt64)], level: Int) -> [String: Int] {
+        var groups: [String: [String]] = [:]
+        var order: [String] = []
+        for (path, source, size) in items {
+            guard case .file(let disk) = source, size > 0, size < sampledSize else { continue }
+            let kind = fileExtension(path)
+            if groups[kind] == nil { order.append(kind) }
+            groups[kind, default: []].append(disk)
+        }
+        let kinds = order.map { ($0, groups[$0]!.prefix(64)) }
+        let levels = Mutex<[String: Int]>([:])
+        DispatchQueue.concurrentPerform(iterations: kinds.count) { index in
+            let (kind, files) = kinds[index]
+            var sample: [UInt8] = []
+            for disk in files where sample.count < ArchivePacker.sampleSize {
+                guard let fd = try? FileDescriptor.open(disk, .readOnly) else { continue }
+                defer { try? fd.close() }
+                sample += (try? readFully(fd, at: 0, count: ArchivePacker.sampleSize - sample.count, path: disk)) ?? []
+            }
+            guard sample.count >= 4096 else { return }
+            let choice = sample.withUnsafeBytes { LevelChoice(sample: $0, level: level) }
+            levels.withLock { $0[kind] = choice.level }
+        }
+        return levels.withLock { $0 }
+    }
+
+    /// The lowercased extension of a path's last component ("" when it has none).
+    static func fileExtension(_ path: String) -> String {
+        let name = path.split(separator: "/").last ?? ""
+        guard let dot = name.lastIndex(of: "."), dot != name.startIndex else { return "" }
+        return name[name.index(after: dot)...].lowercased()
     }
 
     /// Refuses before anything is written when the archive cannot fit under `cap`: exactly when
