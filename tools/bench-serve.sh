@@ -3,10 +3,12 @@
 # Reports 1 GiB download throughput with curl, server CPU seconds per GiB served, and wrk
 # requests/s and p99 latency for 4 KiB and 1 MiB ranges at 16 and 64 connections. iap-server
 # checks a grant token (HMAC + revocation) on every request; nginx serves a plain file.
-# Usage: tools/bench-serve.sh [seconds-per-wrk-run]
+# Range measures alternate the servers over several rounds and report medians.
+# Usage: tools/bench-serve.sh [seconds-per-wrk-run] [rounds]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-secs=${1:-10}
+secs=${1:-5}
+rounds=${2:-3}
 tools/install-deps.sh
 command -v nginx >/dev/null && command -v wrk >/dev/null || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light wrk >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx wrk >/dev/null; }
 swift build -c release --product iap-server >/dev/null && swift build -c release --product iap-pack >/dev/null && swift build -c release --product iap-sandbox >/dev/null
@@ -66,7 +68,7 @@ download() { # name url pids...
   done
   echo "$name $best $best_cpu"
 }
-echo "archive: $size bytes; $(nproc) cores; wrk ${secs}s per run" >&2
+echo "archive: $size bytes; $(nproc) cores; wrk ${secs}s per run, median of $rounds rounds" >&2
 ours_dl=$(download iap-server "$ours_url" $ours_pid)
 nginx_dl=$(download nginx "$nginx_url" $(nginx_pids))
 
@@ -80,10 +82,19 @@ printf '\n%-34s %14s %14s %8s\n' "measure" "iap-server" "nginx" "ratio"
 read -r _ ob oc <<< "$ours_dl"; read -r _ nb nc <<< "$nginx_dl"
 awk -v o="$ob" -v n="$nb" 'BEGIN { printf "%-34s %14.0f %14.0f %8.2f\n", "1 GiB download, MB/s (curl)", o/1e6, n/1e6, o/n }'
 awk -v o="$oc" -v n="$nc" 'BEGIN { printf "%-34s %14.3f %14.3f %8.2f\n", "server CPU seconds per GiB", o, n, (n > 0 ? o/n : 0) }'
+median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
+# Each range measure alternates the two servers $rounds times and compares medians: single runs on
+# a shared 2-core machine vary by about 10%, more than the differences being measured.
 for range in "0-4095" "0-1048575"; do
   for c in 16 64; do
-    read -r ors op <<< "$(wrk_run "$ours_url" "$range" "$c")"
-    read -r nrs np <<< "$(wrk_run "$nginx_url" "$range" "$c")"
+    : > "$work/ours.runs"; : > "$work/nginx.runs"
+    for round in $(seq "$rounds"); do
+      wrk_run "$ours_url" "$range" "$c" >> "$work/ours.runs"; echo >> "$work/ours.runs"
+      wrk_run "$nginx_url" "$range" "$c" >> "$work/nginx.runs"; echo >> "$work/nginx.runs"
+      echo "  range $range, $c conns, round $round: iap-server $(tail -1 "$work/ours.runs"), nginx $(tail -1 "$work/nginx.runs") (req/s p99-ms)" >&2
+    done
+    ors=$(cut -d' ' -f1 "$work/ours.runs" | median); op=$(cut -d' ' -f2 "$work/ours.runs" | median)
+    nrs=$(cut -d' ' -f1 "$work/nginx.runs" | median); np=$(cut -d' ' -f2 "$work/nginx.runs" | median)
     label="range $range, $c conns"
     awk -v l="$label" -v o="$ors" -v n="$nrs" 'BEGIN { printf "%-34s %14.0f %14.0f %8.2f\n", l " req/s", o, n, o/n }'
     awk -v l="$label" -v o="$op" -v n="$np" 'BEGIN { printf "%-34s %14.2f %14.2f %8.2f\n", l " p99 ms", o, n, (n > 0 ? o/n : 0) }'

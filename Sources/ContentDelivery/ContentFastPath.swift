@@ -44,14 +44,17 @@ public final class ContentFastPath: ChannelDuplexHandler {
     private let getLine: [UInt8]
     private let headLine: [UInt8]
 
+    // The state is touched only on the channel's event loop, one call at a time; unchecked
+    // exclusivity drops a runtime access check per use (2% of the CPU on small ranges).
+
     /// Bytes read and not yet answered (a head split over reads, or pipelined requests).
-    private var pending: ByteBuffer?
-    private var handedOff = false
+    @exclusivity(unchecked) private var pending: ByteBuffer?
+    @exclusivity(unchecked) private var handedOff = false
     /// Responses written and not yet sent completely.
-    private var inFlight = 0
+    @exclusivity(unchecked) private var inFlight = 0
     /// A response said `Connection: close`, or the client closed its side: no more requests.
-    private var closing = false
-    private var readHeld = false
+    @exclusivity(unchecked) private var closing = false
+    @exclusivity(unchecked) private var readHeld = false
 
     public init(prefix: String, resolver: any ContentResolver, observer: (any ContentObserver)? = nil,
                 heads: (any RequestHeadObserver)? = nil, maxRanges: Int = RangeEvaluator.defaultMaxRanges) {
@@ -76,6 +79,12 @@ public final class ContentFastPath: ChannelDuplexHandler {
             pending = buffer
         }
         answerPending(context: context)
+    }
+
+    public func channelReadComplete(context: ChannelHandlerContext) {
+        // Until a hand-off nothing behind has been given a read to complete: the event would
+        // cross every handler for nothing, on every request.
+        if handedOff { context.fireChannelReadComplete() }
     }
 
     public func channelWritabilityChanged(context: ChannelHandlerContext) {
