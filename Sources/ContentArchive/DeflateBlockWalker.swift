@@ -55,15 +55,22 @@ enum DeflateBlockWalker {
         let limit = bits.count &* 8
         while true {
             bits.refill()
+            // Each decode also drops the symbol's extra bits: a walker needs no length or distance.
             guard bits.consumedBits <= limit, let symbol = litlen.decode(&bits) else { return false }
             if symbol < 256 { continue }
             if symbol == 256 { return true }
-            let s = symbol &- 257
-            guard s < 29 else { return false }
-            if s >= 8 && s < 28 { bits.drop((s &- 4) >> 2) }
-            guard let d = distance.decode(&bits), d < 30 else { return false }
-            if d >= 4 { bits.drop((d &- 2) >> 1) }
+            guard symbol < 286, let d = distance.decode(&bits), d < 30 else { return false }
         }
+    }
+
+    /// Extra bits after a length symbol (257-285) and after a distance symbol (RFC 1951 §3.2.5).
+    static func lengthExtraBits(_ symbol: Int) -> Int {
+        let s = symbol - 257
+        return s >= 8 && s < 28 ? (s - 4) >> 2 : 0
+    }
+
+    static func distanceExtraBits(_ symbol: Int) -> Int {
+        symbol >= 4 && symbol < 30 ? (symbol - 2) >> 1 : 0
     }
 
     private static let codeLengthOrder = [16, 17, 18, 0, 8, 7, 9, 6, 10, 5, 11, 4, 12, 3, 13, 2, 14, 1, 15]
@@ -108,7 +115,8 @@ enum DeflateBlockWalker {
             i += repeatCount
         }
         guard lengths[256] != 0 else { return false }
-        return litlen.build(lengths[0..<literalCount]) && distance.build(lengths[literalCount..<total])
+        return litlen.build(lengths[0..<literalCount], extraBits: lengthExtraBits)
+            && distance.build(lengths[literalCount..<total], extraBits: distanceExtraBits)
     }
 
     private enum Fixed {
@@ -117,12 +125,12 @@ enum DeflateBlockWalker {
             for i in 144..<256 { lengths[i] = 9 }
             for i in 256..<280 { lengths[i] = 7 }
             var table = HuffmanTable()
-            _ = table.build(lengths[...])
+            _ = table.build(lengths[...], extraBits: lengthExtraBits)
             return table
         }()
         static let distance: HuffmanTable = {
             var table = HuffmanTable()
-            _ = table.build([UInt8](repeating: 5, count: 32)[...])
+            _ = table.build([UInt8](repeating: 5, count: 32)[...], extraBits: distanceExtraBits)
             return table
         }()
     }
@@ -192,20 +200,22 @@ private struct BitReader {
 }
 
 /// A canonical Huffman decoding table: indexed by the next (at most) 10 input bits, each entry
-/// holds symbol << 4 | code length; 0 marks a bit pattern no code uses and `longCode` one that
-/// starts a code longer than the table. Ten bits keep both tables of a block in the L1 cache (a
+/// holds symbol << 6 | (code length + the symbol's extra bits); 0 marks a bit pattern no code
+/// uses and `longCode` one that starts a code longer than the table. Ten bits keep both tables of a block in the L1 cache (a
 /// full 15-bit table made every lookup a cache miss); the rare longer codes are decoded bit by bit.
 private struct HuffmanTable {
     private static let primaryBits = 10
-    private static let longCode: UInt16 = 0xFFF0
+    private static let longCode: UInt16 = 0xFFC0
     private var entries = [UInt16](repeating: 0, count: 1 << primaryBits)
     private var bits = 0
     /// For the bit-by-bit path: codes per length and the symbols in canonical order.
     private var counts = [Int](repeating: 0, count: 16)
     private var sorted = [UInt16](repeating: 0, count: 288)
+    private var extraBits: @Sendable (Int) -> Int = { _ in 0 }
 
     /// Incomplete codes are accepted (a pattern no code uses decodes to nil); over-full ones are not.
-    mutating func build(_ lengths: ArraySlice<UInt8>) -> Bool {
+    mutating func build(_ lengths: ArraySlice<UInt8>, extraBits: @escaping @Sendable (Int) -> Int = { _ in 0 }) -> Bool {
+        self.extraBits = extraBits
         for i in 0..<16 { counts[i] = 0 }
         for length in lengths { counts[Int(length)] += 1 }
         counts[0] = 0
@@ -245,7 +255,7 @@ private struct HuffmanTable {
                     table[reversed & (size - 1)] = Self.longCode
                     continue
                 }
-                let entry = UInt16(offset << 4 | len)
+                let entry = UInt16(offset << 6 | (len + extraBits(offset)))
                 var index = reversed
                 while index < size {
                     table[index] = entry
@@ -258,13 +268,13 @@ private struct HuffmanTable {
 
     @inline(__always) func decode(_ reader: inout BitReader) -> Int? {
         let entry = entries.withUnsafeBufferPointer { $0[reader.peek(bits)] }
-        let length = Int(entry & 15)
+        let length = Int(entry & 63)
         if length > 0 {
             reader.drop(length)
-            return Int(entry >> 4)
+            return Int(entry >> 6)
         }
         guard entry == Self.longCode, let (symbol, length) = decodeLong(reader.peek(15)) else { return nil }
-        reader.drop(length)
+        reader.drop(length + extraBits(symbol))
         return symbol
     }
 
