@@ -55,6 +55,8 @@ public final class ContentFastPath: ChannelDuplexHandler {
     /// A response said `Connection: close`, or the client closed its side: no more requests.
     @exclusivity(unchecked) private var closing = false
     @exclusivity(unchecked) private var readHeld = false
+    /// The response head is built here, then copied in front of a small body (or sent as is).
+    @exclusivity(unchecked) private var headScratch = ByteBuffer()
 
     public init(prefix: String, resolver: any ContentResolver, observer: (any ContentObserver)? = nil,
                 heads: (any RequestHeadObserver)? = nil, maxRanges: Int = RangeEvaluator.defaultMaxRanges) {
@@ -166,28 +168,43 @@ public final class ContentFastPath: ChannelDuplexHandler {
     }
 
     private func answer(_ request: Request, context: ChannelHandlerContext) {
-        let response = ContentResponse.make(request.content, prefix: prefix, maxRanges: maxRanges, resolver: resolver,
+        var response = ContentResponse.make(request.content, prefix: prefix, maxRanges: maxRanges, resolver: resolver,
                                             eventLoop: context.eventLoop, allocator: context.channel.allocator)
         if !response.keepAlive { closing = true }
 
-        var head = context.channel.allocator.buffer(capacity: 512)
-        head.writeString(request.http10 ? "HTTP/1.0 " : "HTTP/1.1 ")
-        head.writeString(String(response.status.code))
-        head.writeInteger(UInt8(ascii: " "))
-        head.writeString(response.status.reasonPhrase)
-        head.writeStaticString("\r\n")
+        headScratch.clear()
+        headScratch.writeString(request.http10 ? "HTTP/1.0 " : "HTTP/1.1 ")
+        headScratch.writeString(String(response.status.code))
+        headScratch.writeInteger(UInt8(ascii: " "))
+        headScratch.writeString(response.status.reasonPhrase)
+        headScratch.writeStaticString("\r\n")
         for (name, value) in response.headers {
-            head.writeString(name)
-            head.writeStaticString(": ")
-            head.writeString(value)
-            head.writeStaticString("\r\n")
+            headScratch.writeString(name)
+            headScratch.writeStaticString(": ")
+            headScratch.writeString(value)
+            headScratch.writeStaticString("\r\n")
         }
-        head.writeStaticString("\r\n")
-        var pieces = response.body[...]
-        // A small body goes out with its head in one write, one TCP segment.
-        if case .byteBuffer(var small)? = pieces.first, pieces.count == 1 {
-            head.writeBuffer(&small)
+        headScratch.writeStaticString("\r\n")
+        // Taken out of the response so that a small body's buffer is uniquely referenced and the
+        // head is written into it in place.
+        var pieces = response.body
+        response.body = []
+        var head: ByteBuffer
+        // A small body goes out with its head in one write, one TCP segment: into the room left
+        // in front of it when there is enough, else copied behind the head.
+        if pieces.count == 1, case .byteBuffer = pieces[0], case .byteBuffer(var small) = pieces.removeLast() {
+            if small.readerIndex >= headScratch.readableBytes {
+                let start = small.readerIndex - headScratch.readableBytes
+                small.setBuffer(headScratch, at: start)
+                small.moveReaderIndex(to: start)
+                head = small
+            } else {
+                head = headScratch
+                head.writeBuffer(&small)
+            }
             pieces = []
+        } else {
+            head = headScratch
         }
 
         observer?.responseStarted(status: response.status, bytes: response.servedBytes)

@@ -25,6 +25,9 @@ struct ContentResponse {
 
     /// Ranges up to this size are read into the response buffer instead of sent with sendfile.
     static let smallRange: UInt64 = 64 << 10
+    /// Free bytes left in front of a small range's buffer, for the response head: the fast path
+    /// writes the head there, so head and body leave in one buffer without a copy of the body.
+    static let headroom = 1024
 
     static func make(_ request: ContentRequest, prefix: String, maxRanges: Int, resolver: any ContentResolver,
                      eventLoop: any EventLoop, allocator: ByteBufferAllocator) -> ContentResponse {
@@ -108,7 +111,9 @@ struct ContentResponse {
     /// with TCP_CORK). Large ranges and whole files go through sendfile.
     private static func body(_ file: ServedFile, from first: UInt64, count: UInt64, allocator: ByteBufferAllocator) -> IOData {
         if count <= smallRange {
-            var buffer = allocator.buffer(capacity: Int(count))
+            var buffer = allocator.buffer(capacity: headroom + Int(count))
+            buffer.moveWriterIndex(to: headroom)
+            buffer.moveReaderIndex(to: headroom)
             let read = try? file.handle.withUnsafeFileDescriptor { fd in
                 buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: Int(count)) { raw in
                     max(0, pread(fd, raw.baseAddress, Int(count), off_t(first)))
