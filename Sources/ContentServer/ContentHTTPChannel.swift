@@ -32,6 +32,8 @@ struct ContentHTTPChannel: HTTPChannelHandler {
             // request hands the connection to the HTTP/1 pipeline below for good.
             let deadline = RequestHeadDeadline(timeout: .nanoseconds(Int64(headerTimeout.components.seconds) * 1_000_000_000 + headerTimeout.components.attoseconds / 1_000_000_000))
             try sync.addHandler(ContentFastPath(prefix: Self.contentPrefix, resolver: service, observer: service.metrics, heads: deadline))
+            // Shutdown waits for responses the HTTP/1 handlers have written to leave (sendfile).
+            try sync.addHandler(QuiesceAfterWrites())
             try sync.configureHTTPServerPipeline(
                 withPipeliningAssistance: true, withErrorHandling: false, withOutboundHeaderValidation: false,
                 withEncoderConfiguration: .init(), withDecoderLimitConfiguration: limits)

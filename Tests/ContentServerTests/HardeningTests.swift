@@ -186,3 +186,51 @@ struct HardeningTests {
         #expect(server.stop() == 0)
     }
 }
+
+extension HardeningTests {
+    @Test("a download in flight when the server is told to stop (SIGTERM) finishes before the server exits")
+    func shutdownDrainsDownloads() throws {
+        let tmp = try TemporaryFolder()
+        let (store, server) = try start(tmp)
+        // 24 MiB stored: more than loopback socket buffers hold, so the server is still sending
+        // when it is told to stop.
+        let noise = try #require(FileHandle(forReadingAtPath: "/dev/urandom")?.readData(ofLength: 24 << 20))
+        _ = try tmp.write("big/noise.bin", noise)
+        let big = try ArchivePacker.pack(folder: tmp.sub("big"), options: .init(
+            productId: try ProductIdentifier("com.example.big"), contentVersion: try ContentVersion("1.0"),
+            outputDirectory: tmp.sub("out-big"), level: 0))
+        let upload = ["-X", "PUT", "-T", big.archivePath, "-H", "Authorization: Bearer \(adminToken)", server.base + "/v1/admin/archives"]
+        #expect(try curl(upload, folder: tmp).status == 201)
+        let purchase = try store.purchase(productId: "com.example.big")
+        let grant = try postJSON(server.base + "/v1/downloads", ["signedTransaction": purchase.signedTransaction], folder: tmp)
+        let url = try #require((grant.json["downloads"] as? [[String: Any]])?.first?["url"] as? String)
+
+        // One download answered by the fast path, one by the HTTP/1 pipeline behind it (the
+        // connection is handed over by a first, non-content request).
+        let outputs = [tmp.sub("fast.zip"), tmp.sub("pipeline.zip")]
+        let clients = [
+            ["-o", outputs[0], url],
+            ["-o", "/dev/null", server.base + "/healthz", "-o", outputs[1], url],
+        ].map { arguments in
+            let client = Process()
+            client.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+            client.arguments = ["curl", "-sS", "--fail", "--limit-rate", "8M"] + arguments
+            return client
+        }
+        for client in clients { try client.run() }
+        // Told to stop once both have their first megabyte.
+        func size(_ path: String) -> Int { ((try? FileManager.default.attributesOfItem(atPath: path)[.size]) as? Int) ?? 0 }
+        let deadline = Date().addingTimeInterval(20)
+        while Date() < deadline, outputs.contains(where: { size($0) < 1 << 20 }) { usleep(10_000) }
+        kill(server.process.processIdentifier, SIGTERM)
+        for (client, output) in zip(clients, outputs) {
+            let clientDeadline = Date().addingTimeInterval(30)
+            while client.isRunning && Date() < clientDeadline { usleep(20_000) }
+            if client.isRunning { client.terminate() }
+            client.waitUntilExit()
+            #expect(client.terminationStatus == 0, "curl was cut off: \(output)")
+            #expect(FileManager.default.contentsEqual(atPath: output, andPath: big.archivePath), "\(output)")
+        }
+        #expect(server.stop() == 0)
+    }
+}
