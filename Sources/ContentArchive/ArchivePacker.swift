@@ -22,10 +22,10 @@ public struct PackOptions: Sendable {
     public var contentVersion: ContentVersion?
     /// Where the archive and manifest go; created if missing.
     public var outputDirectory: String
-    /// 0 stores every entry. 1 to 9 aim at `zip -<level>`'s size at the least CPU: each large entry
-    /// gets the fastest libdeflate level that compresses a sample of it no larger than zlib's
-    /// `level` does (smaller entries get libdeflate's `level`, which is never larger). 10 to 12 are
-    /// libdeflate's slow near-optimal levels, for the smallest archives.
+    /// 0 stores every entry. 1 to 9 aim at `zip -<level>`'s size at the least CPU: each file of
+    /// 2 MiB or more gets the fastest libdeflate level that compresses a sample of it no larger
+    /// than zlib's `level` does, and smaller files the same by kind (extension), judged on the
+    /// first files of that kind. 10 to 12 are libdeflate's slow near-optimal levels.
     public var level: Int
     /// The largest archive allowed, in bytes.
     public var sizeCap: UInt64
@@ -329,6 +329,8 @@ struct Plan: Sendable {
                     level = choice.level
                     // Every chunk of a multi-chunk file must use the same method.
                     method = size > UInt64(ArchivePacker.chunkSize) ? (choice.compressible ? .deflate : .stored) : .smaller
+                } else if size > UInt64(ArchivePacker.chunkSize) {
+                    method = .deflate  // could not be sampled: its worker reports why
                 } else {
                     method = .smaller
                     level = smallFileLevels[Self.fileExtension(path)] ?? options.level
