@@ -48,7 +48,7 @@ struct RevocationRefresher: Service {
     let interval: Duration
 
     func run() async throws {
-        try await cancelWhenGracefulShutdown {
+        await cancelWhenGracefulShutdown {
             while !Task.isCancelled {
                 do { try await Task.sleep(for: interval) } catch { return }
                 try? service.refreshRevocations()

@@ -17,37 +17,35 @@ public final class ServerMetrics: ContentObserver, Sendable {
     init() {
         var responses: [UInt: Counter] = [:]
         for code: UInt in [200, 206, 304, 400, 401, 403, 404, 405, 416, 500] {
-            responses[code] = registry.makeCounter(name: "iap_content_responses_total", labels: [("status", String(code))], help: "Content responses by status.")
+            responses[code] = registry.makeCounter(descriptor: describe("iap_content_responses_total", "Content responses by status."), labels: [("status", String(code))])
         }
         self.responses = responses
-        bytesServed = registry.makeCounter(name: "iap_content_bytes_served_total", help: "Archive bytes sent (counted when a response ends).")
-        activeTransfers = registry.makeGauge(name: "iap_content_active_transfers", help: "Content responses being sent now.")
+        bytesServed = registry.makeCounter(descriptor: describe("iap_content_bytes_served_total", "Archive bytes sent (counted when a response ends)."))
+        activeTransfers = registry.makeGauge(descriptor: describe("iap_content_active_transfers", "Content responses being sent now."))
         // Downloads of large archives over slow links take minutes: buckets reach an hour.
         transferDuration = registry.makeDurationHistogram(
-            name: "iap_content_transfer_duration_seconds",
+            descriptor: describe("iap_content_transfer_duration_seconds", "Time from the first to the last byte of a content response."),
             buckets: [.milliseconds(10), .milliseconds(100), .seconds(1), .seconds(5), .seconds(15), .seconds(30), .seconds(60),
-                      .seconds(120), .seconds(300), .seconds(600), .seconds(1200), .seconds(1800), .seconds(3600)],
-            help: "Time from the first to the last byte of a content response.")
+                      .seconds(120), .seconds(300), .seconds(600), .seconds(1200), .seconds(1800), .seconds(3600)])
         verificationDuration = registry.makeDurationHistogram(
-            name: "iap_verification_duration_seconds",
+            descriptor: describe("iap_verification_duration_seconds", "Time to verify a signed transaction or notification."),
             buckets: [.microseconds(100), .microseconds(250), .microseconds(500), .milliseconds(1), .milliseconds(2),
-                      .milliseconds(5), .milliseconds(10), .milliseconds(50), .milliseconds(250)],
-            help: "Time to verify a signed transaction or notification.")
+                      .milliseconds(5), .milliseconds(10), .milliseconds(50), .milliseconds(250)])
     }
 
     func grant(_ outcome: String) {
-        registry.makeCounter(name: "iap_grants_total", labels: [("outcome", outcome)], help: "Download grant requests by outcome.").increment()
+        registry.makeCounter(descriptor: describe("iap_grants_total", "Download grant requests by outcome."), labels: [("outcome", outcome)]).increment()
     }
 
     func notification(_ type: String, _ outcome: String) {
-        registry.makeCounter(name: "iap_notifications_total", labels: [("type", type), ("outcome", outcome)],
-                             help: "App Store Server Notifications by type and outcome.").increment()
+        registry.makeCounter(descriptor: describe("iap_notifications_total", "App Store Server Notifications by type and outcome."),
+                             labels: [("type", type), ("outcome", outcome)]).increment()
     }
 
     public func responseStarted(status: HTTPResponseStatus, bytes: UInt64) {
         if bytes > 0 { activeTransfers.increment() }
-        (responses[status.code] ?? registry.makeCounter(name: "iap_content_responses_total", labels: [("status", String(status.code))],
-                                                         help: "Content responses by status.")).increment()
+        (responses[status.code] ?? registry.makeCounter(descriptor: describe("iap_content_responses_total", "Content responses by status."),
+                                                         labels: [("status", String(status.code))])).increment()
     }
 
     public func responseFinished(status: HTTPResponseStatus, bytes: UInt64, duration: Duration, succeeded: Bool) {
@@ -56,4 +54,9 @@ public final class ServerMetrics: ContentObserver, Sendable {
         transferDuration.record(duration)
         if succeeded { bytesServed.increment(by: Int64(bytes)) }
     }
+}
+
+/// A metric's full name (kept as one string, as the dashboards know it) and its help text.
+private func describe(_ name: String, _ help: String) -> MetricNameDescriptor {
+    MetricNameDescriptor(metricName: name, unitName: "", helpText: help)
 }
