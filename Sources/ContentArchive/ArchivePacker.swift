@@ -148,14 +148,15 @@ public enum ArchivePacker {
         var compressedSize: UInt64 = 0
         // The archive is hashed as it is written, from memory, except a multi-chunk entry: its
         // header is patched once its last chunk is in, so it is read back (from the page cache)
-        // and hashed then. Hashing the whole file at the end instead left one core idle.
+        // and hashed then. Hashing the whole file at the end instead left one core idle. Bytes
+        // are hashed only while nothing before them is waiting, so leaving out a header leaves
+        // out its entry.
         var archiveHasher = SHA256()
         var archiveHashed: UInt64 = 0
-        var hashingDeferred = false
 
         // Bytes are still counted once the cap is passed, so the error can say by how much.
-        func emit(_ bytes: [UInt8]) throws(ArchiveError) {
-            if !hashingDeferred && archiveHashed == size {
+        func emit(_ bytes: [UInt8], hash: Bool = true) throws(ArchiveError) {
+            if hash && archiveHashed == size {
                 bytes.withUnsafeBytes { archiveHasher.update(bufferPointer: $0) }
                 archiveHashed += UInt64(bytes.count)
             }
@@ -188,8 +189,7 @@ public enum ArchivePacker {
                 }
                 hasher = SHA256()
                 compressedSize = 0
-                hashingDeferred = !unit.isLast
-                try emit(header.localHeader)
+                try emit(header.localHeader, hash: unit.isLast)
             }
             if digest == nil {
                 header.crc32 = result.raw.withUnsafeBytes { crc32(header.crc32, $0) }
@@ -209,12 +209,11 @@ public enum ArchivePacker {
                     patch.u32(header.crc32)
                     patch.u32(header.compressedSize)
                     patch.u32(header.uncompressedSize)
+                    // The patch flushed everything before it: the file holds the whole entry.
                     try writer.patch(at: UInt64(header.localHeaderOffset) + 14, patch.bytes)
-                    try writer.flush()
-                    try hashWritten(writer.path, from: archiveHashed, to: size, into: &archiveHasher)
+                    try hash(writer.path, from: archiveHashed, to: size, into: &archiveHasher)
                     archiveHashed = size
                 }
-                hashingDeferred = false
                 centralDirectory += header.centralHeader
                 let offset = UInt64(header.localHeaderOffset)
                 manifestEntries.append(.init(
@@ -239,31 +238,30 @@ public enum ArchivePacker {
         return (manifestEntries, size, Array(archiveHasher.finalize()).hexString)
     }
 
-    /// Hashes bytes `start..<end` of a file being written.
-    private static func hashWritten(_ path: String, from start: UInt64, to end: UInt64, into hasher: inout SHA256) throws(ArchiveError) {
+    /// Feeds bytes `start..<end` of a file (to its end when `end` is nil) to `hasher`, 1 MiB at a
+    /// time; returns where it stopped.
+    @discardableResult
+    static func hash(_ path: String, from start: UInt64 = 0, to end: UInt64? = nil, into hasher: inout SHA256) throws(ArchiveError) -> UInt64 {
         let fd = try openFile(path)
         defer { try? fd.close() }
         var offset = start
-        while offset < end {
-            let chunk = try readFully(fd, at: offset, count: Int(min(1 << 20, end - offset)), path: path)
-            guard !chunk.isEmpty else { throw .io("\(path) is shorter than what was written to it: is something else writing there?") }
+        while offset < end ?? .max {
+            let chunk = try readFully(fd, at: offset, count: Int(min(1 << 20, (end ?? .max) - offset)), path: path)
+            if chunk.isEmpty {
+                guard end == nil else { throw .io("\(path) is shorter than what was written to it: is something else writing there?") }
+                break
+            }
             hasher.update(data: chunk)
             offset += UInt64(chunk.count)
         }
+        return offset
     }
 
+    /// A file's size and SHA-256.
     static func hashFile(_ path: String) throws(ArchiveError) -> (UInt64, String) {
-        let fd = try openFile(path)
-        defer { try? fd.close() }
         var hasher = SHA256()
-        var offset: UInt64 = 0
-        while true {
-            let chunk = try readFully(fd, at: offset, count: 1 << 20, path: path)
-            if chunk.isEmpty { break }
-            hasher.update(data: chunk)
-            offset += UInt64(chunk.count)
-        }
-        return (offset, Array(hasher.finalize()).hexString)
+        let size = try hash(path, into: &hasher)
+        return (size, Array(hasher.finalize()).hexString)
     }
 }
 
@@ -317,8 +315,7 @@ struct Plan: Sendable {
         items += content.directories.map { ($0, .directory, 0) }
         items += content.files.map { ($0.archivePath, .file($0.diskPath), $0.size) }
         items.sort { $0.0.utf8.lexicographicallyPrecedes($1.0.utf8) }
-        let choices = options.level > 0 ? Self.sampleLargeFiles(items, level: options.level) : [:]
-        let smallFileLevels = options.level > 0 ? Self.sampleSmallFiles(items, level: options.level) : [:]
+        let (choices, kindLevels) = options.level > 0 ? Self.chooseLevels(items, level: options.level) : ([:], [:])
         for (path, source, size) in items {
             var method: Method = .stored
             var level = options.level
@@ -328,12 +325,13 @@ struct Plan: Sendable {
                 } else if let choice = choices[path] {
                     level = choice.level
                     // Every chunk of a multi-chunk file must use the same method.
-                    method = size > UInt64(ArchivePacker.chunkSize) ? (choice.compressible ? .deflate : .stored) : .smaller
+                    let multiChunk = size > UInt64(ArchivePacker.chunkSize)
+                    method = !choice.compressible ? .stored : multiChunk ? .deflate : .smaller
                 } else if size > UInt64(ArchivePacker.chunkSize) {
                     method = .deflate  // could not be sampled: its worker reports why
                 } else {
                     method = .smaller
-                    level = smallFileLevels[Self.fileExtension(path)] ?? options.level
+                    level = kindLevels[Self.fileExtension(path)] ?? options.level
                 }
             }
             let index = entries.count
@@ -352,54 +350,57 @@ struct Plan: Sendable {
     /// more than the faster level saves.
     static let sampledSize: UInt64 = 2 << 20
 
-    /// Samples the first 64 KiB of every large file, on all cores (the choice depends only on the
-    /// bytes, so the archive does not depend on the thread count): whether it compresses at all,
-    /// and the level to use. A file that cannot be read is left to the workers, which report it.
-    private static func sampleLargeFiles(_ items: [(String, Source, UInt64)], level: Int) -> [String: LevelChoice] {
-        let large: [(String, String)] = items.compactMap { path, source, size in
-            guard case .file(let disk) = source, size >= sampledSize else { return nil }
-            return (path, disk)
+    /// The level (and whether to deflate at all) for each file of `sampledSize` or more, judged
+    /// from its first 64 KiB; and for each kind (extension) of smaller files, a level judged from
+    /// up to 64 KiB of the first files of that kind in archive order: small files are too many and
+    /// too small to sample one by one (each is still stored when deflating does not shrink it).
+    private static func chooseLevels(_ items: [(String, Source, UInt64)], level: Int) -> (files: [String: LevelChoice], kinds: [String: Int]) {
+        var large: [(path: String, disk: String)] = []
+        var kinds: [String: [String]] = [:]
+        var kindOrder: [String] = []
+        for (path, source, size) in items {
+            guard case .file(let disk) = source, size > 0 else { continue }
+            if size >= sampledSize {
+                large.append((path, disk))
+            } else {
+                let kind = fileExtension(path)
+                if kinds[kind] == nil { kindOrder.append(kind) }
+                kinds[kind, default: []].append(disk)
+            }
         }
-        let choices = Mutex<[String: LevelChoice]>([:])
-        DispatchQueue.concurrentPerform(iterations: large.count) { index in
-            let (path, disk) = large[index]
-            guard let fd = try? FileDescriptor.open(disk, .readOnly) else { return }
-            defer { try? fd.close() }
-            guard let sample = try? readFully(fd, at: 0, count: ArchivePacker.sampleSize, path: disk) else { return }
-            let choice = sample.withUnsafeBytes { LevelChoice(sample: $0, level: level) }
-            choices.withLock { $0[path] = choice }
+        let samples = large.map { (files: [$0.disk], minimum: 1) }
+            + kindOrder.map { (files: Array(kinds[$0]!.prefix(64)), minimum: 4096) }
+        let judged = judge(samples, level: level)
+        var files: [String: LevelChoice] = [:]
+        var kindLevels: [String: Int] = [:]
+        for (index, choice) in judged.enumerated() {
+            guard let choice else { continue }
+            if index < large.count {
+                files[large[index].path] = choice
+            } else {
+                kindLevels[kindOrder[index - large.count]] = choice.level
+            }
         }
-        return choices.withLock { $0 }
+        return (files, kindLevels)
     }
 
-    /// Small files are too many and too small to sample one by one, so they are sampled by kind:
-    /// for each file extension, the first files of that kind in archive order, read up to 64 KiB,
-    /// choose the level for every file of that kind. (Each file is still stored when deflating
-    /// does not make it smaller.)
-    private static func sampleSmallFiles(_ items: [(String, Source, UInt64)], level: Int) -> [String: Int] {
-        var groups: [String: [String]] = [:]
-        var order: [String] = []
-        for (path, source, size) in items {
-            guard case .file(let disk) = source, size > 0, size < sampledSize else { continue }
-            let kind = fileExtension(path)
-            if groups[kind] == nil { order.append(kind) }
-            groups[kind, default: []].append(disk)
-        }
-        let kinds = order.map { ($0, groups[$0]!.prefix(64)) }
-        let levels = Mutex<[String: Int]>([:])
-        DispatchQueue.concurrentPerform(iterations: kinds.count) { index in
-            let (kind, files) = kinds[index]
+    /// Judges each sample, read across its files in turn up to 64 KiB, on all cores (a choice
+    /// depends only on the bytes, so the archive does not depend on the thread count). nil when
+    /// fewer than `minimum` bytes could be read: the workers report a file that cannot be read.
+    private static func judge(_ samples: [(files: [String], minimum: Int)], level: Int) -> [LevelChoice?] {
+        let choices = Mutex([LevelChoice?](repeating: nil, count: samples.count))
+        DispatchQueue.concurrentPerform(iterations: samples.count) { index in
             var sample: [UInt8] = []
-            for disk in files where sample.count < ArchivePacker.sampleSize {
+            for disk in samples[index].files where sample.count < ArchivePacker.sampleSize {
                 guard let fd = try? FileDescriptor.open(disk, .readOnly) else { continue }
                 defer { try? fd.close() }
                 sample += (try? readFully(fd, at: 0, count: ArchivePacker.sampleSize - sample.count, path: disk)) ?? []
             }
-            guard sample.count >= 4096 else { return }
+            guard sample.count >= samples[index].minimum else { return }
             let choice = sample.withUnsafeBytes { LevelChoice(sample: $0, level: level) }
-            levels.withLock { $0[kind] = choice.level }
+            choices.withLock { $0[index] = choice }
         }
-        return levels.withLock { $0 }
+        return choices.withLock { $0 }
     }
 
     /// The lowercased extension of a path's last component ("" when it has none).

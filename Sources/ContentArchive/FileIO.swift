@@ -16,8 +16,7 @@ final class BufferedFileWriter {
     /// Bytes written so far, buffered or not.
     private(set) var offset: UInt64 = 0
     private var closed = false
-    /// Bytes handed to the kernel, and how far its write-back has been started.
-    private var written: UInt64 = 0
+    /// How far the kernel's write-back has been started.
     private var writebackStarted: UInt64 = 0
     private let writebackStep: UInt64 = 32 << 20
 
@@ -43,6 +42,20 @@ final class BufferedFileWriter {
         } else {
             buffer.append(contentsOf: bytes)
         }
+        startWriteback()
+    }
+
+    /// Starts the disk writing what has piled up, without waiting: with gigabytes of RAM the
+    /// kernel would otherwise hold it all until `finish`'s fsync, which then waited for the whole
+    /// archive with both cores idle.
+    private func startWriteback() {
+        #if os(Linux)
+        let written = offset - UInt64(buffer.count)  // what the kernel has
+        if written - writebackStarted >= writebackStep {
+            sync_file_range(fd.rawValue, Int64(writebackStarted), Int64(written - writebackStarted), cwriteback_start)
+            writebackStarted = written
+        }
+        #endif
     }
 
     /// Overwrites bytes already written (a header whose sizes were not known yet).
@@ -61,16 +74,6 @@ final class BufferedFileWriter {
 
     private func writeAll(_ bytes: [UInt8]) throws(ArchiveError) {
         _ = try systemCall("write", path) { try bytes.withUnsafeBytes { try fd.writeAll($0) } }
-        written += UInt64(bytes.count)
-        #if os(Linux)
-        // Starts the disk writing what has piled up, without waiting: with gigabytes of RAM the
-        // kernel would otherwise hold it all until `finish`'s fsync, which then waited for the
-        // whole archive with both cores idle.
-        if written - writebackStarted >= writebackStep {
-            sync_file_range(fd.rawValue, Int64(writebackStarted), Int64(written - writebackStarted), cwriteback_start)
-            writebackStarted = written
-        }
-        #endif
     }
 
     /// Flushes, syncs to disk and closes.

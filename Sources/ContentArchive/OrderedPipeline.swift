@@ -187,7 +187,8 @@ final class OrderedPipeline: @unchecked Sendable {
             if !unit.isLast { try DeflateJoin.makeContinuable(&compressed) }
             return UnitResult(raw: raw, compressed: compressed)
         case .smaller:
-            if raw.count > 2 * ArchivePacker.sampleSize {
+            // Files of `Plan.sampledSize` or more were judged by the plan already.
+            if raw.count > 2 * ArchivePacker.sampleSize, UInt64(raw.count) < Plan.sampledSize {
                 let worthIt = raw.withUnsafeBytes { compressor.looksCompressible(UnsafeRawBufferPointer(rebasing: $0[0..<ArchivePacker.sampleSize])) }
                 if !worthIt { return UnitResult(raw: raw, compressed: nil) }
             }

@@ -113,18 +113,11 @@ public final class ContentFastPath: ChannelDuplexHandler {
         if let idle = event as? IdleStateHandler.IdleStateEvent, idle == .read, inFlight > 0 {
             return  // a client downloading sends nothing for minutes
         }
-        if event is ChannelShouldQuiesceEvent, !handedOff {
-            // The server is shutting down: finish the responses in flight (a download may take
-            // the whole drain period), take no new request, then close. Passed on, the event
-            // would reach Hummingbird's connection handler, which sees no request of ours and
-            // would close at once, cutting downloads.
-            pending = nil
-            closing = true
-            if inFlight == 0 { context.close(promise: nil) }
-            return
-        }
-        if let channelEvent = event as? ChannelEvent, channelEvent == .inputClosed, !handedOff {
-            // The client will send nothing more: finish what was asked, then close.
+        // The client will send nothing more (half-close), or the server is shutting down: finish
+        // the responses in flight (a download may take the whole drain period), take no new
+        // request, then close. Passed on, a shutdown would reach Hummingbird's connection
+        // handler, which sees no request of ours and would close at once, cutting downloads.
+        if !handedOff, event is ChannelShouldQuiesceEvent || (event as? ChannelEvent) == .inputClosed {
             pending = nil
             closing = true
             if inFlight == 0 { context.close(promise: nil) }

@@ -33,6 +33,10 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler, 
         if context.channel.isActive { arm(context) }
     }
 
+    func handlerRemoved(context: ChannelHandlerContext) {
+        self.context = nil
+    }
+
     func channelActive(context: ChannelHandlerContext) {
         arm(context)
         context.fireChannelActive()
@@ -69,10 +73,6 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler, 
 
     func responseSent() {
         if let context, context.channel.isActive { arm(context) }
-    }
-
-    func handlerRemoved(context: ChannelHandlerContext) {
-        self.context = nil
     }
 
     func channelInactive(context: ChannelHandlerContext) {

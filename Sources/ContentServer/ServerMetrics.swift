@@ -17,7 +17,7 @@ public final class ServerMetrics: ContentObserver, Sendable {
     init() {
         var responses: [UInt: Counter] = [:]
         for code: UInt in [200, 206, 304, 400, 401, 403, 404, 405, 416, 500] {
-            responses[code] = registry.makeCounter(descriptor: describe("iap_content_responses_total", "Content responses by status."), labels: [("status", String(code))])
+            responses[code] = Self.responseCounter(code, in: registry)
         }
         self.responses = responses
         bytesServed = registry.makeCounter(descriptor: describe("iap_content_bytes_served_total", "Archive bytes sent (counted when a response ends)."))
@@ -44,8 +44,12 @@ public final class ServerMetrics: ContentObserver, Sendable {
 
     public func responseStarted(status: HTTPResponseStatus, bytes: UInt64) {
         if bytes > 0 { activeTransfers.increment() }
-        (responses[status.code] ?? registry.makeCounter(descriptor: describe("iap_content_responses_total", "Content responses by status."),
-                                                         labels: [("status", String(status.code))])).increment()
+        (responses[status.code] ?? Self.responseCounter(status.code, in: registry)).increment()
+    }
+
+    /// The content responses counter for one status (the common ones are made once, up front).
+    private static func responseCounter(_ code: UInt, in registry: PrometheusCollectorRegistry) -> Counter {
+        registry.makeCounter(descriptor: describe("iap_content_responses_total", "Content responses by status."), labels: [("status", String(code))])
     }
 
     public func responseFinished(status: HTTPResponseStatus, bytes: UInt64, duration: Duration, succeeded: Bool) {
