@@ -22,16 +22,18 @@ public struct PackOptions: Sendable {
     public var contentVersion: ContentVersion?
     /// Where the archive and manifest go; created if missing.
     public var outputDirectory: String
-    /// 0 stores every entry. 1 to 9 aim at `zip -<level>`'s size at the least CPU: each file of
-    /// 2 MiB or more gets the fastest libdeflate level that compresses a sample of it no larger
-    /// than zlib's `level` does, and smaller files the same by kind (extension), judged on the
-    /// first files of that kind. 10 to 12 are libdeflate's slow near-optimal levels.
+    /// 0 stores every entry. 1 to 9 aim at `zip -<level>`'s size for the whole archive at the
+    /// least CPU: each kind of file (extension) gets a libdeflate level from 1 to `level`, chosen
+    /// from samples so that the kinds together come out no larger than zlib at `level` would
+    /// make them (``LevelBudget``). 10 to 12 are libdeflate's slow near-optimal levels.
     public var level: Int
     /// The largest archive allowed, in bytes.
     public var sizeCap: UInt64
     public var timestamp: ArchiveTimestamp
     /// Compression threads; the output does not depend on it.
     public var threads: Int
+    /// How files are cut into pieces of work (tests make the pieces small).
+    var chunking = Chunking.standard
 
     public init(productId: ProductIdentifier? = nil, contentVersion: ContentVersion? = nil,
                 outputDirectory: String = ".", level: Int = 6,
@@ -65,11 +67,10 @@ public struct PackProgress: Sendable {
 ///
 /// The ZIP writer is our own rather than ZIPFoundation's: packing must keep both cores busy with
 /// libdeflate and stay reproducible, which a general-purpose writer does not do (and on Linux
-/// ZIPFoundation writes at about 15 MB/s). Files are cut into fixed 4 MiB chunks compressed in
-/// parallel and joined into one DEFLATE stream; the chunking does not depend on the thread count,
-/// so the bytes do not either.
+/// ZIPFoundation writes at about 15 MB/s). Files up to 24 MiB are compressed whole, larger ones
+/// in 4 MiB chunks compressed in parallel and joined into one DEFLATE stream (``Chunking``); the
+/// chunking does not depend on the thread count, so the bytes do not either.
 public enum ArchivePacker {
-    static let chunkSize = 4 << 20
     /// Input bytes the compressors may hold ahead of the writer: enough for them to keep busy
     /// while the writer copies a large stored file, little enough for memory to stay flat.
     static let windowBytes = 64 << 20
@@ -276,6 +277,21 @@ func formatBytes(_ bytes: UInt64) -> String {
     return unit == 0 ? "\(bytes) bytes" : String(format: "%.2f", value) + " " + units[unit]
 }
 
+/// How files are cut into pieces of work.
+///
+/// A file compressed in chunks costs a walk of each chunk's compressed bytes to join them
+/// (``DeflateJoin``), about a tenth of the compression time, so files up to `wholeFileLimit` are
+/// compressed in one piece: two files at a time keep both cores busy just as well. Larger files
+/// are cut so that memory stays flat and both cores can work on one file.
+struct Chunking: Sendable {
+    var wholeFileLimit: Int
+    var chunkSize: Int
+
+    static let standard = Chunking(wholeFileLimit: 24 << 20, chunkSize: 4 << 20)
+
+    func isMultiChunk(_ size: UInt64) -> Bool { size > UInt64(wholeFileLimit) }
+}
+
 /// The entries of an archive in order, and the chunks they are cut into.
 struct Plan: Sendable {
     enum Method: Sendable { case stored, deflate, smaller }
@@ -311,37 +327,40 @@ struct Plan: Sendable {
 
     init(content: ScannedContent, options: PackOptions) {
         productId = content.info.productIdentifier
+        let chunking = options.chunking
         var items: [(String, Source, UInt64)] = [(ContentInfo.fileName, .bytes(content.plist), UInt64(content.plist.count))]
         items += content.directories.map { ($0, .directory, 0) }
         items += content.files.map { ($0.archivePath, .file($0.diskPath), $0.size) }
         items.sort { $0.0.utf8.lexicographicallyPrecedes($1.0.utf8) }
-        let (choices, kindLevels) = options.level > 0 ? Self.chooseLevels(items, level: options.level) : ([:], [:])
+        let (compressible, kindLevels) = options.level > 0 ? Self.chooseLevels(items, level: options.level) : ([:], [:])
         for (path, source, size) in items {
             var method: Method = .stored
             var level = options.level
             if options.level > 0, size > 0 {
                 if case .directory = source {
                     method = .stored
-                } else if let choice = choices[path] {
-                    level = choice.level
-                    // Every chunk of a multi-chunk file must use the same method.
-                    let multiChunk = size > UInt64(ArchivePacker.chunkSize)
-                    method = !choice.compressible ? .stored : multiChunk ? .deflate : .smaller
-                } else if size > UInt64(ArchivePacker.chunkSize) {
-                    method = .deflate  // could not be sampled: its worker reports why
                 } else {
-                    method = .smaller
                     level = kindLevels[Self.fileExtension(path)] ?? options.level
+                    if compressible[path] == false {
+                        method = .stored
+                    } else if chunking.isMultiChunk(size) {
+                        // Every chunk of a multi-chunk file must use the same method (and a file that
+                        // could not be sampled is deflated: its worker reports why it cannot be read).
+                        method = .deflate
+                    } else {
+                        method = .smaller
+                    }
                 }
             }
             let index = entries.count
             entries.append(Entry(path: path, size: size, source: source, method: method, level: level))
             totalBytes += size
-            let chunks = max(1, Int((size + UInt64(ArchivePacker.chunkSize) - 1) / UInt64(ArchivePacker.chunkSize)))
+            let piece = chunking.isMultiChunk(size) ? UInt64(chunking.chunkSize) : max(1, size)
+            let chunks = max(1, Int((size + piece - 1) / piece))
             for chunk in 0..<chunks {
-                let offset = UInt64(chunk) * UInt64(ArchivePacker.chunkSize)
+                let offset = UInt64(chunk) * piece
                 units.append(Unit(entry: index, chunk: chunk, offset: offset,
-                                  length: Int(min(UInt64(ArchivePacker.chunkSize), size - offset)), isLast: chunk == chunks - 1))
+                                  length: Int(min(piece, size - offset)), isLast: chunk == chunks - 1))
             }
         }
     }
@@ -350,57 +369,69 @@ struct Plan: Sendable {
     /// more than the faster level saves.
     static let sampledSize: UInt64 = 2 << 20
 
-    /// The level (and whether to deflate at all) for each file of `sampledSize` or more, judged
-    /// from its first 64 KiB; and for each kind (extension) of smaller files, a level judged from
-    /// up to 64 KiB of the first files of that kind in archive order: small files are too many and
-    /// too small to sample one by one (each is still stored when deflating does not shrink it).
-    private static func chooseLevels(_ items: [(String, Source, UInt64)], level: Int) -> (files: [String: LevelChoice], kinds: [String: Int]) {
-        var large: [(path: String, disk: String)] = []
-        var kinds: [String: [String]] = [:]
+    /// Whether each file of `sampledSize` or more is worth deflating, judged from its first
+    /// 64 KiB; and the level for each kind (extension) of file, judged from a sample spread over
+    /// the files of that kind: files of one kind compress alike, and one sample per kind costs
+    /// little however many files there are. The levels are chosen together (``LevelBudget``),
+    /// each kind's sample standing for the bytes of its deflated files.
+    private static func chooseLevels(_ items: [(String, Source, UInt64)], level: Int) -> (compressible: [String: Bool], kinds: [String: Int]) {
+        let large = items.compactMap { path, source, size -> (path: String, disk: String)? in
+            guard case .file(let disk) = source, size >= sampledSize else { return nil }
+            return (path, disk)
+        }
+        let judged = parallelMap(large) { file -> Bool? in
+            guard let fd = try? FileDescriptor.open(file.disk, .readOnly) else { return nil }
+            defer { try? fd.close() }
+            guard let sample = try? readFully(fd, at: 0, count: ArchivePacker.sampleSize, path: file.disk), !sample.isEmpty else { return nil }
+            return sample.withUnsafeBytes { DeflateCompressor(level: 1).looksCompressible($0) }
+        }
+        var compressible: [String: Bool] = [:]
+        for (file, verdict) in zip(large, judged) { compressible[file.path] = verdict }
+
+        var kinds: [String: (files: [String], bytes: UInt64)] = [:]
         var kindOrder: [String] = []
         for (path, source, size) in items {
-            guard case .file(let disk) = source, size > 0 else { continue }
-            if size >= sampledSize {
-                large.append((path, disk))
-            } else {
-                let kind = fileExtension(path)
-                if kinds[kind] == nil { kindOrder.append(kind) }
-                kinds[kind, default: []].append(disk)
-            }
+            guard case .file(let disk) = source, size > 0, compressible[path] ?? true else { continue }
+            let kind = fileExtension(path)
+            if kinds[kind] == nil { kindOrder.append(kind) }
+            kinds[kind, default: ([], 0)].files.append(disk)
+            kinds[kind]!.bytes += size
         }
-        let samples = large.map { (files: [$0.disk], minimum: 1) }
-            + kindOrder.map { (files: Array(kinds[$0]!.prefix(64)), minimum: 4096) }
-        let judged = judge(samples, level: level)
-        var files: [String: LevelChoice] = [:]
+        let files = kinds.mapValues(\.files)
+        let samples = parallelMap(kindOrder) { kind in measureSample(of: files[kind]!, level: level) }
+        let measured = kindOrder.indices.compactMap { index in samples[index].map { (kindOrder[index], kinds[kindOrder[index]]!.bytes, $0) } }
+        let levels = LevelBudget.choose(measured.map { ($0.1, $0.2) }, requested: level)
         var kindLevels: [String: Int] = [:]
-        for (index, choice) in judged.enumerated() {
-            guard let choice else { continue }
-            if index < large.count {
-                files[large[index].path] = choice
-            } else {
-                kindLevels[kindOrder[index - large.count]] = choice.level
-            }
-        }
-        return (files, kindLevels)
+        for (position, (kind, _, _)) in measured.enumerated() { kindLevels[kind] = levels[position] }
+        return (compressible, kindLevels)
     }
 
-    /// Judges each sample, read across its files in turn up to 64 KiB, on all cores (a choice
-    /// depends only on the bytes, so the archive does not depend on the thread count). nil when
-    /// fewer than `minimum` bytes could be read: the workers report a file that cannot be read.
-    private static func judge(_ samples: [(files: [String], minimum: Int)], level: Int) -> [LevelChoice?] {
-        let choices = Mutex([LevelChoice?](repeating: nil, count: samples.count))
-        DispatchQueue.concurrentPerform(iterations: samples.count) { index in
-            var sample: [UInt8] = []
-            for disk in samples[index].files where sample.count < ArchivePacker.sampleSize {
-                guard let fd = try? FileDescriptor.open(disk, .readOnly) else { continue }
-                defer { try? fd.close() }
-                sample += (try? readFully(fd, at: 0, count: ArchivePacker.sampleSize - sample.count, path: disk)) ?? []
-            }
-            guard sample.count >= samples[index].minimum else { return }
-            let choice = sample.withUnsafeBytes { LevelChoice(sample: $0, level: level) }
-            choices.withLock { $0[index] = choice }
+    /// Measures a sample of up to 64 KiB taken from the start of files spread over `files` (a
+    /// quarter each from four of them when there are that many). nil when less than 4 KiB could
+    /// be read: too little to judge by (and the workers report a file that cannot be read).
+    private static func measureSample(of files: [String], level: Int) -> LevelSample? {
+        let spread = Set((0..<4).map { $0 * files.count / 4 })
+        let order = spread.sorted() + files.indices.filter { !spread.contains($0) }
+        let piece = ArchivePacker.sampleSize / min(4, files.count)
+        var sample: [UInt8] = []
+        for index in order where sample.count < ArchivePacker.sampleSize {
+            guard let fd = try? FileDescriptor.open(files[index], .readOnly) else { continue }
+            defer { try? fd.close() }
+            let count = min(piece, ArchivePacker.sampleSize - sample.count)
+            sample += (try? readFully(fd, at: 0, count: count, path: files[index])) ?? []
         }
-        return choices.withLock { $0 }
+        guard sample.count >= 4096 else { return nil }
+        return sample.withUnsafeBytes { LevelSample(sample: $0, level: level) }
+    }
+
+    /// `transform` applied to each element on all cores, in order.
+    private static func parallelMap<T: Sendable, R: Sendable>(_ items: [T], _ transform: @Sendable (T) -> R) -> [R] {
+        let results = Mutex([R?](repeating: nil, count: items.count))
+        DispatchQueue.concurrentPerform(iterations: items.count) { index in
+            let result = transform(items[index])
+            results.withLock { $0[index] = result }
+        }
+        return results.withLock { $0.map { $0! } }
     }
 
     /// The lowercased extension of a path's last component ("" when it has none).

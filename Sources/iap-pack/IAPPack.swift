@@ -93,7 +93,7 @@ struct Build: ParsableCommand, Reporting {
     @Option(name: .shortAndLong, help: "The folder to write into (created if missing).")
     var output: String = "."
 
-    @Option(help: "Compression level: 0 stores; 1-9 match zip -<level>'s size at the least CPU (each file gets the fastest level that does, judged on a sample); 10-12 smallest and slowest.")
+    @Option(help: "Compression level: 0 stores; 1-9 match zip -<level>'s size over the whole archive at the least CPU (a level per kind of file, chosen from samples); 10-12 smallest and slowest.")
     var level: Int = 6
 
     @Flag(help: "Print one JSON object describing the result on stdout.")

@@ -77,51 +77,128 @@ struct DeflateJoinTests {
     }
 }
 
-@Suite("Choosing a level per file")
-struct LevelChoiceTests {
+@Suite("Choosing compression levels")
+struct LevelBudgetTests {
     static let floats: [UInt8] = (0..<16_384).flatMap { i -> [UInt8] in
         let value = (sin(Double(i) * 0.001) * 100 * 100).rounded() / 100
         return withUnsafeBytes(of: Float(value).bitPattern.littleEndian, Array.init)
     }
+    static let logs = Array(logText(lines: 900, seed: 4).utf8.prefix(64 << 10))
+    /// Prose from a small vocabulary, the kind of text on which libdeflate trails zlib.
+    static let prose: [UInt8] = {
+        let words = "the of and to in is was for on that with as by at from ship engine orbit signal harbour lantern winter river copper".split(separator: " ")
+        var state: UInt64 = 7
+        var text = ""
+        while text.utf8.count < 64 << 10 {
+            state = state &* 6364136223846793005 &+ 1442695040888963407
+            text += words[Int(state >> 33) % words.count] + " "
+        }
+        return Array(text.utf8.prefix(64 << 10))
+    }()
 
-    /// The sample compressed at `level` by libdeflate, and by zlib at `zlibLevel`.
-    func sizes(_ sample: [UInt8], level: Int, zlibLevel: Int) throws -> (Int, Int) {
-        let ours = try #require(sample.withUnsafeBytes { DeflateCompressor(level: level).compress($0, limit: .max) })
-        let zlib = sample.withUnsafeBytes { czlibSize($0, zlibLevel) }
-        return (ours.count, zlib)
+    func sample(_ bytes: [UInt8], _ level: Int) -> LevelSample {
+        bytes.withUnsafeBytes { LevelSample(sample: $0, level: level) }
     }
 
-    @Test("each sample gets the fastest level that is no larger than zlib's at the asked level")
+    /// What the groups come to at `levels`, and what zlib would make of them.
+    func estimate(_ groups: [(weight: UInt64, sample: LevelSample)], _ levels: [Int]) -> (ours: Double, zlib: Double) {
+        var ours = 0.0, zlib = 0.0
+        for (group, level) in zip(groups, levels) {
+            let perByte = Double(group.weight) / Double(group.sample.count)
+            ours += perByte * Double(group.sample.sizes[level - 1])
+            zlib += perByte * Double(group.sample.zlibSize)
+        }
+        return (ours, zlib)
+    }
+
+    /// The budget is met, and no group could take a faster level without breaking it.
+    func expectTightWithinBudget(_ groups: [(weight: UInt64, sample: LevelSample)], _ levels: [Int], requested: Int, _ name: String) {
+        let (ours, zlib) = estimate(groups, levels)
+        #expect(ours <= zlib, "\(name): \(levels)")
+        for (index, level) in levels.enumerated() {
+            #expect((1...requested).contains(level), "\(name): \(levels)")
+            for faster in 1..<level {
+                var lowered = levels
+                lowered[index] = faster
+                #expect(estimate(groups, lowered).ours > zlib, "\(name): group \(index) could take level \(faster) in \(levels)")
+            }
+        }
+    }
+
+    @Test("one kind of content gets the fastest level no larger than zlib's at the asked level")
     func fastestLevelNoLargerThanZlib() throws {
-        let text = Array(logText(lines: 900, seed: 4).utf8.prefix(64 << 10))
-        for (name, sample) in [("floats", Self.floats), ("logs", text)] {
+        for (name, bytes) in [("floats", Self.floats), ("logs", Self.logs)] {
             for asked in [1, 4, 6, 9] {
-                let choice = sample.withUnsafeBytes { LevelChoice(sample: $0, level: asked) }
-                #expect(choice.compressible, "\(name)")
-                #expect((1...asked).contains(choice.level), "\(name) at \(asked)")
-                let (ours, zlib) = try sizes(sample, level: choice.level, zlibLevel: asked)
-                // The asked level itself is the fallback when no faster one is small enough.
-                if choice.level < asked { #expect(ours <= zlib, "\(name) at \(asked): level \(choice.level)") }
-                for faster in 1..<choice.level {
-                    let (size, _) = try sizes(sample, level: faster, zlibLevel: asked)
-                    #expect(size > zlib, "\(name) at \(asked): level \(faster) was small enough")
+                let measured = sample(bytes, asked)
+                #expect(measured.compressible, "\(name)")
+                let levels = LevelBudget.choose([(1 << 20, measured)], requested: asked)
+                let level = try #require(levels.first)
+                let zlib = bytes.withUnsafeBytes { czlib_deflated_size($0.baseAddress, $0.count, Int32(asked)) }
+                let ours = try #require(bytes.withUnsafeBytes { DeflateCompressor(level: level).compress($0, limit: .max) }).count
+                if measured.sizes.min()! <= zlib {
+                    #expect(ours <= zlib, "\(name) at \(asked): level \(level)")
+                    for faster in 1..<level {
+                        let size = try #require(bytes.withUnsafeBytes { DeflateCompressor(level: faster).compress($0, limit: .max) }).count
+                        #expect(size > zlib, "\(name) at \(asked): level \(faster) was small enough")
+                    }
+                } else {
+                    // None is small enough: the smallest output there is.
+                    #expect(ours == measured.sizes.min()!, "\(name) at \(asked)")
                 }
             }
         }
         // Float arrays compress as well at libdeflate's level 2 as at zlib's 6.
-        #expect(Self.floats.withUnsafeBytes { LevelChoice(sample: $0, level: 6) }.level < 6)
+        #expect(LevelBudget.choose([(1 << 20, sample(Self.floats, 6))], requested: 6) == [2])
+    }
+
+    @Test("levels are chosen over the whole archive: what one kind saves pays for another")
+    func budgetOverTheArchive() {
+        let groups: [(weight: UInt64, sample: LevelSample)] = [
+            (8 << 20, sample(Self.floats, 6)), (8 << 20, sample(Self.logs, 6)), (8 << 20, sample(Self.prose, 6))]
+        let levels = LevelBudget.choose(groups, requested: 6)
+        expectTightWithinBudget(groups, levels, requested: 6, "floats, logs, prose")
+        // Each kind held to zlib's size on its own spends at least as much time.
+        let alone = groups.map { LevelBudget.choose([$0], requested: 6)[0] }
+        let cost = { (levels: [Int]) in levels.reduce(0.0) { $0 + LevelBudget.relativeCost[$1 - 1] } }
+        #expect(cost(levels) <= cost(alone), "\(levels) vs \(alone)")
+    }
+
+    @Test("on many made-up archives the budget is met and no kind could be faster")
+    func madeUpArchives() {
+        var state: UInt64 = 42
+        func next(_ bound: Int) -> Int {
+            state = state &* 6364136223846793005 &+ 1442695040888963407
+            return Int(state >> 33) % bound
+        }
+        for round in 0..<300 {
+            let requested = 2 + next(8)
+            let groups: [(weight: UInt64, sample: LevelSample)] = (0..<(1 + next(6))).map { _ in
+                // Sizes mostly falling with the level, as compressors' do, with ties and reversals.
+                var size = 30_000 + next(20_000)
+                let sizes = (1...requested).map { _ in
+                    size -= next(3_000) - 300
+                    return size
+                }
+                let zlib = sizes[requested - 1] + next(4_000) - 2_000
+                return (UInt64(1 + next(100)) << 20, LevelSample(compressible: true, count: 65_536, sizes: sizes, zlibSize: zlib))
+            }
+            let levels = LevelBudget.choose(groups, requested: requested)
+            let best = groups.map { $0.sample.sizes.firstIndex(of: $0.sample.sizes.min()!)! + 1 }
+            if estimate(groups, best).ours <= estimate(groups, best).zlib {
+                expectTightWithinBudget(groups, levels, requested: requested, "round \(round)")
+            } else {
+                #expect(estimate(groups, levels).ours == estimate(groups, best).ours, "round \(round): not the smallest when over budget")
+            }
+        }
     }
 
     @Test("noise is stored; levels 10 to 12 are kept as asked")
     func noiseAndHighLevels() {
         let noise = Array(pseudoRandomBytes(64 << 10, seed: 9))
-        #expect(!noise.withUnsafeBytes { LevelChoice(sample: $0, level: 6) }.compressible)
+        #expect(!sample(noise, 6).compressible)
+        #expect(!noise.withUnsafeBytes { DeflateCompressor(level: 1).looksCompressible($0) })
         for level in 10...12 {
-            #expect(Self.floats.withUnsafeBytes { LevelChoice(sample: $0, level: level) }.level == level)
+            #expect(LevelBudget.choose([(1 << 20, sample(Self.floats, level))], requested: level) == [level])
         }
-    }
-
-    func czlibSize(_ buffer: UnsafeRawBufferPointer, _ level: Int) -> Int {
-        czlib_deflated_size(buffer.baseAddress, buffer.count, Int32(level))
     }
 }

@@ -35,7 +35,8 @@ print('ok', len(manifest['entries']))
 
 @Suite("Packing")
 struct PackingTests {
-    /// A plain folder with text, JSON, a multi-chunk log (over 4 MiB) and an incompressible file.
+    /// A plain folder with text, JSON, a 9.6 MB log and a 5 MiB incompressible file (whole under
+    /// the standard chunking, several chunks each `inSmallChunks`).
     func makeMixedFolder(_ tmp: TemporaryFolder, name: String = "src") throws -> String {
         try tmp.write("\(name)/levels/level1.json", #"{"id": 1, "name": "First", "enemies": [1, 2, 3]}"#)
         try tmp.write("\(name)/README.txt", "Read me.\n")
@@ -50,9 +51,9 @@ struct PackingTests {
     func standardReaders() throws {
         let tmp = try TemporaryFolder()
         let source = try makeMixedFolder(tmp)
-        let result = try ArchivePacker.pack(folder: source, options: .init(
+        let result = try ArchivePacker.pack(folder: source, options: PackOptions(
             productId: try ProductIdentifier("com.example.mixed"), contentVersion: try ContentVersion("1.2.3"),
-            outputDirectory: tmp.sub("out")))
+            outputDirectory: tmp.sub("out")).inSmallChunks)
         #expect(result.archivePath.hasSuffix("/com.example.mixed-1.2.3.zip"))
         #expect(result.manifestPath.hasSuffix("/com.example.mixed-1.2.3.manifest.json"))
 
@@ -91,13 +92,13 @@ struct PackingTests {
         }
         try FileManager.default.createDirectory(atPath: tmp.sub("b/empty-folder"), withIntermediateDirectories: true)
         let id = try ProductIdentifier("com.example.repro"), version = try ContentVersion("2.0")
-        let one = try ArchivePacker.pack(folder: first, options: .init(productId: id, contentVersion: version, outputDirectory: tmp.sub("one"), threads: 1))
-        let two = try ArchivePacker.pack(folder: tmp.sub("b"), options: .init(productId: id, contentVersion: version, outputDirectory: tmp.sub("two"), threads: 4))
+        let one = try ArchivePacker.pack(folder: first, options: PackOptions(productId: id, contentVersion: version, outputDirectory: tmp.sub("one"), threads: 1).inSmallChunks)
+        let two = try ArchivePacker.pack(folder: tmp.sub("b"), options: PackOptions(productId: id, contentVersion: version, outputDirectory: tmp.sub("two"), threads: 4).inSmallChunks)
         #expect(try Data(contentsOf: URL(fileURLWithPath: one.archivePath)) == Data(contentsOf: URL(fileURLWithPath: two.archivePath)))
         #expect(try Data(contentsOf: URL(fileURLWithPath: one.manifestPath)) == Data(contentsOf: URL(fileURLWithPath: two.manifestPath)))
 
         // Another level gives other bytes; SOURCE_DATE_EPOCH moves the timestamp, reproducibly.
-        let level1 = try ArchivePacker.pack(folder: first, options: .init(productId: id, contentVersion: version, outputDirectory: tmp.sub("l1"), level: 1))
+        let level1 = try ArchivePacker.pack(folder: first, options: PackOptions(productId: id, contentVersion: version, outputDirectory: tmp.sub("l1"), level: 1).inSmallChunks)
         #expect(level1.manifest.archiveSHA256 != one.manifest.archiveSHA256)
         let epoch = try ArchiveTimestamp.fromEnvironment(["SOURCE_DATE_EPOCH": "1700000000"])
         let dated = try ArchivePacker.pack(folder: first, options: .init(productId: id, contentVersion: version, outputDirectory: tmp.sub("d"), timestamp: epoch))

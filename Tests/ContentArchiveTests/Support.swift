@@ -51,3 +51,13 @@ func repositoryContent(_ product: String) -> String {
 func sha256Hex(_ path: String) throws -> String {
     try run("sha256sum", [path]).stdout.split(separator: " ").first.map(String.init) ?? ""
 }
+
+extension PackOptions {
+    /// Files of over 1 MiB cut into 1 MiB chunks, so that a small test folder takes the path of
+    /// large files: chunks compressed apart and joined, stored chunks read by the writer.
+    var inSmallChunks: PackOptions {
+        var options = self
+        options.chunking = Chunking(wholeFileLimit: 1 << 20, chunkSize: 1 << 20)
+        return options
+    }
+}
