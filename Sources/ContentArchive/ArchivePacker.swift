@@ -145,20 +145,21 @@ public enum ArchivePacker {
 
         var header = ZipEntryHeader(name: [], method: 0, crc32: 0, compressedSize: 0, uncompressedSize: 0,
                                     mode: 0, localHeaderOffset: 0, dosTime: dos.time, dosDate: dos.date)
-        var hasher = SHA256()
+        // A multi-chunk entry's CRC-32 and SHA-256 run across its chunks, on a thread of their own.
+        var contentHasher: BackgroundHasher?
         var compressedSize: UInt64 = 0
         // The archive is hashed as it is written, from memory, except a multi-chunk entry: its
         // header is patched once its last chunk is in, so it is read back (from the page cache)
         // and hashed then. Hashing the whole file at the end instead left one core idle. Bytes
         // are hashed only while nothing before them is waiting, so leaving out a header leaves
         // out its entry.
-        var archiveHasher = SHA256()
+        let archiveHasher = BackgroundHasher(label: "iap-pack.archive-hash")
         var archiveHashed: UInt64 = 0
 
         // Bytes are still counted once the cap is passed, so the error can say by how much.
         func emit(_ bytes: [UInt8], hash: Bool = true) throws(ArchiveError) {
             if hash && archiveHashed == size {
-                bytes.withUnsafeBytes { archiveHasher.update(bufferPointer: $0) }
+                archiveHasher.update(bytes)
                 archiveHashed += UInt64(bytes.count)
             }
             size += UInt64(bytes.count)
@@ -188,14 +189,11 @@ public enum ArchivePacker {
                     header.crc32 = digest.crc32
                     header.compressedSize = UInt32(data.count)
                 }
-                hasher = SHA256()
+                contentHasher = digest == nil ? BackgroundHasher(label: "iap-pack.entry-hash", checksums: true) : nil
                 compressedSize = 0
                 try emit(header.localHeader, hash: unit.isLast)
             }
-            if digest == nil {
-                header.crc32 = result.raw.withUnsafeBytes { crc32(header.crc32, $0) }
-                result.raw.withUnsafeBytes { hasher.update(bufferPointer: $0) }
-            }
+            contentHasher?.update(result.raw)
             compressedSize += UInt64(data.count)
             try emit(data)
             bytesDone += UInt64(unit.length)
@@ -204,6 +202,10 @@ public enum ArchivePacker {
                     throw .invalid("\(entry.path) compresses to more than 4 GiB, which a ZIP entry without ZIP64 cannot hold: split it")
                 }
                 header.compressedSize = UInt32(compressedSize)
+                var sha256 = digest?.sha256 ?? ""
+                if let contentHasher {
+                    (sha256, header.crc32) = try contentHasher.finalize()
+                }
                 if unit.chunk > 0 && !overCap {
                     // Sizes and CRC of a multi-chunk entry are known only now: fill them in.
                     var patch = LittleEndianWriter(capacity: 12)
@@ -212,7 +214,7 @@ public enum ArchivePacker {
                     patch.u32(header.uncompressedSize)
                     // The patch flushed everything before it: the file holds the whole entry.
                     try writer.patch(at: UInt64(header.localHeaderOffset) + 14, patch.bytes)
-                    try hash(writer.path, from: archiveHashed, to: size, into: &archiveHasher)
+                    archiveHasher.update(file: writer.path, from: archiveHashed, to: size)
                     archiveHashed = size
                 }
                 centralDirectory += header.centralHeader
@@ -221,7 +223,7 @@ public enum ArchivePacker {
                     path: entry.path, kind: entry.isDirectory ? .directory : .file,
                     method: header.method == Zip.methodDeflate ? .deflate : .stored,
                     uncompressedSize: entry.size, compressedSize: compressedSize, crc32: header.crc32,
-                    sha256: digest?.sha256 ?? Array(hasher.finalize()).hexString,
+                    sha256: sha256,
                     localHeaderOffset: offset, dataOffset: offset + UInt64(Zip.localHeaderSize + header.name.count)))
                 progress?(PackProgress(bytesDone: bytesDone, bytesTotal: plan.totalBytes))
             }
@@ -236,7 +238,7 @@ public enum ArchivePacker {
         guard archiveHashed == size else {
             throw .io("internal error: \(archiveHashed) of \(size) archive bytes were hashed; please report this")
         }
-        return (manifestEntries, size, Array(archiveHasher.finalize()).hexString)
+        return (manifestEntries, size, try archiveHasher.finalize().sha256)
     }
 
     /// Feeds bytes `start..<end` of a file (to its end when `end` is nil) to `hasher`, 1 MiB at a

@@ -88,7 +88,7 @@ final class OrderedPipeline: @unchecked Sendable {
     /// Whether the consumer reads this unit itself (a chunk of a stored multi-chunk file).
     private func readByConsumer(_ unit: Plan.Unit) -> Bool {
         let entry = entries[unit.entry]
-        guard level > 0, entry.method == .stored, case .file = entry.source else { return false }
+        guard level > 0, entry.method == .stored, case .file = entry.source, unit.chunk > 0 || !unit.isLast else { return false }
         return true
     }
 
