@@ -20,7 +20,7 @@ final class BackgroundHasher: @unchecked Sendable {
     private var hasher = SHA256()
     private var crc: UInt32 = 0
 
-    init(label: String, checksums: Bool = false, limit: Int = 32 << 20) {
+    init(label: String, checksums: Bool = false, limit: Int = 16 << 20) {
         queue = DispatchQueue(label: label)
         self.checksums = checksums
         self.limit = limit

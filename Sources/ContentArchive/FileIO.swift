@@ -94,19 +94,26 @@ final class BufferedFileWriter {
 
 /// Reads exactly `count` bytes at `offset`, or fewer only at the end of the file.
 func readFully(_ fd: FileDescriptor, at offset: UInt64, count: Int, path: String) throws(ArchiveError) -> [UInt8] {
-    var result = [UInt8](repeating: 0, count: count)
-    var filled = 0
-    while filled < count {
-        let n = try systemCall("read", path) {
-            try result.withUnsafeMutableBytes { raw in
-                try fd.read(fromAbsoluteOffset: Int64(offset) + Int64(filled),
-                            into: UnsafeMutableRawBufferPointer(rebasing: raw[filled...]))
+    // Uninitialized: zero-filling first cost a pass over every byte packed. Only what read()
+    // filled is counted as initialized.
+    var failure: ArchiveError?
+    let result = [UInt8](unsafeUninitializedCapacity: count) { buffer, initialized in
+        let raw = UnsafeMutableRawBufferPointer(buffer)
+        while initialized < count {
+            do throws(ArchiveError) {
+                let n = try systemCall("read", path) {
+                    try fd.read(fromAbsoluteOffset: Int64(offset) + Int64(initialized),
+                                into: UnsafeMutableRawBufferPointer(rebasing: raw[initialized...]))
+                }
+                if n == 0 { break }
+                initialized += n
+            } catch {
+                failure = error
+                return
             }
         }
-        if n == 0 { break }
-        filled += n
     }
-    if filled < count { result.removeSubrange(filled...) }
+    if let failure { throw failure }
     return result
 }
 
