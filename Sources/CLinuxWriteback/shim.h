@@ -1,6 +1,13 @@
-/* sync_file_range(2) is declared by glibc only under _GNU_SOURCE, which Swift's Glibc module does
-   not set; declare it here (glibc exports it on every Linux architecture). */
+/* sync_file_range(2) and O_DIRECT are declared by glibc only under _GNU_SOURCE, which Swift's Glibc
+   module does not set; declare them here. */
 #ifdef __linux__
 int sync_file_range(int fd, long long offset, long long nbytes, unsigned int flags);
 static const unsigned int cwriteback_start = 2; /* SYNC_FILE_RANGE_WRITE */
+#if defined(__x86_64__) || defined(__i386__)
+static const int cwriteback_o_direct = 040000;
+#elif defined(__aarch64__) || defined(__arm__)
+static const int cwriteback_o_direct = 0200000;
+#else
+static const int cwriteback_o_direct = 0; /* unknown: no direct I/O, buffered writes only */
+#endif
 #endif

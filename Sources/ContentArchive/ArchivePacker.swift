@@ -96,7 +96,7 @@ public enum ArchivePacker {
         let archiveTemp = options.outputDirectory + "/." + archiveName + suffix
         let manifestTemp = options.outputDirectory + "/." + manifestName + suffix
 
-        let writer = try BufferedFileWriter(creating: archiveTemp)
+        let writer = try BufferedFileWriter(creating: archiveTemp, direct: true)
         var manifestWriter: BufferedFileWriter?
         do throws(ArchiveError) {
             let (entries, size, digest) = try write(plan: plan, to: writer, options: options, progress: progress)
