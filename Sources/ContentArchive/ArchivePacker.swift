@@ -149,10 +149,10 @@ public enum ArchivePacker {
         var contentHasher: BackgroundHasher?
         var compressedSize: UInt64 = 0
         // The archive is hashed as it is written, from memory, except a multi-chunk entry: its
-        // header is patched once its last chunk is in, so it is read back (from the page cache)
-        // and hashed then. Hashing the whole file at the end instead left one core idle. Bytes
-        // are hashed only while nothing before them is waiting, so leaving out a header leaves
-        // out its entry.
+        // header is patched once its last chunk is in, so it is read back from the file and
+        // hashed then. Hashing the whole file at the end instead left one core idle. Bytes are
+        // hashed only while nothing before them is waiting, so leaving out a header leaves out
+        // its entry.
         let archiveHasher = BackgroundHasher(label: "iap-pack.archive-hash")
         var archiveHashed: UInt64 = 0
 
