@@ -81,11 +81,11 @@ final class BufferedFileWriter {
             let aligned = filled & ~(Self.alignment - 1)
             if aligned > 0 {
                 try writeDirect(count: aligned)
-                (buffer).copyMemory(from: buffer + aligned, byteCount: filled - aligned)
+                buffer.copyMemory(from: buffer + aligned, byteCount: filled - aligned)
                 bufferStart += UInt64(aligned)
                 filled -= aligned
             }
-            if filled > 0 && !all || directFD == nil {
+            if (filled > 0 && !all) || directFD == nil {
                 try writeBuffered(UnsafeRawBufferPointer(start: buffer, count: filled), at: bufferStart)
                 if directFD == nil { bufferStart += UInt64(filled); filled = 0 }
             }
