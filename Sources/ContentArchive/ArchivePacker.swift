@@ -390,22 +390,24 @@ struct Plan: Sendable {
         var compressible: [String: Bool] = [:]
         for (file, verdict) in zip(large, judged) { compressible[file.path] = verdict }
 
-        var kinds: [String: (files: [String], bytes: UInt64)] = [:]
-        var kindOrder: [String] = []
+        // Levels 10 to 12 are kept as asked: there is nothing to choose, so nothing to sample.
+        guard level <= 9 else { return (compressible, [:]) }
+        var kinds: [(name: String, files: [String], bytes: UInt64)] = []
+        var kindIndex: [String: Int] = [:]
         for (path, source, size) in items {
             guard case .file(let disk) = source, size > 0, compressible[path] ?? true else { continue }
-            let kind = fileExtension(path)
-            if kinds[kind] == nil { kindOrder.append(kind) }
-            kinds[kind, default: ([], 0)].files.append(disk)
-            kinds[kind]!.bytes += size
+            let name = fileExtension(path)
+            if kindIndex[name] == nil {
+                kindIndex[name] = kinds.count
+                kinds.append((name, [], 0))
+            }
+            kinds[kindIndex[name]!].files.append(disk)
+            kinds[kindIndex[name]!].bytes += size
         }
-        let files = kinds.mapValues(\.files)
-        let samples = parallelMap(kindOrder) { kind in measureSample(of: files[kind]!, level: level) }
-        let measured = kindOrder.indices.compactMap { index in samples[index].map { (kindOrder[index], kinds[kindOrder[index]]!.bytes, $0) } }
-        let levels = LevelBudget.choose(measured.map { ($0.1, $0.2) }, requested: level)
-        var kindLevels: [String: Int] = [:]
-        for (position, (kind, _, _)) in measured.enumerated() { kindLevels[kind] = levels[position] }
-        return (compressible, kindLevels)
+        let samples = parallelMap(kinds) { kind in measureSample(of: kind.files, level: level) }
+        let measured = zip(kinds, samples).compactMap { kind, sample in sample.map { (name: kind.name, weight: kind.bytes, sample: $0) } }
+        let levels = LevelBudget.choose(measured.map { ($0.weight, $0.sample) }, requested: level)
+        return (compressible, Dictionary(uniqueKeysWithValues: zip(measured.map(\.name), levels)))
     }
 
     /// Measures a sample of up to 64 KiB taken from the start of files spread over `files` (a

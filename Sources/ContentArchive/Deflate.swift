@@ -63,7 +63,10 @@ struct LevelSample: Sendable {
     let sizes: [Int]
     /// zlib's output at the requested level.
     let zlibSize: Int
+}
 
+extension LevelSample {
+    /// Measures `sample` (in an extension, so that the memberwise initializer stays).
     init(sample: UnsafeRawBufferPointer, level requested: Int) {
         count = sample.count
         guard requested <= 9, sample.count >= 64 else {
@@ -76,13 +79,6 @@ struct LevelSample: Sendable {
         compressible = sizes.min()! < sample.count - sample.count / 32
         self.sizes = compressible ? sizes : []
         zlibSize = compressible ? czlib_deflated_size(sample.baseAddress, sample.count, Int32(requested)) : 0
-    }
-
-    init(compressible: Bool, count: Int, sizes: [Int], zlibSize: Int) {
-        self.compressible = compressible
-        self.count = count
-        self.sizes = sizes
-        self.zlibSize = zlibSize
     }
 }
 
@@ -100,6 +96,15 @@ enum LevelBudget {
     /// logs, JSON and text on x86-64. Fixed rather than timed so that the choice, and so the
     /// archive's bytes, depend only on the content.
     static let relativeCost: [Double] = [1.0, 1.46, 1.69, 1.93, 2.35, 3.1, 4.66, 7.7, 12.9]
+
+    /// Raising one group to `level`: the bytes it saves and the time it costs.
+    private struct Step {
+        var group: Int
+        var level: Int
+        var saving: Double
+        var cost: Double
+        var rate: Double { saving / cost }
+    }
 
     /// The level for each group, weighted by the bytes it stands for. Groups that are stored, or
     /// asked at levels 10 to 12, keep `requested`.
@@ -123,25 +128,26 @@ enum LevelBudget {
         while total > budget {
             // Each step raises one group's level. When one step is enough, the cheapest such step;
             // otherwise the step that saves the most bytes per unit of time.
-            var steepest: (rate: Double, group: Int, level: Int, saving: Double)?
-            var finishing: (cost: Double, group: Int, level: Int, saving: Double)?
+            var steepest: Step?
+            var finishing: Step?
             for group in eligible where levels[group] < requested {
                 let from = levels[group]
                 for level in (from + 1)...requested {
                     let saving = estimate(group, from) - estimate(group, level)
                     guard saving > 0 else { continue }
                     let cost = Double(groups[group].weight) * (relativeCost[level - 1] - relativeCost[from - 1])
+                    let step = Step(group: group, level: level, saving: saving, cost: cost)
                     if total - saving <= budget, finishing.map({ cost < $0.cost }) ?? true {
-                        finishing = (cost, group, level, saving)
+                        finishing = step
                     }
-                    if steepest.map({ saving / cost > $0.rate }) ?? true {
-                        steepest = (saving / cost, group, level, saving)
+                    if steepest.map({ step.rate > $0.rate }) ?? true {
+                        steepest = step
                     }
                 }
             }
-            guard let step = finishing.map({ ($0.group, $0.level, $0.saving) }) ?? steepest.map({ ($0.group, $0.level, $0.saving) }) else { break }
-            levels[step.0] = step.1
-            total -= step.2
+            guard let step = finishing ?? steepest else { break }
+            levels[step.group] = step.level
+            total -= step.saving
         }
         // The steep steps may have overshot: lower any group whose bytes are no longer needed.
         var lowered = total <= budget

@@ -49,7 +49,7 @@ final class BufferedFileWriter {
     }
 
     deinit {
-        try? directFD?.close()
+        close()
         buffer.deallocate()
     }
 
@@ -85,11 +85,13 @@ final class BufferedFileWriter {
                 bufferStart += UInt64(aligned)
                 filled -= aligned
             }
-            if (filled > 0 && !all) || directFD == nil {
-                try writeBuffered(UnsafeRawBufferPointer(start: buffer, count: filled), at: bufferStart)
-                if directFD == nil { bufferStart += UInt64(filled); filled = 0 }
+            if directFD != nil {
+                if !all && filled > 0 {
+                    try writeBuffered(UnsafeRawBufferPointer(start: buffer, count: filled), at: bufferStart)
+                }
+                return
             }
-            return
+            // Direct I/O was refused: the rest goes the ordinary way, as everything after it will.
         }
         try writeBuffered(UnsafeRawBufferPointer(start: buffer, count: filled), at: bufferStart)
         bufferStart += UInt64(filled)
@@ -156,21 +158,21 @@ final class BufferedFileWriter {
     func finish() throws(ArchiveError) {
         try flush()
         guard fsync(fd.rawValue) == 0 else { throw ioError(errno, action: "sync", path: path) }
-        closed = true
-        try? directFD?.close()
-        directFD = nil
-        try? fd.close()
+        close()
     }
 
     /// Closes (once) and deletes the file.
     func abandon() {
-        if !closed {
-            try? directFD?.close()
-            directFD = nil
-            try? fd.close()
-        }
-        closed = true
+        close()
         unlink(path)
+    }
+
+    private func close() {
+        guard !closed else { return }
+        closed = true
+        try? directFD?.close()
+        directFD = nil
+        try? fd.close()
     }
 }
 
