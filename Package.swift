@@ -5,6 +5,8 @@ let package = Package(
     name: "iap-content",
     platforms: [.macOS(.v15)],
     products: [
+        .library(name: "IAPProtocol", targets: ["IAPProtocol"]),
+        .library(name: "DurableFiles", targets: ["DurableFiles"]),
         .library(name: "ContentArchive", targets: ["ContentArchive"]),
         .library(name: "PurchaseVerification", targets: ["PurchaseVerification"]),
         .library(name: "SandboxStore", targets: ["SandboxStore"]),
@@ -43,10 +45,19 @@ let package = Package(
         // zlib (Debian: zlib1g-dev) for streaming inflate, which libdeflate (whole-buffer only) cannot do.
         .systemLibrary(name: "CZlib", pkgConfig: "zlib", providers: [.apt(["zlib1g-dev"])]),
         .systemLibrary(name: "CLinuxWriteback"),
+        // The HTTP contract (routes, bodies, the error envelope) and the one error shape.
+        .target(name: "IAPProtocol"),
+        // Atomic writes, folder syncs, advisory locks, hex: what every durable file here needs.
+        .target(name: "DurableFiles", dependencies: ["IAPProtocol"]),
+        // The four executables' one way to report an error and exit.
+        .target(
+            name: "CommandLineReporting",
+            dependencies: ["IAPProtocol", .product(name: "ArgumentParser", package: "swift-argument-parser")]
+        ),
         .target(
             name: "ContentArchive",
             dependencies: [
-                "CLibDeflate", "CZlib", "CLinuxWriteback",
+                "CLibDeflate", "CZlib", "CLinuxWriteback", "DurableFiles", "IAPProtocol",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "SystemPackage", package: "swift-system"),
             ]
@@ -54,7 +65,7 @@ let package = Package(
         .executableTarget(
             name: "iap-pack",
             dependencies: [
-                "ContentArchive",
+                "CommandLineReporting", "ContentArchive", "IAPProtocol",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
@@ -62,7 +73,7 @@ let package = Package(
         .target(
             name: "PurchaseVerification",
             dependencies: [
-                "Base64URL",
+                "Base64URL", "IAPProtocol",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "X509", package: "swift-certificates"),
                 .product(name: "SwiftASN1", package: "swift-asn1"),
@@ -71,12 +82,12 @@ let package = Package(
         ),
         .target(
             name: "TransactionQueue",
-            dependencies: [.product(name: "SystemPackage", package: "swift-system")]
+            dependencies: ["DurableFiles", "IAPProtocol", .product(name: "SystemPackage", package: "swift-system")]
         ),
         .target(
             name: "SandboxStore",
             dependencies: [
-                "Base64URL", "PurchaseVerification", "TransactionQueue",
+                "Base64URL", "DurableFiles", "IAPProtocol", "PurchaseVerification", "TransactionQueue",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "X509", package: "swift-certificates"),
                 .product(name: "SwiftASN1", package: "swift-asn1"),
@@ -85,7 +96,7 @@ let package = Package(
         .executableTarget(
             name: "iap-sandbox",
             dependencies: [
-                "SandboxStore", "TransactionQueue", "PurchaseVerification",
+                "CommandLineReporting", "IAPProtocol", "SandboxStore", "TransactionQueue", "PurchaseVerification",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
@@ -93,6 +104,7 @@ let package = Package(
         .target(
             name: "ContentDelivery",
             dependencies: [
+                "IAPProtocol",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
@@ -100,19 +112,19 @@ let package = Package(
         ),
         .target(
             name: "DownloadGrants",
-            dependencies: ["Base64URL", .product(name: "Crypto", package: "swift-crypto")]
+            dependencies: ["Base64URL", "DurableFiles", "IAPProtocol", .product(name: "Crypto", package: "swift-crypto")]
         ),
         .target(
             name: "ContentCatalog",
             dependencies: [
-                "ContentArchive",
+                "ContentArchive", "DurableFiles", "IAPProtocol",
                 .product(name: "GRDB", package: "GRDB.swift"),
             ]
         ),
         .target(
             name: "ContentServer",
             dependencies: [
-                "Base64URL", "ContentArchive", "ContentCatalog", "ContentDelivery", "DownloadGrants", "PurchaseVerification",
+                "Base64URL", "ContentArchive", "ContentCatalog", "ContentDelivery", "DownloadGrants", "IAPProtocol", "PurchaseVerification",
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HummingbirdCore", package: "hummingbird"),
                 .product(name: "MultipartKit", package: "multipart-kit"),
@@ -131,7 +143,7 @@ let package = Package(
         .target(
             name: "ContentFetch",
             dependencies: [
-                "ContentArchive", "TransactionQueue",
+                "ContentArchive", "DurableFiles", "IAPProtocol", "TransactionQueue",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -144,14 +156,14 @@ let package = Package(
         .executableTarget(
             name: "iap-fetch",
             dependencies: [
-                "Base64URL", "ContentFetch", "TransactionQueue",
+                "CommandLineReporting", "Base64URL", "ContentFetch", "IAPProtocol", "TransactionQueue",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
         .executableTarget(
             name: "iap-server",
             dependencies: [
-                "PurchaseVerification", "ContentServer", "ContentCatalog",
+                "CommandLineReporting", "ContentCatalog", "ContentServer", "IAPProtocol", "PurchaseVerification",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
@@ -159,6 +171,18 @@ let package = Package(
             name: "verify-bench",
             dependencies: ["PurchaseVerification", "SandboxStore"],
             path: "tools/verify-bench"
+        ),
+        .testTarget(name: "IAPProtocolTests", dependencies: ["IAPProtocol"]),
+        .testTarget(name: "DurableFilesTests", dependencies: ["DurableFiles"]),
+        .testTarget(
+            name: "ContentDeliveryTests",
+            dependencies: [
+                "ContentDelivery", "IAPProtocol",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOEmbedded", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ]
         ),
         .testTarget(
             name: "ContentArchiveTests",

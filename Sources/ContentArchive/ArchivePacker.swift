@@ -1,3 +1,4 @@
+import DurableFiles
 import Crypto
 import Foundation
 import Synchronization
@@ -117,7 +118,7 @@ public enum ArchivePacker {
                 unlink(archivePath)
                 throw error
             }
-            syncDirectory(options.outputDirectory)
+            try syncDirectory(options.outputDirectory)
             return PackResult(archivePath: archivePath, manifestPath: manifestPath, manifest: manifest)
         } catch {
             writer.abandon()
@@ -264,7 +265,7 @@ public enum ArchivePacker {
     static func hashFile(_ path: String) throws(ArchiveError) -> (UInt64, String) {
         var hasher = SHA256()
         let size = try hash(path, into: &hasher)
-        return (size, Array(hasher.finalize()).hexString)
+        return (size, Hex.encode(hasher.finalize()))
     }
 }
 

@@ -1,3 +1,4 @@
+import DurableFiles
 import Crypto
 import Foundation
 #if canImport(Glibc)
@@ -34,7 +35,7 @@ public enum ArchiveVerifier {
             try reader.read(entry) { hasher.update(bufferPointer: $0) }
             entries.append(.init(path: entry.path, kind: entry.isDirectory ? .directory : .file, method: entry.method,
                                  uncompressedSize: entry.uncompressedSize, compressedSize: entry.compressedSize, crc32: entry.crc32,
-                                 sha256: Array(hasher.finalize()).hexString, localHeaderOffset: entry.localHeaderOffset,
+                                 sha256: Hex.encode(hasher.finalize()), localHeaderOffset: entry.localHeaderOffset,
                                  dataOffset: entry.dataOffset))
         }
         let (size, digest) = try ArchivePacker.hashFile(archive)

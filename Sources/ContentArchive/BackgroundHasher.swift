@@ -1,3 +1,4 @@
+import DurableFiles
 import Crypto
 import Foundation
 
@@ -60,7 +61,7 @@ final class BackgroundHasher: @unchecked Sendable {
 
     /// The SHA-256 (hex) and CRC-32 of everything handed over, once it is all hashed.
     func finalize() throws(ArchiveError) -> (sha256: String, crc32: UInt32) {
-        let digest = queue.sync { (Array(hasher.finalize()).hexString, crc) }
+        let digest = queue.sync { (Hex.encode(hasher.finalize()), crc) }
         condition.lock()
         defer { condition.unlock() }
         if let failure { throw failure }

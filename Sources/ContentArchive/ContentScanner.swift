@@ -1,3 +1,4 @@
+import DurableFiles
 import Foundation
 import SystemPackage
 #if canImport(Glibc)
@@ -191,19 +192,5 @@ enum ContentScanner {
 
 /// Turns an errno into an error that says what to do about it.
 func ioError(_ code: Int32, action: String, path: String) -> ArchiveError {
-    let reason = String(cString: strerror(code))
-    switch code {
-    case EACCES, EPERM:
-        return .io("cannot \(action) \(path): \(reason); fix its permissions (for example chmod u+rw) or choose another path")
-    case ENOSPC, EDQUOT, EFBIG:
-        return .io("cannot \(action) \(path): \(reason); free disk space (or raise the file size limit) and try again")
-    case EROFS:
-        return .io("cannot \(action) \(path): the file system is read-only; choose a writable location")
-    case ENOENT:
-        return .io("cannot \(action) \(path): it does not exist; check the path")
-    case ENOTDIR:
-        return .io("cannot \(action) \(path): part of the path is not a folder; check the path")
-    default:
-        return .io("cannot \(action) \(path): \(reason)")
-    }
+    .io(ioFailureMessage(code, action: action, path: path))
 }

@@ -1,3 +1,4 @@
+import DurableFiles
 import SystemPackage
 #if canImport(Glibc)
 import CLinuxWriteback
@@ -203,25 +204,12 @@ func readFully(_ fd: FileDescriptor, at offset: UInt64, count: Int, path: String
 
 /// Makes a folder and its parents, like `mkdir -p`.
 func makeDirectories(_ path: String) throws(ArchiveError) {
-    var current = path.hasPrefix("/") ? "" : "."
-    for component in path.split(separator: "/") {
-        current += "/" + component
-        if mkdir(current, 0o755) != 0 && errno != EEXIST {
-            throw ioError(errno, action: "create folder", path: current)
-        }
-    }
-    var info = stat()
-    guard stat(path, &info) == 0, info.st_mode & S_IFMT == S_IFDIR else {
-        throw .io("\(path) exists and is not a folder: choose another output folder")
-    }
+    do { try Directory.create(path) } catch { throw .io(error.message) }
 }
 
 /// Syncs a folder so that renames into it survive a crash.
-func syncDirectory(_ path: String) {
-    let fd = open(path, O_RDONLY | O_DIRECTORY)
-    guard fd >= 0 else { return }
-    fsync(fd)
-    close(fd)
+func syncDirectory(_ path: String) throws(ArchiveError) {
+    do { try Directory.sync(path) } catch { throw .io(error.message) }
 }
 
 /// Runs a swift-system call, turning its `Errno` into an ``ArchiveError`` that names the path.

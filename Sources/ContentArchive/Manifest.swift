@@ -74,15 +74,3 @@ public struct ArchiveManifest: Codable, Sendable, Equatable {
         "\(productId.rawValue)-\(version.string).manifest.json"
     }
 }
-
-extension Sequence where Element == UInt8 {
-    var hexString: String {
-        let digits = Array("0123456789abcdef".utf8)
-        var out: [UInt8] = []
-        for byte in self {
-            out.append(digits[Int(byte >> 4)])
-            out.append(digits[Int(byte & 0xF)])
-        }
-        return String(decoding: out, as: UTF8.self)
-    }
-}

@@ -1,3 +1,4 @@
+import DurableFiles
 import Crypto
 import Foundation
 import SystemPackage
@@ -27,7 +28,7 @@ struct UnitResult: Sendable {
     var heldBytes: Int { raw.count + (compressed?.count ?? 0) }
 
     static func digest(of raw: [UInt8]) -> (crc32: UInt32, sha256: String) {
-        raw.withUnsafeBytes { (crc32(0, $0), Array(SHA256.hash(data: $0)).hexString) }
+        raw.withUnsafeBytes { (crc32(0, $0), Hex.encode(SHA256.hash(data: $0))) }
     }
 }
 

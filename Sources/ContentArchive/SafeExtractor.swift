@@ -68,11 +68,11 @@ public enum SafeExtractor {
                 }
             }
             if durable {
-                for folder in made.sorted(by: >) { syncDirectory(temp + "/" + folder) }
-                syncDirectory(temp)
+                for folder in made.sorted(by: >) { try syncDirectory(temp + "/" + folder) }
+                try syncDirectory(temp)
             }
             guard rename(temp, destination) == 0 else { throw ioError(errno, action: "rename into", path: destination) }
-            if durable { syncDirectory(parent) }
+            if durable { try syncDirectory(parent) }
         } catch {
             try? FileManager.default.removeItem(atPath: temp)
             throw error

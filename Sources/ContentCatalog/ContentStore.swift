@@ -1,33 +1,28 @@
 import ContentArchive
+import DurableFiles
 import Foundation
 import GRDB
+import IAPProtocol
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Darwin)
 import Darwin
 #endif
 
-/// An error from the catalog, with a code the server maps to an HTTP status.
-public struct CatalogError: Error, Sendable, CustomStringConvertible {
-    public enum Code: String, Sendable {
-        /// The archive is malformed, corrupt, over the cap, or lies about itself (400).
-        case invalidArchive = "invalid-archive"
-        /// The version is not newer than the latest, or differs from what was published (409).
-        case conflict
-        /// Nothing published under that product or version (404).
-        case notFound = "not-found"
-        /// The data folder or database cannot be written (503).
-        case storage
-    }
-
-    public let code: Code
-    public let message: String
-    public init(_ code: Code, _ message: String) {
-        self.code = code
-        self.message = message
-    }
-    public var description: String { message }
+/// What went wrong in the catalog; the server maps it to an HTTP status.
+public enum CatalogErrorCode: String, ErrorCode {
+    /// The archive is malformed, corrupt, over the cap, or lies about itself (400).
+    case invalidArchive = "invalid-archive"
+    /// The version is not newer than the latest, or differs from what was published (409).
+    case conflict
+    /// Nothing published under that product or version (404).
+    case notFound = "not-found"
+    /// The data folder or database cannot be written (503).
+    case storage
 }
+
+/// An error from the catalog.
+public typealias CatalogError = CodedError<CatalogErrorCode>
 
 /// One published content version.
 public struct PublishedVersion: Codable, Sendable, Equatable, FetchableRecord, PersistableRecord {
@@ -211,22 +206,22 @@ public final class ContentStore: Sendable {
                 throw CatalogError(.storage, "cannot copy the archive into \(dataDirectory)/tmp: \(error.localizedDescription); check free space and permissions")
             }
         }
+        // The bytes reach the disk before their name does: a power cut never publishes a torn archive.
         let fd = open(source, O_RDONLY)
-        if fd >= 0 {
-            fsync(fd)
-            close(fd)
+        guard fd >= 0, fsync(fd) == 0 else {
+            let reason = errnoDescription(errno)
+            if fd >= 0 { close(fd) }
+            if !move { unlink(source) }
+            throw CatalogError(.storage, "cannot sync the archive \(source): \(reason); check free space")
         }
+        close(fd)
         chmod(source, 0o444)
         guard rename(source, target) == 0 else {
             let reason = String(cString: strerror(errno))
             if !move { unlink(source) }
             throw CatalogError(.storage, "cannot move the archive into \(target): \(reason)")
         }
-        let dir = open(dataDirectory + "/archives", O_RDONLY | O_DIRECTORY)
-        if dir >= 0 {
-            fsync(dir)
-            close(dir)
-        }
+        do { try Directory.sync(dataDirectory + "/archives") } catch { throw CatalogError(.storage, error.message) }
     }
 
     /// Every version of a product, newest first.

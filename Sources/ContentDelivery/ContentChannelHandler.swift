@@ -1,4 +1,5 @@
 import Foundation
+import IAPProtocol
 import NIOCore
 import Synchronization
 import NIOHTTP1
@@ -10,14 +11,15 @@ public struct ServedFile: Sendable {
     public let size: UInt64
     /// Strong entity tag, quotes included.
     public let etag: String
+    /// `Last-Modified`, as HTTP writes dates.
     public let lastModified: String
     public let contentType: String
 
-    public init(handle: NIOFileHandle, size: UInt64, etag: String, lastModified: String, contentType: String = "application/zip") {
+    public init(handle: NIOFileHandle, size: UInt64, etag: String, modified: Date, contentType: String = "application/zip") {
         self.handle = handle
         self.size = size
         self.etag = etag
-        self.lastModified = lastModified
+        lastModified = HTTPDate.format(modified)
         self.contentType = contentType
     }
 }
@@ -27,15 +29,16 @@ public enum ContentResolution: Sendable {
     /// Serve this file; `fileName` goes into `Content-Disposition`.
     case file(ServedFile, fileName: String)
     /// Answer with this status and a JSON error body.
-    case refuse(HTTPResponseStatus, code: String, message: String)
+    case refuse(HTTPResponseStatus, APIError)
 }
 
-/// Maps a content path (what follows the prefix) to a file or a refusal.
+/// Maps a content key (the first path segment after the prefix: a grant token, say) to a file or
+/// a refusal.
 public protocol ContentResolver: Sendable {
     /// Called on `eventLoop` (the channel's) for every request: it must not block. A file's
     /// handle must belong to that event loop alone: NIO refuses (EBUSY) a handle that two loops
     /// use at once, so handles are kept per event loop.
-    func resolve(path: Substring, on eventLoop: any EventLoop) -> ContentResolution
+    func resolve(key: Substring, on eventLoop: any EventLoop) -> ContentResolution
 }
 
 /// Told of every content response, for metrics.
@@ -156,29 +159,13 @@ public final class ContentChannelHandler: ChannelDuplexHandler, RemovableChannel
     }
 }
 
-func jsonEscaped(_ text: String) -> String {
-    var out = ""
-    for scalar in text.unicodeScalars {
-        switch scalar {
-        case "\"": out += "\\\""
-        case "\\": out += "\\\\"
-        case "\n": out += "\\n"
-        case "\r": out += "\\r"
-        case "\t": out += "\\t"
-        default:
-            if scalar.value < 0x20 { out += String(format: "\\u%04x", scalar.value) } else { out.unicodeScalars.append(scalar) }
-        }
-    }
-    return out
-}
-
 /// IMF-fixdate strings (RFC 9110 §5.6.7), cached per second.
-public enum HTTPDate {
+enum HTTPDate {
     private static let cache = Mutex<(Int, String)>((0, ""))
 
-    public static var now: String { format(Date()) }
+    static var now: String { format(Date()) }
 
-    public static func format(_ date: Date) -> String {
+    static func format(_ date: Date) -> String {
         let second = Int(date.timeIntervalSince1970)
         if let cached = cache.withLock({ $0.0 == second ? $0.1 : nil }) { return cached }
         var time = time_t(second)

@@ -1,9 +1,10 @@
 import Foundation
+import IAPProtocol
 import NIOCore
 import NIOHTTP1
 
 /// What a content request asks, however it was parsed.
-struct ContentRequest {
+struct ContentRequest: Sendable, Equatable {
     var method: HTTPMethod
     var uri: String
     var keepAlive: Bool
@@ -38,15 +39,20 @@ struct ContentResponse {
         if !keepAlive { headers.append(("Connection", "close")) }
         guard method == .GET || method == .HEAD else {
             headers.append(("Allow", "GET, HEAD"))
-            return error(.methodNotAllowed, code: "method-not-allowed", message: "content URLs answer GET and HEAD only",
+            return error(.methodNotAllowed, APIError(.methodNotAllowed, "content URLs answer GET and HEAD only"),
                          headers: headers, method: method, keepAlive: keepAlive, allocator: allocator)
         }
         let utf8 = uri.utf8
         let start = utf8.index(utf8.startIndex, offsetBy: prefix.utf8.count)
-        let end = utf8.index(start, offsetBy: uri[start...].utf8Offset(of: UInt8(ascii: "?")) ?? utf8.distance(from: start, to: utf8.endIndex))
-        switch resolver.resolve(path: Substring(utf8[start..<end]), on: eventLoop) {
-        case .refuse(let status, let code, let message):
-            return error(status, code: code, message: message, headers: headers, method: method, keepAlive: keepAlive, allocator: allocator)
+        // The key is the first path segment after the prefix; what follows it (a file name for
+        // people and caches) and the query do not matter.
+        let rest = uri[start...]
+        let slash = rest.utf8Offset(of: UInt8(ascii: "/")) ?? rest.utf8.count
+        let query = rest.utf8Offset(of: UInt8(ascii: "?")) ?? rest.utf8.count
+        let key = Substring(utf8[start..<utf8.index(start, offsetBy: min(slash, query))])
+        switch resolver.resolve(key: key, on: eventLoop) {
+        case .refuse(let status, let refusal):
+            return error(status, refusal, headers: headers, method: method, keepAlive: keepAlive, allocator: allocator)
         case .file(let file, let fileName):
             return serve(file, fileName: fileName, request: request, maxRanges: maxRanges, headers: headers, allocator: allocator)
         }
@@ -124,14 +130,14 @@ struct ContentResponse {
         return .fileRegion(FileRegion(fileHandle: file.handle, readerIndex: Int(first), endIndex: Int(first + count)))
     }
 
-    private static func error(_ status: HTTPResponseStatus, code: String, message: String, headers base: [(String, String)],
+    private static func error(_ status: HTTPResponseStatus, _ refusal: APIError, headers base: [(String, String)],
                               method: HTTPMethod, keepAlive: Bool, allocator: ByteBufferAllocator) -> ContentResponse {
         var headers = base
-        let body = #"{"error":{"code":"\#(jsonEscaped(code))","message":"\#(jsonEscaped(message))"}}"# + "\n"
+        let body = WireJSON.line(refusal.envelope)
         headers.append(("Content-Type", "application/json"))
-        headers.append(("Content-Length", String(body.utf8.count)))
+        headers.append(("Content-Length", String(body.count)))
         headers.append(("Cache-Control", "no-store"))
-        let pieces: [IOData] = method == .HEAD ? [] : [.byteBuffer(allocator.buffer(string: body))]
+        let pieces: [IOData] = method == .HEAD ? [] : [.byteBuffer(allocator.buffer(bytes: body))]
         return ContentResponse(status: status, headers: headers, body: pieces, keepAlive: keepAlive)
     }
 }
@@ -140,7 +146,7 @@ extension Substring {
     /// Where `byte` first occurs, in UTF-8 code units from the start. Searches the contiguous
     /// bytes: `utf8.firstIndex(of:)` goes through String's index machinery byte by byte, which was
     /// 4% of the server's CPU on small range requests.
-    public func utf8Offset(of byte: UInt8) -> Int? {
+    func utf8Offset(of byte: UInt8) -> Int? {
         if let offset = utf8.withContiguousStorageIfAvailable({ $0.firstIndex(of: byte) }) { return offset }
         return utf8.firstIndex(of: byte).map { utf8.distance(from: utf8.startIndex, to: $0) }
     }

@@ -1,4 +1,6 @@
+import DurableFiles
 import Foundation
+import IAPProtocol
 import TransactionQueue
 
 /// A download's state, in StoreKit's vocabulary (`SKDownloadState`).
@@ -9,36 +11,27 @@ public enum DownloadState: String, Codable, Sendable {
     public var isFinal: Bool { self == .finished || self == .failed || self == .cancelled }
 }
 
-/// Why a download failed; `code` is stable for programs, `message` is for people.
-public struct FetchError: Error, Codable, Sendable, Equatable, CustomStringConvertible {
-    public enum Code: String, Codable, Sendable {
-        /// The purchase was refunded or revoked: nothing will be downloaded for it.
-        case revoked
-        /// The server refused the proof of purchase (400/401/403).
-        case refused
-        /// No content is published for the product (404).
-        case noContent = "no-content"
-        /// Network or server errors persisted through every retry.
-        case network
-        /// The bytes did not match the grant's SHA-256 through every retry.
-        case integrity
-        /// The archive could not be installed (disk full, read-only folder, invalid archive).
-        case install
-        /// Another iap-fetch process is downloading the same content into the same folder.
-        case busy
-        case cancelled
-    }
-
-    public let code: Code
-    public let message: String
-
-    public init(_ code: Code, _ message: String) {
-        self.code = code
-        self.message = message
-    }
-
-    public var description: String { message }
+/// Why a download failed; stable for programs.
+public enum FetchErrorCode: String, ErrorCode {
+    /// The purchase was refunded or revoked: nothing will be downloaded for it.
+    case revoked
+    /// The server refused the proof of purchase (400/401/403).
+    case refused
+    /// No content is published for the product (404).
+    case noContent = "no-content"
+    /// Network or server errors persisted through every retry.
+    case network
+    /// The bytes did not match the grant's SHA-256 through every retry.
+    case integrity
+    /// The archive could not be installed (disk full, read-only folder, invalid archive).
+    case install
+    /// Another iap-fetch process is downloading the same content into the same folder.
+    case busy
+    case cancelled
 }
+
+/// Why a download failed: `code` for programs, `message` for people.
+public typealias FetchError = CodedError<FetchErrorCode>
 
 /// The durable record of one download (one product of one transaction), written atomically so
 /// that a kill at any moment leaves a state to continue from.
@@ -57,15 +50,15 @@ public struct DownloadRecord: Codable, Sendable, Equatable {
     public var etag: String?
     /// Bytes of the partial file recorded as written (with several connections, the sum over
     /// `segments`): all of them survive a killed process; `durable` says which survive a power cut.
-    public var verifiedLength: Int64
+    public var recordedLength: Int64
     /// With several connections: the ranges being fetched and how much of each is on disk.
-    public var segments: [Segment]? = nil
-    /// The boot during which `verifiedLength` and `segments` were recorded. Those bytes were
+    var segments: [Segment]? = nil
+    /// The boot during which `recordedLength` and `segments` were recorded. Those bytes were
     /// written but not all synced: they survive a killed process (the page cache keeps them) but
     /// not a power cut, so after a reboot only `durable` is trusted.
-    public var bootId: String? = nil
+    var bootId: String? = nil
     /// The segments as of the last fsync of the partial file.
-    public var durable: [Segment]? = nil
+    var durable: [Segment]? = nil
     public var state: DownloadState
     public var error: FetchError?
     public var updatedAt: Date
@@ -100,7 +93,7 @@ public enum CancelOutcome: Sendable, Equatable {
 extension DownloadRecord {
     /// Forgets every byte on disk: the next transfer starts from zero.
     mutating func discardBytes() {
-        verifiedLength = 0
+        recordedLength = 0
         segments = nil
         durable = nil
         etag = nil
@@ -131,14 +124,16 @@ public struct DownloadJournal: Sendable {
         return try? Self.decoder.decode(DownloadRecord.self, from: data)
     }
 
-    /// Writes `record` atomically; with `durable: false` without fsync (see `atomicWrite`).
-    public func save(_ record: DownloadRecord, durable: Bool = true) throws(FetchError) {
+    /// Writes `record` atomically, surviving what `durability` says.
+    public func save(_ record: DownloadRecord, durability: Durability = .powerLoss) throws(FetchError) {
+        let data: Data
+        do { data = try Self.encoder.encode(record) } catch {
+            throw FetchError(.install, "cannot encode the download journal: \(error)")
+        }
         do {
-            try atomicWrite(try Self.encoder.encode(record), to: recordPath(record.id), permissions: 0o644, durable: durable)
-        } catch let error as TransactionQueueError {
-            throw FetchError(.install, "cannot save the download journal: \(error.message)")
+            try AtomicFile.write(data, to: recordPath(record.id), permissions: 0o644, durability: durability)
         } catch {
-            throw FetchError(.install, "cannot save the download journal: \(error)")
+            throw FetchError(.install, "cannot save the download journal: \(error.message)")
         }
     }
 
@@ -154,7 +149,7 @@ public struct DownloadJournal: Sendable {
             defer { close(fd) }
             if flock(fd, LOCK_EX | LOCK_NB) != 0 {
                 do {
-                    try atomicWrite(Data(), to: cancelRequestPath(id), permissions: 0o644)
+                    try AtomicFile.write(Data(), to: cancelRequestPath(id), permissions: 0o644)
                 } catch {
                     throw FetchError(.install, "cannot ask the running download to cancel: \(error.message)")
                 }

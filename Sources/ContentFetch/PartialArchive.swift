@@ -1,3 +1,4 @@
+import DurableFiles
 import Crypto
 import Foundation
 import NIOCore
@@ -5,13 +6,13 @@ import SystemPackage
 
 /// A byte range of the archive fetched over its own connection. The journal records `done`: the
 /// bytes from `start` that are synced to disk.
-public struct Segment: Codable, Sendable, Equatable {
-    public var start: Int64
+struct Segment: Codable, Sendable, Equatable {
+    var start: Int64
     /// Exclusive.
-    public var end: Int64
-    public var done: Int64
+    var end: Int64
+    var done: Int64
 
-    public init(start: Int64, end: Int64, done: Int64) {
+    init(start: Int64, end: Int64, done: Int64) {
         self.start = start
         self.end = end
         self.done = done
@@ -58,7 +59,9 @@ final class PartialArchive {
     let journal: DownloadJournal
     let syncInterval: Int64
     let durableInterval: Duration
-    var record: DownloadRecord
+    /// The download's state and record; byte bookkeeping here changes only its bytes.
+    var download: DownloadStateMachine
+    var record: DownloadRecord { download.record }
     var rate = RateEstimator()
     private(set) var segments: [Segment]
     /// Bytes written from each segment's start and handled here (hashed when at the frontier);
@@ -77,12 +80,13 @@ final class PartialArchive {
     private var lastDurableSync = ContinuousClock.now
     private var readBuffer: [UInt8] = []
 
-    init(fd: SystemPackage.FileDescriptor, path: String, journal: DownloadJournal, record: DownloadRecord,
+    init(fd: SystemPackage.FileDescriptor, path: String, journal: DownloadJournal, download: DownloadStateMachine,
          segments: [Segment], syncInterval: Int64, durableInterval: Duration) throws(FetchError) {
         self.fd = fd
         self.path = path
         self.journal = journal
-        self.record = record
+        self.download = download
+        let record = download.record
         self.segments = segments
         self.syncInterval = syncInterval
         self.durableInterval = durableInterval
@@ -148,10 +152,10 @@ final class PartialArchive {
     /// Records progress when `syncInterval` bytes arrived since the last record; returns whether
     /// it recorded, and the segments to make durable when bytes were recorded and `durableInterval`
     /// passed since the last fsync (the caller fsyncs off its thread, then calls `madeDurable`).
-    func syncIfDue() throws(FetchError) -> (recorded: Bool, makeDurable: [Segment]?) {
+    func recordIfDue() throws(FetchError) -> (recorded: Bool, makeDurable: [Segment]?) {
         let total = zip(written, ahead).reduce(0) { $0 + max($1.0, $1.1) }
         guard total - syncedTotal >= syncInterval else { return (false, nil) }
-        try sync(durable: false)
+        try recordProgress(durability: .processKill)
         let now = ContinuousClock.now
         guard !durableSyncRunning, syncedTotal > durableTotal, now - lastDurableSync >= durableInterval else { return (true, nil) }
         durableSyncRunning = true
@@ -165,15 +169,16 @@ final class PartialArchive {
         let total = snapshot.reduce(0) { $0 + $1.done }
         guard total > durableTotal else { return }
         durableTotal = total
-        record.durable = snapshot
+        download.updateBytes { $0.durable = snapshot }
         try journal.save(record)
     }
 
-    /// Records in the journal what is written. Without `durable` that costs no fsync: a killed
+    /// Records in the journal what is written. For `.processKill` that costs no fsync: a killed
     /// process loses nothing the page cache holds, and the boot id tells a later run whether
-    /// those bytes are still there. With `durable`, the file is synced first and the journal
+    /// those bytes are still there. For `.powerLoss`, the file is synced first and the journal
     /// also keeps the synced segments for after a power cut.
-    func sync(durable: Bool = true) throws(FetchError) {
+    func recordProgress(durability: Durability) throws(FetchError) {
+        let durable = durability == .powerLoss
         if durable {
             guard fsync(fd.rawValue) == 0 else {
                 throw FetchError(.install, "cannot sync \(path): \(String(cString: strerror(errno))); free disk space and run again")
@@ -184,13 +189,16 @@ final class PartialArchive {
         if durable {
             durableTotal = syncedTotal
             lastDurableSync = .now
-            record.durable = segments
         }
-        record.bootId = BootID.current
-        record.segments = segments.count > 1 ? segments : nil
-        record.verifiedLength = syncedTotal
-        record.updatedAt = Date()
-        try journal.save(record, durable: durable)
+        let (segments, total) = (segments, syncedTotal)
+        download.updateBytes { record in
+            if durable { record.durable = segments }
+            record.bootId = BootID.current
+            record.segments = segments.count > 1 ? segments : nil
+            record.recordedLength = total
+            record.updatedAt = Date()
+        }
+        try journal.save(record, durability: durability)
     }
 
     /// The archive changed on the server (a 200 answered a ranged request): everything on disk
@@ -205,12 +213,12 @@ final class PartialArchive {
         cursor = 0
         syncedTotal = 0
         durableTotal = 0
-        record.discardBytes()
+        download.updateBytes { $0.discardBytes() }
     }
 
     /// The archive's SHA-256, once every byte is hashed.
     func digest() -> String? {
         guard hashed == record.expectedLength else { return nil }
-        return hasher.finalize().map { String(format: "%02x", $0) }.joined()
+        return Hex.encode(hasher.finalize())
     }
 }

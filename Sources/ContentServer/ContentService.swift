@@ -3,18 +3,19 @@ import ContentCatalog
 import ContentDelivery
 import DownloadGrants
 import Foundation
+import IAPProtocol
 import NIOCore
 import PurchaseVerification
 import Synchronization
 
 /// The server's shared state: catalog and ledger, verifier, grant keys, and the in-memory views
 /// the content path needs to answer without blocking (revoked transactions, open archives).
-public final class ContentService: ContentResolver, Sendable {
-    public let configuration: ServerConfiguration
-    public let store: ContentStore
-    public let verifier: SignedDataVerifier
-    public let grants: GrantKeyRing
-    public let metrics = ServerMetrics()
+final class ContentService: ContentResolver, Sendable {
+    let configuration: ServerConfiguration
+    let store: ContentStore
+    let verifier: SignedDataVerifier
+    let grants: GrantKeyRing
+    let metrics = ServerMetrics()
     /// The port actually bound (differs from the configuration's when that is 0).
     let boundPort = Mutex(0)
     private let revoked: Mutex<Set<String>>
@@ -33,7 +34,7 @@ public final class ContentService: ContentResolver, Sendable {
     private let verifiedGrants = Mutex<[String: Grant]>([:])
     private static let verifiedGrantsLimit = 4096
 
-    public init(configuration: ServerConfiguration) throws {
+    init(configuration: ServerConfiguration) throws {
         self.configuration = configuration
         store = try ContentStore(dataDirectory: configuration.dataDirectory)
         verifier = SignedDataVerifier(configuration: .init(bundleId: configuration.bundleId, trustRoots: configuration.trustRoots,
@@ -43,7 +44,7 @@ public final class ContentService: ContentResolver, Sendable {
     }
 
     /// Whether a transaction's access was cut (in memory, refreshed from the ledger).
-    public func isRevoked(_ transactionId: String) -> Bool { revoked.withLock { $0.contains(transactionId) } }
+    func isRevoked(_ transactionId: String) -> Bool { revoked.withLock { $0.contains(transactionId) } }
 
     func markRevoked(_ transactionId: String, _ value: Bool) {
         revoked.withLock { set in
@@ -59,9 +60,7 @@ public final class ContentService: ContentResolver, Sendable {
 
     // MARK: ContentResolver (runs on the event loop)
 
-    public func resolve(path: Substring, on eventLoop: any EventLoop) -> ContentResolution {
-        let length = path.utf8Offset(of: UInt8(ascii: "/")) ?? path.utf8.count
-        let token = Substring(path.utf8.prefix(length))
+    func resolve(key token: Substring, on eventLoop: any EventLoop) -> ContentResolution {
         let key = String(token)
         let now = Date()
         let grant: Grant
@@ -70,7 +69,7 @@ public final class ContentService: ContentResolver, Sendable {
         } else {
             switch grants.verify(token, now: now) {
             case .failure(let error):
-                return .refuse(.unauthorized, code: error.code, message: error.description)
+                return .refuse(.unauthorized, APIError(APIErrorCode(rawValue: error.code), error.description))
             case .success(let value):
                 grant = value
             }
@@ -80,10 +79,10 @@ public final class ContentService: ContentResolver, Sendable {
             }
         }
         if isRevoked(grant.transactionId) {
-            return .refuse(.forbidden, code: "revoked", message: "transaction \(grant.transactionId) was refunded or revoked: its content can no longer be downloaded")
+            return .refuse(.forbidden, APIError(.revoked, "transaction \(grant.transactionId) was refunded or revoked: its content can no longer be downloaded"))
         }
         guard let file = openArchive(sha256: grant.sha256, for: ObjectIdentifier(eventLoop)) else {
-            return .refuse(.notFound, code: "no-content", message: "the archive for \(grant.productId) \(grant.contentVersion) is no longer on this server")
+            return .refuse(.notFound, APIError(.noContent, "the archive for \(grant.productId) \(grant.contentVersion) is no longer on this server"))
         }
         return .file(file, fileName: "\(grant.productId)-\(grant.contentVersion).zip")
     }
@@ -100,7 +99,7 @@ public final class ContentService: ContentResolver, Sendable {
               // FileRegion (sendfile) takes only an NIOFileHandle; NIO has no non-deprecated way to make one yet.
               let handle = try? NIOFileHandle(_deprecatedPath: path) else { return nil }
         let file = ServedFile(handle: handle, size: UInt64(info.st_size), etag: "\"\(sha256)\"",
-                              lastModified: HTTPDate.format(Date(timeIntervalSince1970: TimeInterval(info.st_mtim.tv_sec))))
+                              modified: Date(timeIntervalSince1970: TimeInterval(info.st_mtim.tv_sec)))
         return openFiles.withLock { files in
             if let existing = files[key] {
                 try? handle.close()

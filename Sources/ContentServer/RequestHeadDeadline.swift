@@ -15,22 +15,18 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler, 
     typealias OutboundIn = HTTPServerResponsePart
     typealias OutboundOut = HTTPServerResponsePart
 
-    private let timeout: TimeAmount
-    /// When the next request head must be complete; nil while a request is being served.
-    private var deadline: NIODeadline?
-    /// One timer at a time, moved forward lazily when it fires early: re-arming a timer for every
-    /// request showed in the profile of small range requests.
+    private var state: HeadDeadline<ContinuousClock.Instant>
     private var timer: Scheduled<Void>?
     /// Kept for the fast path's calls, which arrive outside this handler's own events.
     private var context: ChannelHandlerContext?
 
     init(timeout: TimeAmount) {
-        self.timeout = timeout
+        state = HeadDeadline(timeout: .nanoseconds(timeout.nanoseconds))
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
-        if context.channel.isActive { arm(context) }
+        if context.channel.isActive { awaitHead(context) }
     }
 
     func handlerRemoved(context: ChannelHandlerContext) {
@@ -38,17 +34,12 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler, 
     }
 
     func channelActive(context: ChannelHandlerContext) {
-        arm(context)
+        awaitHead(context)
         context.fireChannelActive()
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        switch unwrapInboundIn(data) {
-        case .head:
-            deadline = nil
-        case .body, .end:
-            break
-        }
+        if case .head = unwrapInboundIn(data) { state.headReceived() }
         context.fireChannelRead(data)
     }
 
@@ -57,10 +48,10 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler, 
             context.write(data, promise: promise)
             return
         }
-        // Armed once the whole response has left, file regions included.
+        // Due again once the whole response has left, file regions included.
         let sent = promise ?? context.eventLoop.makePromise()
         sent.futureResult.assumeIsolated().whenSuccess { [self] in
-            if context.channel.isActive { arm(context) }
+            if context.channel.isActive { awaitHead(context) }
         }
         context.write(data, promise: sent)
     }
@@ -68,39 +59,44 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler, 
     // MARK: RequestHeadObserver (requests answered by the fast path ahead of the decoder)
 
     func requestHeadReceived() {
-        deadline = nil
+        state.headReceived()
     }
 
     func responseSent() {
-        if let context, context.channel.isActive { arm(context) }
+        if let context, context.channel.isActive { awaitHead(context) }
     }
 
     func channelInactive(context: ChannelHandlerContext) {
-        timer?.cancel()
+        if state.connectionClosed() { timer?.cancel() }
         timer = nil
-        deadline = nil
         context.fireChannelInactive()
     }
 
-    private func arm(_ context: ChannelHandlerContext) {
-        let due = NIODeadline.now() + timeout
-        deadline = due
-        if timer == nil { schedule(context, at: due) }
+    private func awaitHead(_ context: ChannelHandlerContext) {
+        perform(state.awaitHead(now: .now), context)
     }
 
-    private func schedule(_ context: ChannelHandlerContext, at due: NIODeadline) {
-        timer = context.eventLoop.assumeIsolated().scheduleTask(deadline: due) { [self] in
-            fired(context)
-        }
-    }
-
-    private func fired(_ context: ChannelHandlerContext) {
-        timer = nil
-        guard let deadline else { return }  // a request is being served; the next response end re-arms
-        if deadline <= .now() {
+    private func perform(_ action: HeadDeadline<ContinuousClock.Instant>.Action, _ context: ChannelHandlerContext) {
+        switch action {
+        case .none:
+            break
+        case .close:
+            timer = nil
             context.close(promise: nil)
-        } else {
-            schedule(context, at: deadline)
+        case .scheduleTimer(let due):
+            let delay = ContinuousClock.now.duration(to: due)
+            timer = context.eventLoop.assumeIsolated().scheduleTask(in: .nanoseconds(max(0, delay.nanoseconds))) { [self] in
+                timer = nil
+                perform(state.timerFired(now: .now), context)
+            }
         }
+    }
+}
+
+private extension Duration {
+    /// Whole nanoseconds, for NIO's `TimeAmount`.
+    var nanoseconds: Int64 {
+        let (seconds, attoseconds) = components
+        return seconds * 1_000_000_000 + attoseconds / 1_000_000_000
     }
 }

@@ -5,6 +5,7 @@ import DownloadGrants
 import Foundation
 import HTTPTypes
 import Hummingbird
+import IAPProtocol
 import NIOCore
 import NIOPosix
 import PurchaseVerification
@@ -15,74 +16,40 @@ struct APIRoutes: Sendable {
     let service: ContentService
 
     func register(on router: Router<BasicRequestContext>) {
-        router.get("/healthz") { _, _ in json(.ok, ["status": "ok"]) }
-        router.get("/metrics") { _, _ in
+        router.get(RouterPath(Route.health)) { _, _ in json(.ok, HealthStatus()) }
+        router.get(RouterPath(Route.metrics)) { _, _ in
             var headers = HTTPFields()
             headers[.contentType] = "text/plain; version=0.0.4"
             return Response(status: .ok, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: service.metrics.registry.emitToBuffer())))
         }
-        router.get("/v1/products/{productId}") { _, context in try product(context.parameters.require("productId")) }
-        router.post("/v1/downloads") { request, _ in await downloads(request) }
-        router.post("/v1/notifications") { request, _ in await notification(request) }
-        router.put("/v1/admin/archives") { request, _ in await upload(request) }
+        router.get(RouterPath(Route.productPattern)) { _, context in try product(context.parameters.require("productId")) }
+        router.post(RouterPath(Route.downloads)) { request, _ in await downloads(request) }
+        router.post(RouterPath(Route.notifications)) { request, _ in await notification(request) }
+        router.put(RouterPath(Route.adminArchives)) { request, _ in await upload(request) }
     }
 
     // MARK: Products
 
-    struct VersionInfo: Encodable {
-        let contentVersion: String
-        let contentLength: Int64
-        let extractedLength: Int64
-        let sha256: String
-        let publishedAt: Date
-    }
-
-    struct ProductInfo: Encodable {
-        let productId: String
-        let contentVersion: String
-        let contentLength: Int64
-        let sha256: String
-        let versions: [VersionInfo]
-    }
-
     func product(_ id: String) -> Response {
         do {
             let versions = try service.store.versions(productId: id)
-            guard let latest = versions.first else {
-                return apiError(.notFound, "no-content", "no content is published for product \(id)")
+            guard !versions.isEmpty else {
+                return apiError(.notFound, APIError(.noContent, "no content is published for product \(id)"))
             }
-            return json(.ok, ProductInfo(productId: id, contentVersion: latest.contentVersion, contentLength: latest.size, sha256: latest.sha256,
-                                         versions: versions.map { VersionInfo(contentVersion: $0.contentVersion, contentLength: $0.size,
-                                                                              extractedLength: $0.contentLength, sha256: $0.sha256, publishedAt: $0.publishedAt) }))
+            return json(.ok, ProductInfo(productId: id, versions: versions.map {
+                ProductInfo.Version(contentVersion: $0.contentVersion, contentLength: $0.size, extractedLength: $0.contentLength,
+                                    sha256: $0.sha256, publishedAt: $0.publishedAt)
+            }))
         } catch {
-            return apiError(.serviceUnavailable, error.code.rawValue, error.message)
+            return apiError(.serviceUnavailable, error.apiError)
         }
     }
 
     // MARK: Grants
 
-    struct DownloadRequest: Decodable {
-        let signedTransaction: String
-        let contentVersion: String?
-    }
-
-    struct Download: Encodable {
-        let productId: String
-        let contentVersion: String
-        let contentLength: Int64
-        let sha256: String
-        let url: String
-        let expiresAt: Date
-    }
-
-    struct DownloadResponse: Encodable {
-        let transactionId: String
-        let downloads: [Download]
-    }
-
     func downloads(_ request: Request) async -> Response {
         let body: DownloadRequest
-        switch await decodeBody(request, as: DownloadRequest.self, example: #"{"signedTransaction": "<JWS>"}"#) {
+        switch await decodeBody(request, as: DownloadRequest.self, example: DownloadRequest.example) {
         case .failure(let response): return response
         case .success(let value): body = value
         }
@@ -93,19 +60,19 @@ struct APIRoutes: Sendable {
             service.metrics.verificationDuration.record(ContinuousClock.now - started)
         } catch {
             service.metrics.grant(error.code.rawValue)
-            return apiError(status(for: error.code), error.code.rawValue, error.message)
+            return apiError(status(for: error.code), error.apiError)
         }
         let transactionId = transaction.transactionId ?? ""
         if case .denied(let reason) = entitlement(for: transaction, configuration: service.verifier.configuration) {
             service.metrics.grant(reason.code)
-            return apiError(.forbidden, reason.code, "no download: \(reason)")
+            return apiError(.forbidden, APIError(APIErrorCode(rawValue: reason.code), "no download: \(reason)"))
         }
         for id in [transaction.transactionId, transaction.originalTransactionId].compactMap({ $0 }) where service.isRevoked(id) {
             service.metrics.grant("revoked")
-            return apiError(.forbidden, "revoked", "no download: transaction \(id) was refunded or revoked")
+            return apiError(.forbidden, APIError(.revoked, "no download: transaction \(id) was refunded or revoked"))
         }
         guard let productId = transaction.productId else {
-            return apiError(.badRequest, "malformed", "the transaction has no productId")
+            return apiError(.badRequest, APIError(.malformed, "the transaction has no productId"))
         }
         do {
             let versions = try service.store.versions(productId: productId)
@@ -118,7 +85,7 @@ struct APIRoutes: Sendable {
             guard let version = chosen else {
                 service.metrics.grant("no-content")
                 let what = body.contentVersion.map { "version \($0) of \(productId)" } ?? "product \(productId)"
-                return apiError(.notFound, "no-content", "no hosted content is published for \(what)")
+                return apiError(.notFound, APIError(.noContent, "no hosted content is published for \(what)"))
             }
             try service.store.recordGrant(transactionId: transactionId, originalTransactionId: transaction.originalTransactionId,
                                           productId: productId, environment: transaction.environment?.rawValue)
@@ -126,18 +93,18 @@ struct APIRoutes: Sendable {
             let token = service.grants.mint(Grant(transactionId: transactionId, productId: productId, contentVersion: version.contentVersion,
                                                   sha256: version.sha256, expiresAt: Int64(expires.timeIntervalSince1970)))
             let base = service.configuration.publicURL ?? "http://\(service.configuration.host):\(service.boundPort.withLock { $0 })"
-            let url = "\(base)/v1/content/\(token)/\(productId)-\(version.contentVersion).zip"
+            let url = base + Route.content(token: token, productId: productId, contentVersion: version.contentVersion)
             service.metrics.grant("granted")
-            return json(.ok, DownloadResponse(transactionId: transactionId, downloads: [
-                Download(productId: productId, contentVersion: version.contentVersion, contentLength: version.size,
+            return json(.ok, DownloadGrants(transactionId: transactionId, downloads: [
+                GrantedDownload(productId: productId, contentVersion: version.contentVersion, contentLength: version.size,
                          sha256: version.sha256, url: url, expiresAt: expires),
             ]))
         } catch {
-            return apiError(.serviceUnavailable, error.code.rawValue, error.message)
+            return apiError(.serviceUnavailable, error.apiError)
         }
     }
 
-    func status(for code: VerificationError.Code) -> HTTPResponse.Status {
+    func status(for code: VerificationErrorCode) -> HTTPResponse.Status {
         switch code {
         case .malformed, .tooLarge: .badRequest
         case .unsupportedAlgorithm, .invalidCertificateList, .untrustedChain, .missingMarkerOID, .invalidSignature: .unauthorized
@@ -147,13 +114,9 @@ struct APIRoutes: Sendable {
 
     // MARK: Notifications
 
-    struct NotificationBody: Decodable {
-        let signedPayload: String
-    }
-
     func notification(_ request: Request) async -> Response {
-        let body: NotificationBody
-        switch await decodeBody(request, as: NotificationBody.self, example: #"{"signedPayload": "<JWS>"}"#) {
+        let body: NotificationRequest
+        switch await decodeBody(request, as: NotificationRequest.self, example: NotificationRequest.example) {
         case .failure(let response): return response
         case .success(let value): body = value
         }
@@ -162,7 +125,7 @@ struct APIRoutes: Sendable {
             (notification, transaction) = try await service.verifier.verifyNotification(body.signedPayload)
         } catch {
             service.metrics.notification("unverified", error.code.rawValue)
-            return apiError(status(for: error.code), error.code.rawValue, error.message)
+            return apiError(status(for: error.code), error.apiError)
         }
         let type = notification.notificationType ?? NotificationType(rawValue: "UNKNOWN")
         let revoke: Bool? = switch type {
@@ -178,10 +141,11 @@ struct APIRoutes: Sendable {
             // The ledger is durable now; the in-memory set makes the content path refuse at once.
             if outcome == .applied, let id = transaction?.transactionId, let revoke { service.markRevoked(id, revoke) }
             service.metrics.notification(type.rawValue, outcome == .applied ? "applied" : "duplicate")
-            return json(.ok, ["status": outcome == .applied ? "applied" : "duplicate", "notificationUUID": notification.notificationUUID ?? ""])
+            return json(.ok, NotificationReceipt(status: outcome == .applied ? .applied : .duplicate,
+                                                 notificationUUID: notification.notificationUUID ?? ""))
         } catch {
             // Not acknowledged, so Apple retries.
-            return apiError(.serviceUnavailable, error.code.rawValue, error.message)
+            return apiError(.serviceUnavailable, error.apiError)
         }
     }
 
@@ -189,16 +153,16 @@ struct APIRoutes: Sendable {
 
     func upload(_ request: Request) async -> Response {
         guard let expected = service.configuration.adminToken else {
-            return apiError(.forbidden, "admin-disabled", "the admin API is off: start the server with --admin-token-file")
+            return apiError(.forbidden, APIError(.adminDisabled, "the admin API is off: start the server with --admin-token-file"))
         }
         let presented = request.headers[.authorization].flatMap { $0.hasPrefix("Bearer ") ? String($0.dropFirst(7)) : nil } ?? ""
         guard constantTimeEqual(presented, expected) else {
-            return apiError(.unauthorized, "unauthorized", "send the admin token as Authorization: Bearer <token>")
+            return apiError(.unauthorized, APIError(.unauthorized, "send the admin token as Authorization: Bearer <token>"))
         }
         var manifest: ArchiveManifest?
         if let header = request.headers[HTTPField.Name("IAP-Manifest")!] {
             guard let bytes = Base64URL.decode(header.utf8), let decoded = try? ArchiveManifest.decode(Data(bytes), source: "the IAP-Manifest header") else {
-                return apiError(.badRequest, "invalid-manifest", "the IAP-Manifest header must be the manifest JSON in base64url")
+                return apiError(.badRequest, APIError(.invalidManifest, "the IAP-Manifest header must be the manifest JSON in base64url"))
             }
             manifest = decoded
         }
@@ -209,25 +173,25 @@ struct APIRoutes: Sendable {
             do {
                 fd = try SystemPackage.FileDescriptor.open(path, .writeOnly, options: [.create, .exclusiveCreate], permissions: [.ownerReadWrite])
             } catch {
-                throw UploadError(status: .serviceUnavailable, code: "storage",
-                                  message: "cannot create an upload file in \(folder)/tmp: \(error); check that the data folder is writable")
+                throw UploadError(.serviceUnavailable, .storage,
+                                  "cannot create an upload file in \(folder)/tmp: \(error); check that the data folder is writable")
             }
             defer { try? fd.close() }
             let length = request.headers[.contentLength].flatMap(UInt64.init)
             if let part = try await UploadReceiver.receive(request.body, contentType: request.headers[.contentType], length: length,
                                                            into: fd, folder: folder) {
                 guard manifest == nil else {
-                    throw UploadError(status: .badRequest, code: "invalid-manifest", message: "send the manifest once: in the IAP-Manifest header or in the 'manifest' part, not both")
+                    throw UploadError(.badRequest, .invalidManifest, "send the manifest once: in the IAP-Manifest header or in the 'manifest' part, not both")
                 }
                 do throws(ArchiveError) {
                     manifest = try ArchiveManifest.decode(Data(part), source: "the manifest part")
                 } catch {
-                    throw UploadError(status: .badRequest, code: "invalid-manifest", message: error.message)
+                    throw UploadError(.badRequest, .invalidManifest, error.message)
                 }
             }
         } catch {
             unlink(path)
-            return apiError(error.status, error.code, error.message)
+            return apiError(error.status, error.error)
         }
         let store = service.store
         let chosenManifest = manifest
@@ -239,14 +203,14 @@ struct APIRoutes: Sendable {
             }
         } catch {
             unlink(path)
-            return apiError(.serviceUnavailable, "storage", "the server is shutting down: try again")
+            return apiError(.serviceUnavailable, APIError(.storage, "the server is shutting down: try again"))
         }
         switch result {
         case .success(.published(let version)):
-            return json(.created, ["status": "published", "productId": version.productId, "contentVersion": version.contentVersion, "sha256": version.sha256])
+            return json(.created, PublishReceipt(status: .published, productId: version.productId, contentVersion: version.contentVersion, sha256: version.sha256))
         case .success(.unchanged(let version)):
             unlink(path)
-            return json(.ok, ["status": "unchanged", "productId": version.productId, "contentVersion": version.contentVersion, "sha256": version.sha256])
+            return json(.ok, PublishReceipt(status: .unchanged, productId: version.productId, contentVersion: version.contentVersion, sha256: version.sha256))
         case .failure(let error):
             unlink(path)
             let status: HTTPResponse.Status = switch error.code {
@@ -255,7 +219,7 @@ struct APIRoutes: Sendable {
             case .notFound: .notFound
             case .storage: .serviceUnavailable
             }
-            return apiError(status, error.code.rawValue, error.message)
+            return apiError(status, error.apiError)
         }
     }
 
@@ -271,28 +235,25 @@ struct APIRoutes: Sendable {
         do {
             buffer = try await request.body.collect(upTo: service.configuration.maxJSONBody)
         } catch {
-            return .failure(apiError(.contentTooLarge, "too-large", "the request body is over \(service.configuration.maxJSONBody) bytes"))
+            return .failure(apiError(.contentTooLarge, APIError(.tooLarge, "the request body is over \(service.configuration.maxJSONBody) bytes")))
         }
-        guard let value = try? JSONDecoder().decode(T.self, from: Data(buffer.readableBytesView)) else {
-            return .failure(apiError(.badRequest, "malformed", "the request body must be JSON like \(example)"))
+        guard let value = try? WireJSON.decoder().decode(T.self, from: Data(buffer.readableBytesView)) else {
+            return .failure(apiError(.badRequest, APIError(.malformed, "the request body must be JSON like \(example)")))
         }
         return .success(value)
     }
 }
 
 func json<T: Encodable>(_ status: HTTPResponse.Status, _ value: T) -> Response {
-    let encoder = JSONEncoder()
-    encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-    encoder.dateEncodingStrategy = .iso8601
-    let data = (try? encoder.encode(value)) ?? Data("{}".utf8)
     var headers = HTTPFields()
     headers[.contentType] = "application/json"
     headers[.cacheControl] = "no-store"
-    return Response(status: status, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: data + Data("\n".utf8))))
+    return Response(status: status, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: WireJSON.line(value))))
 }
 
-func apiError(_ status: HTTPResponse.Status, _ code: String, _ message: String) -> Response {
-    json(status, ["error": ["code": code, "message": message]])
+/// An error answer: the envelope of ``APIError``.
+func apiError(_ status: HTTPResponse.Status, _ error: APIError) -> Response {
+    json(status, error.envelope)
 }
 
 func constantTimeEqual(_ a: String, _ b: String) -> Bool {
@@ -311,8 +272,8 @@ struct ErrorFormatMiddleware: RouterMiddleware {
         do {
             return try await next(request, context)
         } catch let error as HTTPError {
-            let code = error.status == .notFound ? "not-found" : "http-\(error.status.code)"
-            return apiError(error.status, code, error.body ?? error.status.reasonPhrase)
+            let code: APIErrorCode = error.status == .notFound ? .notFound : APIErrorCode(rawValue: "http-\(error.status.code)")
+            return apiError(error.status, APIError(code, error.body ?? error.status.reasonPhrase))
         }
     }
 }

@@ -4,8 +4,8 @@ import Prometheus
 
 /// The server's Prometheus metrics, on a registry of its own (not the process-global
 /// MetricsSystem, so that several servers can live in one process, as in tests).
-public final class ServerMetrics: ContentObserver, Sendable {
-    public let registry = PrometheusCollectorRegistry()
+final class ServerMetrics: ContentObserver, Sendable {
+    let registry = PrometheusCollectorRegistry()
     let bytesServed: Counter
     let activeTransfers: Gauge
     let transferDuration: DurationHistogram
@@ -42,7 +42,7 @@ public final class ServerMetrics: ContentObserver, Sendable {
                              labels: [("type", type), ("outcome", outcome)]).increment()
     }
 
-    public func responseStarted(status: HTTPResponseStatus, bytes: UInt64) {
+    func responseStarted(status: HTTPResponseStatus, bytes: UInt64) {
         if bytes > 0 { activeTransfers.increment() }
         (responses[status.code] ?? Self.responseCounter(status.code, in: registry)).increment()
     }
@@ -52,7 +52,7 @@ public final class ServerMetrics: ContentObserver, Sendable {
         registry.makeCounter(descriptor: describe("iap_content_responses_total", "Content responses by status."), labels: [("status", String(code))])
     }
 
-    public func responseFinished(status: HTTPResponseStatus, bytes: UInt64, duration: Duration, succeeded: Bool) {
+    func responseFinished(status: HTTPResponseStatus, bytes: UInt64, duration: Duration, succeeded: Bool) {
         guard bytes > 0 else { return }
         activeTransfers.decrement()
         transferDuration.record(duration)

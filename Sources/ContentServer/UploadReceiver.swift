@@ -2,6 +2,7 @@ import ContentArchive
 import Foundation
 import HTTPTypes
 import Hummingbird
+import IAPProtocol
 import MultipartKit
 import NIOCore
 import SystemPackage
@@ -9,8 +10,12 @@ import SystemPackage
 /// Why an upload body could not be taken: the status and error to answer with.
 struct UploadError: Error {
     let status: HTTPResponse.Status
-    let code: String
-    let message: String
+    let error: APIError
+
+    init(_ status: HTTPResponse.Status, _ code: APIErrorCode, _ message: String) {
+        self.status = status
+        error = APIError(code, message)
+    }
 }
 
 /// Streams an admin upload into a file, never holding the archive in memory. The body is either
@@ -27,20 +32,17 @@ enum UploadReceiver {
                         folder: String) async throws(UploadError) -> [UInt8]? {
         if let contentType, contentType.lowercased().hasPrefix("multipart/") {
             guard contentType.lowercased().hasPrefix("multipart/form-data"), let boundary = boundary(contentType) else {
-                throw UploadError(status: .badRequest, code: "invalid-multipart",
-                                  message: "a multipart upload must be multipart/form-data with a boundary parameter")
+                throw UploadError(.badRequest, .invalidMultipart, "a multipart upload must be multipart/form-data with a boundary parameter")
             }
             // Room for the archive, the manifest and their part headers.
             let most = ArchiveLimits.maxArchiveSize + UInt64(maxManifest + 2 * maxPartHeaders)
             if let length, length > most {
-                throw UploadError(status: .contentTooLarge, code: "too-large",
-                                  message: "the upload is \(length) bytes; an archive is at most \(ArchiveLimits.maxArchiveSize) bytes (2 GiB) and its manifest 16 MiB")
+                throw UploadError(.contentTooLarge, .tooLarge, "the upload is \(length) bytes; an archive is at most \(ArchiveLimits.maxArchiveSize) bytes (2 GiB) and its manifest 16 MiB")
             }
             return try await receiveMultipart(body, boundary: boundary, into: fd, folder: folder)
         }
         if let length, length > ArchiveLimits.maxArchiveSize {
-            throw UploadError(status: .contentTooLarge, code: "too-large",
-                              message: "the upload is \(length) bytes; archives are at most \(ArchiveLimits.maxArchiveSize) bytes (2 GiB)")
+            throw UploadError(.contentTooLarge, .tooLarge, "the upload is \(length) bytes; archives are at most \(ArchiveLimits.maxArchiveSize) bytes (2 GiB)")
         }
         var written: UInt64 = 0
         do {
@@ -52,23 +54,20 @@ enum UploadReceiver {
         } catch let error as UploadError {
             throw error
         } catch {
-            throw UploadError(status: .badRequest, code: "upload-interrupted", message: "the upload ended early: \(error)")
+            throw UploadError(.badRequest, .uploadInterrupted, "the upload ended early: \(error)")
         }
         return nil
     }
 
-    private static let tooLarge = UploadError(
-        status: .contentTooLarge, code: "too-large",
-        message: "the upload passed \(ArchiveLimits.maxArchiveSize) bytes (2 GiB), the most an archive may weigh")
+    private static let tooLarge = UploadError(.contentTooLarge, .tooLarge, "the upload passed \(ArchiveLimits.maxArchiveSize) bytes (2 GiB), the most an archive may weigh")
 
     private static func write(_ chunk: ByteBuffer, to fd: SystemPackage.FileDescriptor, folder: String) throws(UploadError) {
         do {
             _ = try chunk.withUnsafeReadableBytes { try fd.writeAll($0) }
         } catch let error as Errno where error == .noSpace || error == .fileTooLarge {
-            throw UploadError(status: HTTPResponse.Status(code: 507, reasonPhrase: "Insufficient Storage"), code: "insufficient-storage",
-                              message: "the data folder \(folder) is full (\(error)): free space there and upload again; nothing was published")
+            throw UploadError(HTTPResponse.Status(code: 507, reasonPhrase: "Insufficient Storage"), .insufficientStorage, "the data folder \(folder) is full (\(error)): free space there and upload again; nothing was published")
         } catch {
-            throw UploadError(status: .serviceUnavailable, code: "storage", message: "could not store the upload in \(folder): \(error)")
+            throw UploadError(.serviceUnavailable, .storage, "could not store the upload in \(folder): \(error)")
         }
     }
 
@@ -110,8 +109,7 @@ enum UploadReceiver {
             case "archive" where !parts.sawArchive: parts.current = .archive
             case "manifest" where !parts.sawManifest: parts.current = .manifest
             case let other:
-                parts.failure = UploadError(status: .badRequest, code: "invalid-multipart",
-                                            message: "unexpected part '\(other ?? "")': send the archive in one part named 'archive' and, optionally, the manifest JSON in one named 'manifest'")
+                parts.failure = UploadError(.badRequest, .invalidMultipart, "unexpected part '\(other ?? "")': send the archive in one part named 'archive' and, optionally, the manifest JSON in one named 'manifest'")
             }
         }
         parser.onBody = { buffer in
@@ -128,13 +126,12 @@ enum UploadReceiver {
                 do throws(UploadError) { try write(buffer, to: fd, folder: folder) } catch { parts.failure = error }
             case .manifest:
                 guard parts.manifest.count + buffer.readableBytes <= maxManifest else {
-                    parts.failure = UploadError(status: .contentTooLarge, code: "too-large", message: "the manifest part passed 16 MiB")
+                    parts.failure = UploadError(.contentTooLarge, .tooLarge, "the manifest part passed 16 MiB")
                     return
                 }
                 parts.manifest += buffer.readableBytesView
             case .none:
-                parts.failure = UploadError(status: .badRequest, code: "invalid-multipart",
-                                            message: "a part has no Content-Disposition name: name the parts 'archive' and 'manifest'")
+                parts.failure = UploadError(.badRequest, .invalidMultipart, "a part has no Content-Disposition name: name the parts 'archive' and 'manifest'")
             }
         }
         parser.onPartComplete = {
@@ -159,7 +156,7 @@ enum UploadReceiver {
                     if parts.bodyCalls == before && !parts.inBody {
                         headerBytes += slice.readableBytes
                         guard headerBytes <= maxPartHeaders else {
-                            throw UploadError(status: .badRequest, code: "invalid-multipart", message: "multipart headers passed 64 KiB")
+                            throw UploadError(.badRequest, .invalidMultipart, "multipart headers passed 64 KiB")
                         }
                     } else {
                         headerBytes = 0
@@ -169,11 +166,10 @@ enum UploadReceiver {
         } catch let error as UploadError {
             throw error
         } catch {
-            throw UploadError(status: .badRequest, code: "invalid-multipart", message: "the multipart body is malformed or ended early: \(error)")
+            throw UploadError(.badRequest, .invalidMultipart, "the multipart body is malformed or ended early: \(error)")
         }
         guard parts.sawArchive else {
-            throw UploadError(status: .badRequest, code: "invalid-multipart",
-                              message: "the multipart body has no complete part named 'archive': send the archive there")
+            throw UploadError(.badRequest, .invalidMultipart, "the multipart body has no complete part named 'archive': send the archive there")
         }
         return parts.sawManifest ? parts.manifest : nil
     }

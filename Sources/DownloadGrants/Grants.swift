@@ -1,6 +1,8 @@
 import Base64URL
 import Crypto
+import DurableFiles
 import Foundation
+import IAPProtocol
 
 /// What a download grant allows: one archive (by hash) of one product version, for one
 /// transaction, until a time.
@@ -109,41 +111,49 @@ public struct GrantKeyRing: Sendable {
 
     /// Loads the key file, creating it (mode 0600) with one fresh key when missing. Format:
     /// `{"active": "<id>", "keys": {"<id>": "<base64 secret>"}}`; to rotate, add a key and make it active.
-    public static func loadOrCreate(path: String) throws -> GrantKeyRing {
+    public static func loadOrCreate(path: String) throws(GrantKeyFileError) -> GrantKeyRing {
         if let data = FileManager.default.contents(atPath: path) {
             struct File: Decodable {
                 let active: String
                 let keys: [String: String]
             }
             guard let file = try? JSONDecoder().decode(File.self, from: data) else {
-                throw GrantKeyFileError("\(path) is not a grant key file ({\"active\": id, \"keys\": {id: base64}}): fix it or remove it to generate a new key (outstanding grants then stop working)")
+                throw GrantKeyFileError(.invalid, "\(path) is not a grant key file ({\"active\": id, \"keys\": {id: base64}}): fix it or remove it to generate a new key (outstanding grants then stop working)")
             }
             var keys: [String: SymmetricKey] = [:]
             for (id, secret) in file.keys {
                 guard let bytes = Data(base64Encoded: secret), bytes.count >= 32,
                       id.utf8.allSatisfy({ ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x61 && $0 <= 0x7A) || $0 == 0x2D }) else {
-                    throw GrantKeyFileError("key '\(id)' in \(path) must be at least 32 bytes of base64 under an id of lowercase letters, digits and '-'")
+                    throw GrantKeyFileError(.invalid, "key '\(id)' in \(path) must be at least 32 bytes of base64 under an id of lowercase letters, digits and '-'")
                 }
                 keys[id] = SymmetricKey(data: bytes)
             }
             guard keys[file.active] != nil else {
-                throw GrantKeyFileError("the active key '\(file.active)' is not among the keys in \(path)")
+                throw GrantKeyFileError(.invalid, "the active key '\(file.active)' is not among the keys in \(path)")
             }
             return GrantKeyRing(activeKeyId: file.active, keys: keys)
         }
         let ring = generate()
         let secret = ring.keys[ring.activeKeyId]!.withUnsafeBytes { Data($0).base64EncodedString() }
         let json = "{\"active\": \"\(ring.activeKeyId)\", \"keys\": {\"\(ring.activeKeyId)\": \"\(secret)\"}}\n"
-        let fd = open(path, O_CREAT | O_EXCL | O_WRONLY, 0o600)
-        guard fd >= 0 else { throw GrantKeyFileError("cannot create \(path): \(String(cString: strerror(errno)))") }
-        defer { close(fd) }
-        let written = json.utf8CString.withUnsafeBytes { write(fd, $0.baseAddress, $0.count - 1) }
-        guard written == json.utf8.count, fsync(fd) == 0 else { throw GrantKeyFileError("cannot write \(path): \(String(cString: strerror(errno)))") }
+        do {
+            try AtomicFile.create(Data(json.utf8), at: path, permissions: 0o600)
+        } catch where error.code == .exists {
+            // Another replica sharing the folder created it first: use its key.
+            return try loadOrCreate(path: path)
+        } catch {
+            throw GrantKeyFileError(.io, error.message)
+        }
         return ring
     }
 }
 
-public struct GrantKeyFileError: Error, CustomStringConvertible {
-    public let description: String
-    init(_ description: String) { self.description = description }
+/// What is wrong with the grant key file.
+public enum GrantKeyFileErrorCode: String, ErrorCode {
+    /// The file is not a key file, or a key in it is unusable.
+    case invalid
+    /// The file cannot be read or created.
+    case io
 }
+
+public typealias GrantKeyFileError = CodedError<GrantKeyFileErrorCode>

@@ -1,34 +1,26 @@
-/// Why signed data was refused. Messages say which check failed and never echo the token.
-public struct VerificationError: Error, Sendable, Equatable, CustomStringConvertible {
-    /// Which check failed; stable for programs (and HTTP status mapping) to branch on.
-    public enum Code: String, Sendable, Codable, CaseIterable {
-        /// Not a compact JWS, bad base64url, bad JSON, missing fields.
-        case malformed
-        /// Larger than ``SignedDataVerifier/maxTokenSize``.
-        case tooLarge = "too-large"
-        /// `alg` is not ES256.
-        case unsupportedAlgorithm = "unsupported-algorithm"
-        /// `x5c` is missing or does not hold exactly three certificates.
-        case invalidCertificateList = "invalid-certificate-list"
-        /// The chain does not lead to a configured root, or a certificate is expired or invalid at `signedDate`.
-        case untrustedChain = "untrusted-chain"
-        /// The intermediate or leaf lacks Apple's marker extension.
-        case missingMarkerOID = "missing-marker-oid"
-        /// The ES256 signature does not verify with the leaf's key.
-        case invalidSignature = "invalid-signature"
-        /// The payload's bundle id is not the configured one.
-        case wrongBundleId = "wrong-bundle-id"
-        /// The payload's environment is not accepted by this configuration.
-        case wrongEnvironment = "wrong-environment"
-    }
+import IAPProtocol
 
-    public let code: Code
-    public let message: String
-
-    public init(_ code: Code, _ message: String) {
-        self.code = code
-        self.message = message
-    }
-
-    public var description: String { message }
+/// Which check refused signed data; stable for programs (and HTTP status mapping) to branch on.
+public enum VerificationErrorCode: String, ErrorCode, CaseIterable {
+    /// Not a compact JWS, bad base64url, bad JSON, missing fields.
+    case malformed
+    /// Larger than ``SignedDataVerifier/maxTokenSize``.
+    case tooLarge = "too-large"
+    /// `alg` is not ES256.
+    case unsupportedAlgorithm = "unsupported-algorithm"
+    /// `x5c` is missing or does not hold exactly three certificates.
+    case invalidCertificateList = "invalid-certificate-list"
+    /// The chain does not lead to a configured root, or a certificate is expired or invalid at `signedDate`.
+    case untrustedChain = "untrusted-chain"
+    /// The intermediate or leaf lacks Apple's marker extension.
+    case missingMarkerOID = "missing-marker-oid"
+    /// The ES256 signature does not verify with the leaf's key.
+    case invalidSignature = "invalid-signature"
+    /// The payload's bundle id is not the configured one.
+    case wrongBundleId = "wrong-bundle-id"
+    /// The payload's environment is not accepted by this configuration.
+    case wrongEnvironment = "wrong-environment"
 }
+
+/// Why signed data was refused. Messages say which check failed and never echo the token.
+public typealias VerificationError = CodedError<VerificationErrorCode>

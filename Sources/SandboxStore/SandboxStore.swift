@@ -1,6 +1,8 @@
 import Base64URL
 import Crypto
+import DurableFiles
 import Foundation
+import IAPProtocol
 import PurchaseVerification
 import TransactionQueue
 import X509
@@ -10,12 +12,20 @@ import Glibc
 import Darwin
 #endif
 
-/// An error from the sandbox store, naming the problem and the fix.
-public struct SandboxError: Error, Sendable, CustomStringConvertible {
-    public let message: String
-    public init(_ message: String) { self.message = message }
-    public var description: String { message }
+/// What went wrong in the sandbox store.
+public enum SandboxErrorCode: String, ErrorCode {
+    /// A flag or argument is not acceptable.
+    case invalidInput = "invalid-input"
+    /// The store's folder or files cannot be read, written or locked.
+    case io
+    /// The folder holds no store, or a damaged one.
+    case damaged
+    /// No such transaction in this store.
+    case notFound = "not-found"
 }
+
+/// An error from the sandbox store, naming the problem and the fix.
+public typealias SandboxError = CodedError<SandboxErrorCode>
 
 /// A local App Store for tests and demos, as Xcode's StoreKit testing is: it signs transactions
 /// and notifications with its own certificate chain and queues purchases on the "device".
@@ -45,19 +55,19 @@ public final class SandboxStore: Sendable {
     @discardableResult
     public static func initialize(folder: String, bundleId: String, profile: ChainProfile = ChainProfile()) throws(SandboxError) -> SandboxStore {
         guard !bundleId.isEmpty, bundleId.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7F }) else {
-            throw SandboxError("'\(bundleId)' is not a bundle id: use the app's, such as com.example.app")
+            throw SandboxError(.invalidInput, "'\(bundleId)' is not a bundle id: use the app's, such as com.example.app")
         }
         do {
             try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
         } catch {
-            throw SandboxError("cannot create \(folder): \(error.localizedDescription)")
+            throw SandboxError(.io, "cannot create \(folder): \(error.localizedDescription)")
         }
         guard !FileManager.default.fileExists(atPath: folder + "/store.json") else {
-            throw SandboxError("\(folder) already holds a sandbox store: use it, or choose an empty folder")
+            throw SandboxError(.invalidInput, "\(folder) already holds a sandbox store: use it, or choose an empty folder")
         }
         let authority: SandboxCertificateAuthority
         do { authority = try SandboxCertificateAuthority.generate(profile: profile) } catch {
-            throw SandboxError("cannot make the sandbox certificates: \(error)")
+            throw SandboxError(.io, "cannot make the sandbox certificates: \(error)")
         }
         try write(Data(authority.rootKey.pemRepresentation.utf8), folder + "/root.key", mode: 0o600)
         try write(Data(authority.intermediateKey.pemRepresentation.utf8), folder + "/intermediate.key", mode: 0o600)
@@ -74,23 +84,23 @@ public final class SandboxStore: Sendable {
     public init(folder: String) throws(SandboxError) {
         self.folder = folder
         guard let data = FileManager.default.contents(atPath: folder + "/store.json") else {
-            throw SandboxError("\(folder) holds no sandbox store: create one with iap-sandbox init --dir \(folder) --bundle-id <id>")
+            throw SandboxError(.damaged, "\(folder) holds no sandbox store: create one with iap-sandbox init --dir \(folder) --bundle-id <id>")
         }
         let state: State
         do { state = try Self.decoder.decode(State.self, from: data) } catch {
-            throw SandboxError("\(folder)/store.json is damaged: create a new store with iap-sandbox init")
+            throw SandboxError(.damaged, "\(folder)/store.json is damaged: create a new store with iap-sandbox init")
         }
         bundleId = state.bundleId
         func key(_ name: String) throws(SandboxError) -> P256.Signing.PrivateKey {
             guard let data = FileManager.default.contents(atPath: folder + "/" + name), let pem = String(data: data, encoding: .utf8),
                   let key = try? P256.Signing.PrivateKey(pemRepresentation: pem) else {
-                throw SandboxError("\(folder)/\(name) is missing or not a P-256 key: create a new store with iap-sandbox init")
+                throw SandboxError(.damaged, "\(folder)/\(name) is missing or not a P-256 key: create a new store with iap-sandbox init")
             }
             return key
         }
         func certificate(_ name: String) throws(SandboxError) -> Certificate {
             guard let data = FileManager.default.contents(atPath: folder + "/" + name), let cert = try? Certificate(derEncoded: Array(data)) else {
-                throw SandboxError("\(folder)/\(name) is missing or not a certificate: create a new store with iap-sandbox init")
+                throw SandboxError(.damaged, "\(folder)/\(name) is missing or not a certificate: create a new store with iap-sandbox init")
             }
             return cert
         }
@@ -98,7 +108,7 @@ public final class SandboxStore: Sendable {
             rootKey: try key("root.key"), root: try certificate("root.cer"),
             intermediateKey: try key("intermediate.key"), intermediate: try certificate("intermediate.cer"),
             leafKey: try key("leaf.key"), leaf: try certificate("leaf.cer"))
-        do { queue = try FileTransactionQueue(folder: folder + "/queue") } catch { throw SandboxError(error.message) }
+        do { queue = try FileTransactionQueue(folder: folder + "/queue") } catch { throw SandboxError(error, or: .io) }
     }
 
     /// A purchase as it appears on the device: the signed transaction, queued unfinished.
@@ -111,10 +121,10 @@ public final class SandboxStore: Sendable {
     public func purchase(productId: String, type: ProductType = .nonConsumable, environment: AppStoreEnvironment = .sandbox,
                          expires: Date? = nil, now: Date = Date()) throws(SandboxError) -> Purchase {
         guard !productId.isEmpty, productId.utf8.count <= 255 else {
-            throw SandboxError("'\(productId)' is not a product id: pass the product identifier of the content, such as com.example.levels1")
+            throw SandboxError(.invalidInput, "'\(productId)' is not a product id: pass the product identifier of the content, such as com.example.levels1")
         }
         if type == .autoRenewable, let expires, expires <= now {
-            throw SandboxError("--expires \(expires) is in the past: an auto-renewable purchase must expire later")
+            throw SandboxError(.invalidInput, "--expires \(expires) is in the past: an auto-renewable purchase must expire later")
         }
         let id = try nextTransactionId()
         var transaction = Transaction(transactionId: id, originalTransactionId: id, bundleId: bundleId, productId: productId,
@@ -138,7 +148,7 @@ public final class SandboxStore: Sendable {
         do {
             try queue.add(QueuedTransaction(transactionId: id, productId: productId, signedTransaction: signed, addedAt: now))
         } catch {
-            throw SandboxError(error.message)
+            throw SandboxError(error, or: .io)
         }
         return Purchase(transaction: transaction, signedTransaction: signed)
     }
@@ -157,7 +167,7 @@ public final class SandboxStore: Sendable {
     public func records() throws(SandboxError) -> [Record] {
         let state = try loadState()
         let queued: [QueuedTransaction]
-        do { queued = try queue.all() } catch { throw SandboxError(error.message) }
+        do { queued = try queue.all() } catch { throw SandboxError(error, or: .io) }
         return queued.map { item in
             let transaction = Self.decodeUnverified(item.signedTransaction)
             return Record(transactionId: item.transactionId, productId: item.productId, purchaseDate: transaction?.purchaseDate,
@@ -179,9 +189,9 @@ public final class SandboxStore: Sendable {
     /// notification V2 carrying it.
     public func refund(transactionId: String, reason: Int = 0, now: Date = Date()) throws(SandboxError) -> Refund {
         let queued: QueuedTransaction?
-        do { queued = try queue.transaction(transactionId) } catch { throw SandboxError(error.message) }
+        do { queued = try queue.transaction(transactionId) } catch { throw SandboxError(error, or: .io) }
         guard let queued, var transaction = Self.decodeUnverified(queued.signedTransaction) else {
-            throw SandboxError("transaction \(transactionId) was not bought in this sandbox store: list them with iap-sandbox transactions")
+            throw SandboxError(.notFound, "transaction \(transactionId) was not bought in this sandbox store: list them with iap-sandbox transactions")
         }
         transaction.revocationDate = now
         transaction.revocationReason = reason
@@ -198,7 +208,7 @@ public final class SandboxStore: Sendable {
     }
 
     public func sign<T: Encodable>(_ payload: T) throws(SandboxError) -> String {
-        do { return try authority.sign(payload) } catch { throw SandboxError("cannot sign: \(error)") }
+        do { return try authority.sign(payload) } catch { throw SandboxError(.io, "cannot sign: \(error)") }
     }
 
     static func decodeUnverified(_ jws: String) -> Transaction? {
@@ -220,17 +230,16 @@ public final class SandboxStore: Sendable {
     private func loadState() throws(SandboxError) -> State {
         guard let data = FileManager.default.contents(atPath: folder + "/store.json"),
               let state = try? Self.decoder.decode(State.self, from: data) else {
-            throw SandboxError("\(folder)/store.json is missing or damaged: create a new store with iap-sandbox init")
+            throw SandboxError(.damaged, "\(folder)/store.json is missing or damaged: create a new store with iap-sandbox init")
         }
         return state
     }
 
     /// Read-modify-write of store.json under an exclusive lock, written atomically.
     private func updateState(_ change: (inout State) -> Void) throws(SandboxError) {
-        let fd = open(folder + "/.store.lock", O_CREAT | O_RDWR | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { throw SandboxError("cannot lock \(folder): \(String(cString: strerror(errno)))") }
-        defer { close(fd) }
-        while flock(fd, LOCK_EX) != 0 && errno == EINTR {}
+        let lock: FileLock
+        do { lock = try FileLock(exclusive: folder + "/.store.lock") } catch { throw SandboxError(.io, error.message) }
+        defer { lock.release() }
         var state = try loadState()
         change(&state)
         try Self.write(try Self.encode(state), folder + "/store.json", mode: 0o600)
@@ -246,10 +255,10 @@ public final class SandboxStore: Sendable {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
         encoder.dateEncodingStrategy = .millisecondsSince1970
-        do { return try encoder.encode(state) } catch { throw SandboxError("cannot encode the store state") }
+        do { return try encoder.encode(state) } catch { throw SandboxError(.io, "cannot encode the store state") }
     }
 
     private static func write(_ data: Data, _ path: String, mode: mode_t) throws(SandboxError) {
-        do { try atomicWrite(data, to: path, permissions: mode) } catch { throw SandboxError(error.message) }
+        do { try AtomicFile.write(data, to: path, permissions: mode) } catch { throw SandboxError(.io, error.message) }
     }
 }

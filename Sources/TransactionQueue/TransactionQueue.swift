@@ -1,4 +1,6 @@
+import DurableFiles
 import Foundation
+import IAPProtocol
 import SystemPackage
 #if canImport(Glibc)
 import Glibc
@@ -36,12 +38,18 @@ public protocol TransactionSource: Sendable {
     func finish(transactionId: String) async throws
 }
 
-/// An error from the transaction queue, naming the problem and the fix.
-public struct TransactionQueueError: Error, Sendable, CustomStringConvertible {
-    public let message: String
-    public init(_ message: String) { self.message = message }
-    public var description: String { message }
+/// What went wrong with the transaction queue.
+public enum TransactionQueueErrorCode: String, ErrorCode {
+    /// The queue folder or a file in it cannot be read, written or locked.
+    case io
+    /// A queued transaction's file is damaged.
+    case damaged
+    /// No such transaction, or not a transaction id.
+    case notFound = "not-found"
 }
+
+/// An error from the transaction queue, naming the problem and the fix.
+public typealias TransactionQueueError = CodedError<TransactionQueueErrorCode>
 
 /// The device's transaction queue, kept in a folder: one JSON file per transaction.
 ///
@@ -55,7 +63,7 @@ public struct FileTransactionQueue: TransactionSource {
     public init(folder: String) throws(TransactionQueueError) {
         self.folder = folder
         if mkdir(folder, 0o700) != 0 && errno != EEXIST {
-            throw TransactionQueueError("cannot create the transaction queue folder \(folder): \(String(cString: strerror(errno)))")
+            throw TransactionQueueError(.io, "cannot create the transaction queue folder \(folder): \(String(cString: strerror(errno)))")
         }
     }
 
@@ -79,7 +87,7 @@ public struct FileTransactionQueue: TransactionSource {
         do {
             names = try FileManager.default.contentsOfDirectory(atPath: folder)
         } catch {
-            throw TransactionQueueError("cannot list the transaction queue \(folder): \(error.localizedDescription)")
+            throw TransactionQueueError(.io, "cannot list the transaction queue \(folder): \(error.localizedDescription)")
         }
         var result: [QueuedTransaction] = []
         for name in names where name.hasSuffix(".json") && !name.hasPrefix(".") {
@@ -107,7 +115,7 @@ public struct FileTransactionQueue: TransactionSource {
         try Self.validate(id: id)
         return try locked { () throws(TransactionQueueError) in
             guard var transaction = try read(id) else {
-                throw TransactionQueueError("transaction \(id) is not in the queue at \(folder)")
+                throw TransactionQueueError(.notFound, "transaction \(id) is not in the queue at \(folder)")
             }
             if transaction.isFinished { return transaction }
             transaction.finishedAt = date
@@ -118,7 +126,7 @@ public struct FileTransactionQueue: TransactionSource {
 
     private static func validate(id: String) throws(TransactionQueueError) {
         guard !id.isEmpty, id.utf8.count <= 64, id.utf8.allSatisfy({ ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x61 && $0 <= 0x7A) || $0 == 0x2D || $0 == 0x5F }) else {
-            throw TransactionQueueError("'\(id)' is not a transaction id (letters, digits, '-' and '_', at most 64)")
+            throw TransactionQueueError(.notFound, "'\(id)' is not a transaction id (letters, digits, '-' and '_', at most 64)")
         }
     }
 
@@ -131,7 +139,7 @@ public struct FileTransactionQueue: TransactionSource {
             decoder.dateDecodingStrategy = .iso8601withFractions
             return try decoder.decode(QueuedTransaction.self, from: data)
         } catch {
-            throw TransactionQueueError("\(path(id)) is not a valid queued transaction: restore it from a backup or remove it")
+            throw TransactionQueueError(.damaged, "\(path(id)) is not a valid queued transaction: restore it from a backup or remove it")
         }
     }
 
@@ -140,55 +148,22 @@ public struct FileTransactionQueue: TransactionSource {
         encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
         encoder.dateEncodingStrategy = .iso8601withFractions
         let data: Data
-        do { data = try encoder.encode(transaction) } catch { throw TransactionQueueError("cannot encode transaction \(transaction.transactionId)") }
-        try atomicWrite(data, to: path(transaction.transactionId))
-        syncFolder(folder)
+        do { data = try encoder.encode(transaction) } catch { throw TransactionQueueError(.io, "cannot encode transaction \(transaction.transactionId)") }
+        do {
+            try AtomicFile.write(data, to: path(transaction.transactionId))
+        } catch {
+            throw TransactionQueueError(.io, error.message)
+        }
     }
 
     private func locked<T>(_ body: () throws(TransactionQueueError) -> T) throws(TransactionQueueError) -> T {
-        let fd = open(folder + "/.lock", O_CREAT | O_RDWR | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { throw TransactionQueueError("cannot lock the transaction queue \(folder): \(String(cString: strerror(errno)))") }
-        defer { close(fd) }
-        while flock(fd, LOCK_EX) != 0 {
-            guard errno == EINTR else { throw TransactionQueueError("cannot lock the transaction queue \(folder): \(String(cString: strerror(errno)))") }
+        let lock: FileLock
+        do { lock = try FileLock(exclusive: folder + "/.lock") } catch {
+            throw TransactionQueueError(.io, "cannot lock the transaction queue: \(error.message)")
         }
+        defer { lock.release() }
         return try body()
     }
-}
-
-/// Writes a file so that a crash leaves the old contents or the new, never a mix: a temporary
-/// file in the same folder, fsync, rename. Permissions 0600.
-///
-/// With `durable: false` the fsync is skipped: the rename still makes the replacement atomic for
-/// a killed process, but after a power cut the file may hold the previous contents.
-public func atomicWrite(_ data: Data, to path: String, permissions: mode_t = 0o600, durable: Bool = true) throws(TransactionQueueError) {
-    let temp = path + ".tmp-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
-    let fd = open(temp, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, permissions)
-    guard fd >= 0 else { throw TransactionQueueError("cannot write \(path): \(String(cString: strerror(errno))); check the folder exists and is writable") }
-    var writeErrno: Int32 = 0
-    var ok = data.withUnsafeBytes { raw -> Bool in
-        do {
-            _ = try FileDescriptor(rawValue: fd).writeAll(raw)
-            return true
-        } catch {
-            writeErrno = (error as? Errno)?.rawValue ?? EIO
-            return false
-        }
-    }
-    ok = ok && (!durable || fsync(fd) == 0)
-    close(fd)
-    guard ok, rename(temp, path) == 0 else {
-        let code = ok ? errno : writeErrno
-        unlink(temp)
-        throw TransactionQueueError("cannot write \(path): \(String(cString: strerror(code))); free disk space or fix permissions")
-    }
-}
-
-func syncFolder(_ path: String) {
-    let fd = open(path, O_RDONLY | O_DIRECTORY)
-    guard fd >= 0 else { return }
-    fsync(fd)
-    close(fd)
 }
 
 extension JSONEncoder.DateEncodingStrategy {

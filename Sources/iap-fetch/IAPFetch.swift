@@ -1,4 +1,5 @@
 import ArgumentParser
+import CommandLineReporting
 import Base64URL
 import ContentFetch
 import Foundation
@@ -44,12 +45,14 @@ struct Options: ParsableArguments {
     }
 }
 
+/// Errors and notices go to stderr; exit codes are documented on the command.
+let reporter = Reporter(tool: "iap-fetch")
+
 /// Runs a fetcher over a source, printing its updates, and exits with the documented code.
 func runFetcher(_ options: Options, source: any TransactionSource) async throws {
     let fetcher: ContentFetcher
     do { fetcher = try ContentFetcher(configuration: try options.configuration(), source: source) } catch let error as FetchError {
-        FileHandle.standardError.write(Data("iap-fetch: error: \(error.message)\n".utf8))
-        throw ExitCode(1)
+        throw reporter.failure(error)
     }
     // Ctrl-C pauses: the journal is saved and the next run resumes.
     signal(SIGINT, SIG_IGN)
@@ -68,14 +71,14 @@ func runFetcher(_ options: Options, source: any TransactionSource) async throws 
         if options.json {
             emitJSON(["event": "transaction-failed", "transactionId": id, "code": error.code.rawValue, "message": error.message])
         }
-        FileHandle.standardError.write(Data("iap-fetch: transaction \(id) failed and stays unfinished: \(error.message)\n".utf8))
+        reporter.note("transaction \(id) failed and stays unfinished: \(error.message)")
     }
     for id in summary.cancelled {
         if options.json { emitJSON(["event": "download-cancelled", "downloadId": id]) }
-        FileHandle.standardError.write(Data("iap-fetch: download \(id) was cancelled; its transaction stays unfinished\n".utf8))
+        reporter.note("download \(id) was cancelled; its transaction stays unfinished")
     }
     if summary.interrupted {
-        FileHandle.standardError.write(Data("iap-fetch: paused; run again to resume\n".utf8))
+        reporter.note("paused; run again to resume")
         throw ExitCode(130)
     }
     if !summary.failed.isEmpty || !summary.cancelled.isEmpty { throw ExitCode(1) }
@@ -137,8 +140,7 @@ struct Run: AsyncParsableCommand {
     func run() async throws {
         let source: FileTransactionQueue
         do { source = try FileTransactionQueue(folder: queue) } catch {
-            FileHandle.standardError.write(Data("iap-fetch: error: \(error.message)\n".utf8))
-            throw ExitCode(1)
+            throw reporter.failure(error)
         }
         try await runFetcher(options, source: source)
     }
@@ -187,7 +189,7 @@ struct Status: ParsableCommand {
         }
         if records.isEmpty { print("no downloads yet") }
         for r in records {
-            let progress = r.expectedLength > 0 ? Double(r.verifiedLength) / Double(r.expectedLength) * 100 : 0
+            let progress = r.expectedLength > 0 ? Double(r.recordedLength) / Double(r.expectedLength) * 100 : 0
             print("\(r.id)  \(r.productId) \(r.contentVersion)  \(r.state.rawValue)  \(String(format: "%.0f%%", r.state == .finished ? 100.0 : progress))\(r.error.map { "  \($0.message)" } ?? "")\(r.contentPath.map { "  \($0)" } ?? "")")
         }
     }
@@ -212,8 +214,7 @@ struct Cancel: ParsableCommand {
                 throw ValidationError("no download \(id) in \(contentDir): see iap-fetch status")
             }
         } catch let error as FetchError {
-            FileHandle.standardError.write(Data("iap-fetch: error: \(error.message)\n".utf8))
-            throw ExitCode(1)
+            throw reporter.failure(error)
         }
     }
 }

@@ -1,4 +1,5 @@
 import ArgumentParser
+import CommandLineReporting
 import ContentArchive
 import Foundation
 #if canImport(Glibc)
@@ -40,30 +41,15 @@ protocol Reporting {
 }
 
 extension Reporting {
+    var reporter: Reporter { Reporter(tool: "iap-pack", json: json) }
+
     func reporting(_ body: () throws(ArchiveError) -> Void) throws {
-        do {
-            try body()
-        } catch {
-            if json { printJSON(ErrorEnvelope(error: .init(code: error.code.rawValue, message: error.message))) }
-            FileHandle.standardError.write(Data("iap-pack: error: \(error.message)\n".utf8))
-            throw ExitCode(Exit.code(for: error))
-        }
+        try reporter.run(exitCode: Exit.code(for:), body)
     }
-}
 
-struct ErrorEnvelope: Encodable {
-    struct Body: Encodable {
-        let code: String
-        let message: String
+    func printJSON<T: Encodable>(_ value: T) {
+        reporter.printJSON(value)
     }
-    let error: Body
-}
-
-func printJSON<T: Encodable>(_ value: T) {
-    let encoder = JSONEncoder()
-    encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-    let data = (try? encoder.encode(value)) ?? Data("{}".utf8)
-    FileHandle.standardOutput.write(data + Data("\n".utf8))
 }
 
 func humanBytes(_ bytes: UInt64) -> String {

@@ -1,4 +1,6 @@
 import ArgumentParser
+import CommandLineReporting
+import IAPProtocol
 import Foundation
 import PurchaseVerification
 import SandboxStore
@@ -16,11 +18,8 @@ struct IAPSandbox: AsyncParsableCommand {
         subcommands: [Init.self, Purchase.self, Transactions.self, Refund.self])
 }
 
-/// Prints the error for a person and exits 1.
-func fail(_ message: String) -> ExitCode {
-    FileHandle.standardError.write(Data("iap-sandbox: error: \(message)\n".utf8))
-    return ExitCode(1)
-}
+/// Errors go to stderr and exit 1 (64 for usage, from ArgumentParser).
+let reporter = Reporter(tool: "iap-sandbox")
 
 func iso(_ date: Date?) -> String { date.map { $0.formatted(.iso8601) } ?? "-" }
 
@@ -40,7 +39,7 @@ struct Init: ParsableCommand {
                   keys        \(dir)/*.key (mode 0600)
                   queue       \(dir)/queue
                 """)
-        } catch { throw fail(error.message) }
+        } catch { throw reporter.failure(error) }
     }
 }
 
@@ -62,27 +61,33 @@ struct Purchase: ParsableCommand {
     @Option(help: "The store's folder.") var dir: String
     @Option(name: .customLong("product-id"), help: "The product to buy.") var productId: String
     @Option(help: "non-consumable, consumable or auto-renewable.") var type: Kind = .nonConsumable
-    @Option(help: "Sandbox or Production.") var environment: String = "Sandbox"
+    enum Environment: String, ExpressibleByArgument, CaseIterable {
+        case sandbox = "Sandbox", production = "Production"
+        init?(argument: String) {
+            guard let match = Self.allCases.first(where: { $0.rawValue.lowercased() == argument.lowercased() }) else { return nil }
+            self = match
+        }
+        var value: AppStoreEnvironment { self == .sandbox ? .sandbox : .production }
+    }
+
+    @Option(help: "Sandbox or Production.") var environment: Environment = .sandbox
     @Option(help: "Expiry (ISO 8601, e.g. 2027-01-01T00:00:00Z), for subscriptions.") var expires: String?
     @Flag(help: "Print one JSON object instead of the bare signed transaction.") var json = false
 
+    func validate() throws {
+        if let expires, (try? Date(expires, strategy: .iso8601)) == nil {
+            throw ValidationError("--expires \(expires) is not an ISO 8601 date such as 2027-01-01T00:00:00Z")
+        }
+        if expires != nil, type != .autoRenewable {
+            throw ValidationError("--expires applies to --type auto-renewable only")
+        }
+    }
+
     func run() throws {
-        let env: AppStoreEnvironment
-        switch environment.lowercased() {
-        case "sandbox": env = .sandbox
-        case "production": env = .production
-        default: throw fail("--environment \(environment) is not Sandbox or Production")
-        }
-        var expiry: Date?
-        if let expires {
-            guard let date = try? Date(expires, strategy: .iso8601) else {
-                throw fail("--expires \(expires) is not an ISO 8601 date such as 2027-01-01T00:00:00Z")
-            }
-            expiry = date
-        }
+        let expiry = expires.flatMap { try? Date($0, strategy: .iso8601) }
         do {
             let store = try SandboxStore(folder: dir)
-            let purchase = try store.purchase(productId: productId, type: type.type, environment: env, expires: expiry)
+            let purchase = try store.purchase(productId: productId, type: type.type, environment: environment.value, expires: expiry)
             if json {
                 let object: [String: Any] = ["transactionId": purchase.transaction.transactionId ?? "", "productId": productId,
                                              "signedTransaction": purchase.signedTransaction]
@@ -91,7 +96,7 @@ struct Purchase: ParsableCommand {
             } else {
                 print(purchase.signedTransaction)
             }
-        } catch let error as SandboxError { throw fail(error.message) }
+        } catch let error as SandboxError { throw reporter.failure(error) }
     }
 }
 
@@ -117,7 +122,7 @@ struct Transactions: ParsableCommand {
                 let refund = r.refundedAt.map { "  refunded \(iso($0))" } ?? ""
                 print("\(r.transactionId)  \(r.productId)  \(r.environment ?? "-")  bought \(iso(r.purchaseDate))  \(state)\(refund)")
             }
-        } catch let error as SandboxError { throw fail(error.message) }
+        } catch let error as SandboxError { throw reporter.failure(error) }
     }
 }
 
@@ -129,15 +134,19 @@ struct Refund: AsyncParsableCommand {
     @Argument(help: "The transaction to refund.") var transactionId: String
     @Option(help: "The server's notification URL, e.g. http://127.0.0.1:8080/v1/notifications.") var notify: String?
 
+    func validate() throws {
+        if let notify, URL(string: notify).map({ $0.scheme == "http" || $0.scheme == "https" }) != true {
+            throw ValidationError("--notify \(notify) is not an http(s) URL")
+        }
+    }
+
     func run() async throws {
         let refund: SandboxStore.Refund
-        do { refund = try SandboxStore(folder: dir).refund(transactionId: transactionId) } catch { throw fail(error.message) }
-        let body = try JSONSerialization.data(withJSONObject: ["signedPayload": refund.signedPayload], options: [.withoutEscapingSlashes])
+        do { refund = try SandboxStore(folder: dir).refund(transactionId: transactionId) } catch { throw reporter.failure(error) }
+        let body = try WireJSON.encoder().encode(NotificationRequest(signedPayload: refund.signedPayload))
         print(String(decoding: body, as: UTF8.self))
         guard let notify else { return }
-        guard let url = URL(string: notify), url.scheme == "http" || url.scheme == "https" else {
-            throw fail("--notify \(notify) is not an http(s) URL")
-        }
+        guard let url = URL(string: notify) else { return }
         var request = URLRequest(url: url, timeoutInterval: 30)
         request.httpMethod = "POST"
         request.setValue("application/json", forHTTPHeaderField: "Content-Type")
@@ -147,13 +156,13 @@ struct Refund: AsyncParsableCommand {
             let status = (response as? HTTPURLResponse)?.statusCode ?? 0
             // Apple counts 200-206 as delivered.
             guard (200...206).contains(status) else {
-                throw fail("the server at \(notify) answered \(status) to the REFUND notification: \(String(decoding: data.prefix(500), as: UTF8.self))")
+                throw reporter.failure("notify-failed", "the server at \(notify) answered \(status) to the REFUND notification: \(String(decoding: data.prefix(500), as: UTF8.self))")
             }
             FileHandle.standardError.write(Data("notified \(notify): \(status)\n".utf8))
         } catch let error as ExitCode {
             throw error
         } catch {
-            throw fail("could not POST the notification to \(notify): \(error.localizedDescription); is the server running?")
+            throw reporter.failure("notify-failed", "could not POST the notification to \(notify): \(error.localizedDescription); is the server running?")
         }
     }
 }

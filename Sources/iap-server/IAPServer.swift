@@ -1,4 +1,5 @@
 import ArgumentParser
+import CommandLineReporting
 import ContentArchive
 import ContentCatalog
 import ContentServer
@@ -19,9 +20,16 @@ func env(_ name: String) -> String? {
     ProcessInfo.processInfo.environment[name].flatMap { $0.isEmpty ? nil : $0 }
 }
 
-func fail(_ message: String, code: Int32 = 1) -> ExitCode {
-    FileHandle.standardError.write(Data("iap-server: error: \(message)\n".utf8))
-    return ExitCode(code)
+/// Errors go to stderr with the exit code each subcommand documents.
+let reporter = Reporter(tool: "iap-server")
+
+/// `--environment`: which App Store environments' transactions are accepted.
+enum EnvironmentChoice: String, ExpressibleByArgument, CaseIterable {
+    case production, sandbox, both
+
+    init?(argument: String) { self.init(rawValue: argument.lowercased()) }
+
+    var policy: EnvironmentPolicy { EnvironmentPolicy(name: rawValue)! }
 }
 
 struct Serve: AsyncParsableCommand {
@@ -37,7 +45,7 @@ struct Serve: AsyncParsableCommand {
     @Option(help: "The address to listen on.") var host: String?
     @Option(help: "The port to listen on; 0 picks a free one.") var port: Int?
     @Option(name: .customLong("trust-root"), help: "Another trusted root certificate (DER or PEM), e.g. the sandbox's root.cer; repeatable.") var trustRoots: [String] = []
-    @Option(help: "production, sandbox or both. App Review buys in the sandbox against production servers: use both there.") var environment: String?
+    @Option(help: "production, sandbox or both. App Review buys in the sandbox against production servers: use both there.") var environment: EnvironmentChoice?
     @Option(name: .customLong("token-ttl"), help: "Seconds a download URL stays valid.") var tokenTTL: Int?
     @Option(name: .customLong("admin-token-file"), help: "A file holding the bearer token for PUT /v1/admin/archives; without it the admin API is off.") var adminTokenFile: String?
     @Option(name: .customLong("public-url"), help: "The base of download URLs, e.g. https://content.example.com (default http://<host>:<port>).") var publicURL: String?
@@ -60,23 +68,23 @@ struct Serve: AsyncParsableCommand {
         var configuration = ServerConfiguration(dataDirectory: dataDirectory, bundleId: bundle)
         configuration.host = host ?? env("IAP_HOST") ?? configuration.host
         if let value = port ?? env("IAP_PORT").flatMap(Int.init) { configuration.port = value }
-        let environmentName = environment ?? env("IAP_ENVIRONMENT") ?? "production"
-        guard var policy = EnvironmentPolicy(name: environmentName) else {
-            throw ValidationError("--environment must be production, sandbox or both, not '\(environmentName)'")
+        let environmentName = env("IAP_ENVIRONMENT") ?? "production"
+        guard var policy = (environment ?? EnvironmentChoice(argument: environmentName))?.policy else {
+            throw ValidationError("IAP_ENVIRONMENT must be production, sandbox or both, not '\(environmentName)'")
         }
         if allowLocalTesting { policy = policy.allowingLocalTesting() }
         configuration.environments = policy
         let rootPaths = trustRoots + (env("IAP_TRUST_ROOTS")?.split(separator: ":").map(String.init) ?? [])
         do {
             for path in rootPaths { configuration.trustRoots.append(try AppleRoots.load(path: path)) }
-        } catch { throw fail(error.message) }
+        } catch { throw reporter.failure(error) }
         if let ttl = tokenTTL ?? env("IAP_TOKEN_TTL").flatMap(Int.init) {
             guard ttl >= 10 else { throw ValidationError("--token-ttl must be at least 10 seconds") }
             configuration.tokenTTL = .seconds(ttl)
         }
         if let file = adminTokenFile ?? env("IAP_ADMIN_TOKEN_FILE") {
             guard let token = try? String(contentsOfFile: file, encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines), token.count >= 16 else {
-                throw fail("cannot read an admin token of at least 16 characters from \(file)")
+                throw reporter.failure("invalid-input", "cannot read an admin token of at least 16 characters from \(file)")
             }
             configuration.adminToken = token
         }
@@ -93,7 +101,7 @@ struct Serve: AsyncParsableCommand {
                 if let portFile { try? String(port).write(toFile: portFile, atomically: true, encoding: .utf8) }
             }
         } catch let error as CatalogError {
-            throw fail(error.message)
+            throw reporter.failure(error)
         }
     }
 }
@@ -128,7 +136,7 @@ struct Publish: ParsableCommand {
             case .conflict: 2
             case .storage: 3
             }
-            throw fail(error.message, code: code)
+            throw reporter.failure(error, exitCode: code)
         }
     }
 }
@@ -158,7 +166,7 @@ struct Catalog: ParsableCommand {
                 }
             }
         } catch let error as CatalogError {
-            throw fail(error.message, code: 3)
+            throw reporter.failure(error, exitCode: 3)
         }
     }
 }
@@ -181,15 +189,13 @@ struct Verify: AsyncParsableCommand {
     var trustRoots: [String] = []
 
     @Option(help: "production, sandbox or both (App Review uses sandbox against production servers).")
-    var environment: String = "production"
+    var environment: EnvironmentChoice = .production
 
     @Flag(name: .customLong("allow-local-testing"), help: "Also accept Xcode and LocalTesting environments.")
     var allowLocalTesting = false
 
     func run() async throws {
-        guard var policy = EnvironmentPolicy(name: environment) else {
-            throw ValidationError("--environment must be production, sandbox or both, not '\(environment)'")
-        }
+        var policy = environment.policy
         if allowLocalTesting { policy = policy.allowingLocalTesting() }
         do {
             var roots = [AppleRoots.rootCAG3]
@@ -211,8 +217,7 @@ struct Verify: AsyncParsableCommand {
             let data = try JSONSerialization.data(withJSONObject: output, options: [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes])
             print(String(decoding: data, as: UTF8.self))
         } catch let error as VerificationError {
-            FileHandle.standardError.write(Data("iap-server: refused (\(error.code.rawValue)): \(error.message)\n".utf8))
-            throw ExitCode(1)
+            throw reporter.failure(VerificationError(error.code, "refused (\(error.code.rawValue)): \(error.message)"))
         }
     }
 

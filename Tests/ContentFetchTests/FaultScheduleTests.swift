@@ -49,7 +49,7 @@ struct FaultScheduleTests {
         let queue = tmp.sub("sandbox/queue"), content = tmp.sub("device")
         let installed = content + "/com.example.faults/1.0"
         let journal = try DownloadJournal(contentDirectory: content)
-        func durable() -> Int64 { journal.load("\(id)-com.example.faults")?.verifiedLength ?? 0 }
+        func durable() -> Int64 { journal.load("\(id)-com.example.faults")?.recordedLength ?? 0 }
         func finished() throws -> Date? { try FileTransactionQueue(folder: queue).transaction(id)?.finishedAt }
         var kills = 0
 

@@ -46,11 +46,11 @@ struct FaultTests {
         try client.run()
         let journal = try DownloadJournal(contentDirectory: setup.content)
         let deadline = Date().addingTimeInterval(60)
-        while client.isRunning, Date() < deadline, (journal.load(setup.downloadId)?.verifiedLength ?? 0) < 4 << 20 { usleep(2_000) }
+        while client.isRunning, Date() < deadline, (journal.load(setup.downloadId)?.recordedLength ?? 0) < 4 << 20 { usleep(2_000) }
         kill(client.processIdentifier, signal)
         client.waitUntilExit()
         exitStatus?.pointee = client.terminationStatus
-        #expect((journal.load(setup.downloadId)?.verifiedLength ?? 0) >= 4 << 20)
+        #expect((journal.load(setup.downloadId)?.recordedLength ?? 0) >= 4 << 20)
         return setup
     }
 
@@ -135,7 +135,7 @@ struct FaultTests {
         try client.run()
         let journal = try DownloadJournal(contentDirectory: s.content)
         let deadline = Date().addingTimeInterval(60)
-        while client.isRunning, Date() < deadline, (journal.load(s.downloadId)?.verifiedLength ?? 0) < 8 << 20 { usleep(2_000) }
+        while client.isRunning, Date() < deadline, (journal.load(s.downloadId)?.recordedLength ?? 0) < 8 << 20 { usleep(2_000) }
         // Kill the server without warning and start it again on the same port.
         kill(s.server.process.processIdentifier, SIGKILL)
         s.server.process.waitUntilExit()

@@ -100,10 +100,10 @@ struct FetchTests {
             try client.run()
             // Wait (bounded) until the journal shows the bytes durable, then kill without warning.
             let deadline = Date().addingTimeInterval(60)
-            while client.isRunning, Date() < deadline, (journal.load("\(id)-com.example.big")?.verifiedLength ?? 0) < threshold { usleep(2_000) }
+            while client.isRunning, Date() < deadline, (journal.load("\(id)-com.example.big")?.recordedLength ?? 0) < threshold { usleep(2_000) }
             kill(client.processIdentifier, SIGKILL)
             client.waitUntilExit()
-            let durable = journal.load("\(id)-com.example.big")?.verifiedLength ?? 0
+            let durable = journal.load("\(id)-com.example.big")?.recordedLength ?? 0
             #expect(durable >= threshold)
             resumedFrom.append(durable)
             #expect(try FileTransactionQueue(folder: w.queue).transaction(id)?.finishedAt == nil, "finished while not installed")

@@ -38,7 +38,7 @@ struct IfRangeTests {
         try client.run()
         let journal = try DownloadJournal(contentDirectory: content)
         let deadline = Date().addingTimeInterval(60)
-        while client.isRunning, Date() < deadline, (journal.load(id)?.verifiedLength ?? 0) < 4 << 20 { usleep(2_000) }
+        while client.isRunning, Date() < deadline, (journal.load(id)?.recordedLength ?? 0) < 4 << 20 { usleep(2_000) }
         kill(client.processIdentifier, SIGKILL)
         client.waitUntilExit()
 

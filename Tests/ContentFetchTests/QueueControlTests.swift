@@ -1,4 +1,4 @@
-import ContentFetch
+@testable import ContentFetch
 import Foundation
 import IAPTestSupport
 import Testing
@@ -53,7 +53,7 @@ struct QueueControlTests {
         #expect(paused.state == .paused)
         let segments = try #require(paused.segments)
         #expect(segments.count == 4, "four ranges planned and recorded: \(segments)")
-        #expect(paused.verifiedLength < paused.expectedLength)
+        #expect(paused.recordedLength < paused.expectedLength)
 
         #expect(await fetcher.resume(bigId))
         #expect(!(await fetcher.resume(bigId)), "resuming twice does nothing")
@@ -67,7 +67,7 @@ struct QueueControlTests {
         let updates = await observer.value.filter { $0.id == bigId }
         let pausedAt = try #require(updates.firstIndex { $0.state == .paused })
         let resumed = try #require(updates[pausedAt...].first { $0.state == .active })
-        #expect(resumed.bytesReceived >= paused.verifiedLength, "resumed from the bytes on disk, not from zero")
+        #expect(resumed.bytesReceived >= paused.recordedLength, "resumed from the bytes on disk, not from zero")
         #expect(updates.last?.state == .finished)
         #expect(!FileManager.default.fileExists(atPath: journal.partialPath(bigId)))
     }
@@ -84,8 +84,8 @@ struct QueueControlTests {
         #expect(await fetcher.start().paused == [id])
         let journal = try DownloadJournal(contentDirectory: shop.content)
         var record = try #require(journal.load(id))
-        #expect(record.verifiedLength >= 6 << 20)
-        #expect(record.durable == [Segment(start: 0, end: record.expectedLength, done: record.verifiedLength)],
+        #expect(record.recordedLength >= 6 << 20)
+        #expect(record.durable == [Segment(start: 0, end: record.expectedLength, done: record.recordedLength)],
                 "a pause fsyncs what it keeps")
 
         // A power cut after only 2 MiB had been fsynced: the pages past them are lost (zeros
@@ -96,7 +96,7 @@ struct QueueControlTests {
         try journal.save(record)
         let handle = try #require(FileHandle(forWritingAtPath: journal.partialPath(id)))
         try handle.seek(toOffset: UInt64(synced))
-        try handle.write(contentsOf: Data(count: Int(record.verifiedLength - synced)))
+        try handle.write(contentsOf: Data(count: Int(record.recordedLength - synced)))
         try handle.close()
 
         #expect(await fetcher.resume(id))
@@ -106,7 +106,7 @@ struct QueueControlTests {
         let updates = await observer.value.filter { $0.id == id }
         let pausedAt = try #require(updates.firstIndex { $0.state == .paused })
         let resumed = try #require(updates[pausedAt...].first { $0.state == .active })
-        #expect(resumed.bytesReceived == synced, "continued from the fsynced mark, not from \(record.verifiedLength)")
+        #expect(resumed.bytesReceived == synced, "continued from the fsynced mark, not from \(record.recordedLength)")
         #expect(!updates.contains { $0.state == .failed }, "no hash mismatch: the lost bytes were fetched again, not trusted")
     }
 
@@ -124,7 +124,7 @@ struct QueueControlTests {
         #expect(first.finished.isEmpty)
         let journal = try DownloadJournal(contentDirectory: shop.content)
         #expect(journal.load(id)?.state == .cancelled)
-        #expect(journal.load(id)?.verifiedLength == 0)
+        #expect(journal.load(id)?.recordedLength == 0)
         #expect(!FileManager.default.fileExists(atPath: journal.partialPath(id)))
         #expect(try FileTransactionQueue(folder: shop.queue).transaction(big)?.finishedAt == nil)
         #expect(!(await fetcher.cancel("no-such-download")))
@@ -146,7 +146,7 @@ struct QueueControlTests {
         let journal = try DownloadJournal(contentDirectory: shop.content)
         let (client, _) = try shop.startClient(["--connections", "3", "--limit-rate", "12M"])
         let deadline = Date().addingTimeInterval(60)
-        while client.isRunning, Date() < deadline, (journal.load(id)?.verifiedLength ?? 0) < 12 << 20 { usleep(2_000) }
+        while client.isRunning, Date() < deadline, (journal.load(id)?.recordedLength ?? 0) < 12 << 20 { usleep(2_000) }
         kill(client.processIdentifier, SIGKILL)
         client.waitUntilExit()
         let killed = try #require(journal.load(id))
@@ -160,7 +160,7 @@ struct QueueControlTests {
         #expect(again.status == 0, "\(again.stderr)")
         let firstActive = again.stdout.split(separator: "\n").compactMap { try? JSONDecoder().decode(DownloadUpdate.self, from: Data($0.utf8)) }
             .first { $0.state == .active }
-        #expect((firstActive?.bytesReceived ?? 0) >= killed.verifiedLength)
+        #expect((firstActive?.bytesReceived ?? 0) >= killed.recordedLength)
         #expect(shop.installed("com.example.big") == shop.payloads["com.example.big"])
         #expect(try FileTransactionQueue(folder: shop.queue).transaction(big)?.finishedAt != nil)
     }
@@ -173,7 +173,7 @@ struct QueueControlTests {
         let journal = try DownloadJournal(contentDirectory: shop.content)
         let (client, errors) = try shop.startClient(["--limit-rate", "4M"])
         let deadline = Date().addingTimeInterval(60)
-        while client.isRunning, Date() < deadline, (journal.load(id)?.verifiedLength ?? 0) < 2 << 20 { usleep(2_000) }
+        while client.isRunning, Date() < deadline, (journal.load(id)?.recordedLength ?? 0) < 2 << 20 { usleep(2_000) }
         let cancel = try run(productsDirectory() + "/iap-fetch", ["cancel", id, "--content-dir", shop.content])
         #expect(cancel.status == 0, "\(cancel.stderr)")
         #expect(cancel.stdout.contains("asked the running iap-fetch"))
@@ -196,7 +196,7 @@ struct QueueControlTests {
         let journal = try DownloadJournal(contentDirectory: shop.content)
         let (client, _) = try shop.startClient(["--limit-rate", "4M"])
         let deadline = Date().addingTimeInterval(60)
-        while client.isRunning, Date() < deadline, (journal.load("\(big)-com.example.big")?.verifiedLength ?? 0) < 1 << 20 { usleep(2_000) }
+        while client.isRunning, Date() < deadline, (journal.load("\(big)-com.example.big")?.recordedLength ?? 0) < 1 << 20 { usleep(2_000) }
         let second = try run(productsDirectory() + "/iap-fetch", ["run", "--server", shop.server.base, "--queue", shop.queue, "--content-dir", shop.content])
         #expect(second.status == 1)
         #expect(second.stderr.contains("another iap-fetch is downloading"), "\(second.stderr)")

@@ -109,6 +109,6 @@ struct InteropTests {
         #expect(transaction.productId == "com.example.python")
         #expect(transaction.storefront == "GBR")
         let untrusting = SignedDataVerifier(configuration: .init(bundleId: "com.example.app", environments: .sandbox))
-        #expect(await VerificationError.Code.of { _ = try await untrusting.verifyTransaction(token) } == .untrustedChain)
+        #expect(await VerificationErrorCode.of { _ = try await untrusting.verifyTransaction(token) } == .untrustedChain)
     }
 }

@@ -38,8 +38,8 @@ struct Fixture {
     }
 }
 
-extension VerificationError.Code {
-    static func of(_ body: () async throws -> Void) async -> VerificationError.Code? {
+extension VerificationErrorCode {
+    static func of(_ body: () async throws -> Void) async -> VerificationErrorCode? {
         do {
             try await body()
             return nil

@@ -41,9 +41,9 @@ struct VerifierTests {
     func algorithms(alg: String) async throws {
         let f = try Fixture()
         let token = try f.token(header: ["alg": alg, "x5c": f.authority.x5c], payload: f.payloadJSON(f.transaction()))
-        #expect(await VerificationError.Code.of { _ = try await f.verifier().verifyTransaction(token) } == .unsupportedAlgorithm)
+        #expect(await VerificationErrorCode.of { _ = try await f.verifier().verifyTransaction(token) } == .unsupportedAlgorithm)
         let missing = try f.token(header: ["x5c": f.authority.x5c], payload: f.payloadJSON(f.transaction()))
-        #expect(await VerificationError.Code.of { _ = try await f.verifier().verifyTransaction(missing) } == .unsupportedAlgorithm)
+        #expect(await VerificationErrorCode.of { _ = try await f.verifier().verifyTransaction(missing) } == .unsupportedAlgorithm)
     }
 
     @Test("x5c must hold exactly three certificates", arguments: [0, 1, 2, 4])
@@ -53,7 +53,7 @@ struct VerifierTests {
         let x5c = count == 4 ? chain + [chain[2]] : Array(chain.prefix(count))
         let header: [String: Any] = count == 0 ? ["alg": "ES256"] : ["alg": "ES256", "x5c": x5c]
         let token = try f.token(header: header, payload: f.payloadJSON(f.transaction()))
-        #expect(await VerificationError.Code.of { _ = try await f.verifier().verifyTransaction(token) } == .invalidCertificateList)
+        #expect(await VerificationErrorCode.of { _ = try await f.verifier().verifyTransaction(token) } == .invalidCertificateList)
     }
 
     @Test("a chain to an untrusted root is refused, even with that root inside the token")
@@ -61,14 +61,14 @@ struct VerifierTests {
         let trusted = try Fixture(), attacker = try Fixture()
         let token = try attacker.authority.sign(attacker.transaction())
         // Trusts Apple's root and another sandbox root, not the attacker's (which x5c[2] carries).
-        #expect(await VerificationError.Code.of { _ = try await trusted.verifier().verifyTransaction(token) } == .untrustedChain)
+        #expect(await VerificationErrorCode.of { _ = try await trusted.verifier().verifyTransaction(token) } == .untrustedChain)
         let appleOnly = trusted.verifier(roots: [AppleRoots.rootCAG3])
-        #expect(await VerificationError.Code.of { _ = try await appleOnly.verifyTransaction(token) } == .untrustedChain)
+        #expect(await VerificationErrorCode.of { _ = try await appleOnly.verifyTransaction(token) } == .untrustedChain)
         // The attacker's intermediate swapped into a trusted chain fails as well.
         var x5c = trusted.authority.x5c
         x5c[1] = attacker.authority.x5c[1]
         let mixed = try trusted.token(header: ["alg": "ES256", "x5c": x5c], payload: trusted.payloadJSON(trusted.transaction()))
-        #expect(await VerificationError.Code.of { _ = try await trusted.verifier().verifyTransaction(mixed) } == .untrustedChain)
+        #expect(await VerificationErrorCode.of { _ = try await trusted.verifier().verifyTransaction(mixed) } == .untrustedChain)
     }
 
     @Test("an intermediate or leaf without Apple's marker OID is refused")
@@ -77,13 +77,13 @@ struct VerifierTests {
         noIntermediate.intermediateHasMarker = false
         let a = try Fixture(profile: noIntermediate)
         let tokenA = try a.authority.sign(a.transaction())
-        #expect(await VerificationError.Code.of { _ = try await a.verifier().verifyTransaction(tokenA) } == .missingMarkerOID)
+        #expect(await VerificationErrorCode.of { _ = try await a.verifier().verifyTransaction(tokenA) } == .missingMarkerOID)
 
         var noLeaf = ChainProfile()
         noLeaf.leafHasMarker = false
         let b = try Fixture(profile: noLeaf)
         let tokenB = try b.authority.sign(b.transaction())
-        #expect(await VerificationError.Code.of { _ = try await b.verifier().verifyTransaction(tokenB) } == .missingMarkerOID)
+        #expect(await VerificationErrorCode.of { _ = try await b.verifier().verifyTransaction(tokenB) } == .missingMarkerOID)
     }
 
     @Test("certificates are validated at the payload's signedDate")
@@ -98,10 +98,10 @@ struct VerifierTests {
         #expect(try await f.verifier().verifyTransaction(old).transactionId == "2000000000000001")
         // Signed after the leaf expired: refused, even with the chain cached by the first token.
         let late = try f.authority.sign(f.transaction(signed: now))
-        #expect(await VerificationError.Code.of { _ = try await f.verifier().verifyTransaction(late) } == .untrustedChain)
+        #expect(await VerificationErrorCode.of { _ = try await f.verifier().verifyTransaction(late) } == .untrustedChain)
         let verifier = f.verifier()
         _ = try await verifier.verifyTransaction(old)
-        #expect(await VerificationError.Code.of { _ = try await verifier.verifyTransaction(late) } == .untrustedChain)
+        #expect(await VerificationErrorCode.of { _ = try await verifier.verifyTransaction(late) } == .untrustedChain)
     }
 
     @Test("a bad, DER-encoded or misplaced signature and a tampered payload are refused")
@@ -113,23 +113,23 @@ struct VerifierTests {
         var flipped = Array(Data(base64Encoded: b64(parts[2]))!)
         flipped[10] ^= 0x01
         let bad = parts[0] + "." + parts[1] + "." + base64URLEncode(flipped)
-        #expect(await VerificationError.Code.of { _ = try await f.verifier().verifyTransaction(bad) } == .invalidSignature)
+        #expect(await VerificationErrorCode.of { _ = try await f.verifier().verifyTransaction(bad) } == .invalidSignature)
 
         let input = Data((parts[0] + "." + parts[1]).utf8)
         let der = try f.authority.leafKey.signature(for: input).derRepresentation
         let derToken = parts[0] + "." + parts[1] + "." + base64URLEncode(der)
-        #expect(await VerificationError.Code.of { _ = try await f.verifier().verifyTransaction(derToken) } == .invalidSignature)
+        #expect(await VerificationErrorCode.of { _ = try await f.verifier().verifyTransaction(derToken) } == .invalidSignature)
 
         var tampered = f.transaction()
         tampered.productId = "com.example.everything"
         parts[1] = base64URLEncode(try f.payloadJSON(tampered))
-        #expect(await VerificationError.Code.of { _ = try await f.verifier().verifyTransaction(parts.joined(separator: ".")) } == .invalidSignature)
+        #expect(await VerificationErrorCode.of { _ = try await f.verifier().verifyTransaction(parts.joined(separator: ".")) } == .invalidSignature)
 
         // Signed by the intermediate's key instead of the leaf's.
         let wrongKey = try f.authority.intermediateKey.signature(for: input).rawRepresentation
         let original: [String] = token.split(separator: ".").map(String.init)
         let wrongKeyToken: String = [original[0], original[1], base64URLEncode(wrongKey)].joined(separator: ".")
-        #expect(await VerificationError.Code.of { _ = try await f.verifier().verifyTransaction(wrongKeyToken) } == .invalidSignature)
+        #expect(await VerificationErrorCode.of { _ = try await f.verifier().verifyTransaction(wrongKeyToken) } == .invalidSignature)
     }
 
     func b64(_ s: String) -> String {
@@ -142,17 +142,17 @@ struct VerifierTests {
     func bundleAndEnvironment() async throws {
         let f = try Fixture()
         let other = try f.authority.sign(f.transaction(bundle: "com.example.other"))
-        #expect(await VerificationError.Code.of { _ = try await f.verifier().verifyTransaction(other) } == .wrongBundleId)
+        #expect(await VerificationErrorCode.of { _ = try await f.verifier().verifyTransaction(other) } == .wrongBundleId)
 
         let production = try f.authority.sign(f.transaction(environment: .production))
         let sandbox = try f.authority.sign(f.transaction(environment: .sandbox))
-        #expect(await VerificationError.Code.of { _ = try await f.verifier(environments: .sandbox).verifyTransaction(production) } == .wrongEnvironment)
-        #expect(await VerificationError.Code.of { _ = try await f.verifier(environments: .production).verifyTransaction(sandbox) } == .wrongEnvironment)
+        #expect(await VerificationErrorCode.of { _ = try await f.verifier(environments: .sandbox).verifyTransaction(production) } == .wrongEnvironment)
+        #expect(await VerificationErrorCode.of { _ = try await f.verifier(environments: .production).verifyTransaction(sandbox) } == .wrongEnvironment)
         #expect(try await f.verifier(environments: .productionAndSandbox).verifyTransaction(sandbox).environment == .sandbox)
         #expect(try await f.verifier(environments: .productionAndSandbox).verifyTransaction(production).environment == .production)
 
         let xcode = try f.authority.sign(f.transaction(environment: .xcode))
-        #expect(await VerificationError.Code.of { _ = try await f.verifier(environments: .productionAndSandbox).verifyTransaction(xcode) } == .wrongEnvironment)
+        #expect(await VerificationErrorCode.of { _ = try await f.verifier(environments: .productionAndSandbox).verifyTransaction(xcode) } == .wrongEnvironment)
         #expect(try await f.verifier(environments: EnvironmentPolicy.sandbox.allowingLocalTesting()).verifyTransaction(xcode).environment == .xcode)
     }
 
@@ -168,10 +168,10 @@ struct VerifierTests {
             parts[0] + "." + base64URLEncode(Data(#"{"transactionId": 12}"#.utf8)) + "." + parts[2],
         ]
         for token in cases {
-            #expect(await VerificationError.Code.of { _ = try await f.verifier().verifyTransaction(token) } == .malformed, "\(token.prefix(40))")
+            #expect(await VerificationErrorCode.of { _ = try await f.verifier().verifyTransaction(token) } == .malformed, "\(token.prefix(40))")
         }
         let huge = String(repeating: "A", count: SignedDataVerifier.maxTokenSize + 1)
-        #expect(await VerificationError.Code.of { _ = try await f.verifier().verifyTransaction(huge + "." + parts[1] + "." + parts[2]) } == .tooLarge)
+        #expect(await VerificationErrorCode.of { _ = try await f.verifier().verifyTransaction(huge + "." + parts[1] + "." + parts[2]) } == .tooLarge)
     }
 
     @Test("unknown fields are ignored and unknown enumeration values kept")
@@ -224,7 +224,7 @@ struct VerifierTests {
         guard case .transaction = try await verifier.verifyAny(purchase.signedTransaction) else { Issue.record("not recognised as a transaction"); return }
 
         let otherApp = SignedDataVerifier(configuration: .init(bundleId: "com.example.other", trustRoots: [store.authority.root], environments: .sandbox))
-        #expect(await VerificationError.Code.of { _ = try await otherApp.verifyNotification(refund.signedPayload) } == .wrongBundleId)
+        #expect(await VerificationErrorCode.of { _ = try await otherApp.verifyNotification(refund.signedPayload) } == .wrongBundleId)
     }
 
     @Test("verified chains are cached by their bytes, boundedly")

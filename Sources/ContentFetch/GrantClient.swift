@@ -1,0 +1,56 @@
+import AsyncHTTPClient
+import Foundation
+import IAPProtocol
+import NIOCore
+import TransactionQueue
+
+/// Asks the content server for download grants: `POST /v1/downloads` with the proof of purchase,
+/// in the contract's types. One request per call; retries are the caller's (``RetryPolicy``).
+struct GrantClient: Sendable {
+    let server: String
+    let client: HTTPClient
+
+    /// The grants for `transaction`'s content. Throws `.network` for what is worth retrying
+    /// (no answer, 5xx, a garbled answer), and `.revoked`, `.noContent` or `.refused` for what is not.
+    func request(_ transaction: QueuedTransaction) async throws(FetchError) -> DownloadGrants {
+        var request = HTTPClientRequest(url: server + Route.downloads)
+        request.method = .POST
+        request.headers.add(name: "Content-Type", value: "application/json")
+        let body: Data
+        do { body = try WireJSON.encoder().encode(DownloadRequest(signedTransaction: transaction.signedTransaction)) } catch {
+            throw FetchError(.refused, "cannot encode the request for transaction \(transaction.transactionId): \(error)")
+        }
+        request.body = .bytes(ByteBuffer(bytes: body))
+        let status: UInt, data: ByteBuffer
+        do {
+            let response = try await client.execute(request, timeout: .seconds(60))
+            status = response.status.code
+            data = try await response.body.collect(upTo: 1 << 20)
+        } catch {
+            throw FetchError(.network, "cannot reach \(server): \(error)")
+        }
+        guard status != 200 else {
+            guard let grants = try? WireJSON.decoder().decode(DownloadGrants.self, from: Data(data.readableBytesView)) else {
+                throw FetchError(.network, "the server's grant is not valid JSON")
+            }
+            return grants
+        }
+        throw Self.failure(status: status, body: data.readableBytesView, transaction: transaction)
+    }
+
+    /// What an error answer means for the download.
+    static func failure(status: UInt, body: some Collection<UInt8>, transaction: QueuedTransaction) -> FetchError {
+        let envelope = ErrorEnvelope.read(body)
+        let message = envelope.error.message
+        switch status {
+        case 403 where envelope.code() == .revoked:
+            return FetchError(.revoked, "transaction \(transaction.transactionId) was refunded or revoked: \(message)")
+        case 404:
+            return FetchError(.noContent, "no content for \(transaction.productId): \(message)")
+        case 400, 401, 403:
+            return FetchError(.refused, "the server refused the purchase (\(status) \(envelope.error.code)): \(message)")
+        default:
+            return FetchError(.network, "the server answered \(status): \(message)")
+        }
+    }
+}

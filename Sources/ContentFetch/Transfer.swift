@@ -1,0 +1,243 @@
+import AsyncHTTPClient
+import ContentArchive
+import DurableFiles
+import Foundation
+import IAPProtocol
+import NIOCore
+import NIOPosix
+import SystemPackage
+
+/// The server's answer shows a grant that expired mid-download: a fresh grant continues it.
+struct GrantExpired: Error {}
+
+/// The server's archive is not the one the journal describes (a 200 or 416 where a range was
+/// asked, or another ETag); the partial file was discarded.
+struct ArchiveChanged: Error, CustomStringConvertible {
+    var description: String { "the archive changed on the server; starting over" }
+}
+
+// One transfer of one archive: the partial file continued from the journal over one or more
+// connections, hashed as bytes arrive, checked against the grant's SHA-256.
+extension ContentFetcher {
+    /// One attempt: continues the partial file from what the journal says is on disk, over one or
+    /// more connections, with `Range` and `If-Range`, hashing as bytes arrive; ends with the
+    /// SHA-256 check.
+    func transfer(_ download: inout DownloadStateMachine) async throws {
+        let record = download.record
+        let path = journal.partialPath(record.id)
+        let fd: SystemPackage.FileDescriptor
+        do {
+            fd = try SystemPackage.FileDescriptor.open(path, .readWrite, options: [.create], permissions: [.ownerReadWrite, .groupRead])
+        } catch {
+            throw FetchError(.install, "cannot write \(path): \(error); check free space and permissions of --content-dir")
+        }
+        defer { try? fd.close() }
+        // The lock tells `iap-fetch cancel` and other runs that this process owns the download.
+        guard flock(fd.rawValue, LOCK_EX | LOCK_NB) == 0 else {
+            throw FetchError(.busy, "another iap-fetch is downloading \(record.id) into \(configuration.contentDirectory); let it finish or stop it first")
+        }
+        var segments = record.segments ?? [Segment(start: 0, end: record.expectedLength, done: record.recordedLength)]
+        if record.bootId != nil, record.bootId != BootID.current {
+            // The machine restarted since: only the synced bytes are certain to be on disk.
+            segments = record.durable ?? [Segment(start: 0, end: record.expectedLength, done: 0)]
+        }
+        if !Segment.isValid(segments, length: record.expectedLength) {
+            segments = [Segment(start: 0, end: record.expectedLength, done: 0)]
+        }
+        if segments.count == 1 {
+            // Bytes past the journal's mark may be torn by a kill: drop them.
+            guard ftruncate(fd.rawValue, off_t(segments[0].done)) == 0 else {
+                throw FetchError(.install, "cannot truncate \(path): \(String(cString: strerror(errno)))")
+            }
+            if configuration.connections > 1 {
+                segments = Segment.plan(length: record.expectedLength, durable: segments[0].done,
+                                        connections: configuration.connections, minimum: configuration.minimumSegment)
+            }
+        }
+        let partial: PartialArchive
+        do {
+            partial = try PartialArchive(fd: fd, path: path, journal: journal, download: download, segments: segments,
+                                         syncInterval: configuration.journalInterval, durableInterval: configuration.durableInterval)
+        } catch {
+            // The file is shorter than the journal says: start over rather than trust it.
+            download.updateBytes { $0.discardBytes() }
+            try journal.save(download.record)
+            throw error
+        }
+        transfers[record.id] = partial
+        defer {
+            download = partial.download
+            transfers[record.id] = nil
+        }
+        let missing = partial.missing
+        if missing.isEmpty {
+            // Every byte is already on disk (an earlier run stopped before installing).
+            try apply(.accepted, to: &partial.download)
+        } else {
+            let (id, url, etag, length) = (record.id, record.url, record.etag, record.expectedLength)
+            let limit = configuration.rateLimit.map { max(1, $0 / missing.count) }
+            let whole = partial.segments.count == 1
+            // Bytes waiting for the hash: 8 MiB on one connection, 16 MiB in all on several.
+            let window = max(1 << 20, min(8 << 20, (16 << 20) / missing.count))
+            do {
+                try await withThrowingTaskGroup(of: Void.self) { group in
+                    for part in missing {
+                        group.addTask {
+                            try await self.fetch(id: id, segment: part.segment, from: part.from, to: part.to, length: length,
+                                                 whole: whole, url: url, etag: etag, fd: fd, rateLimit: limit,
+                                                 window: window)
+                        }
+                    }
+                    try await group.waitForAll()
+                }
+            } catch {
+                // Keep what arrived, unless it belongs to an archive that changed.
+                if error is ArchiveChanged {
+                    try? partial.restart()
+                    try? journal.save(partial.record)
+                } else {
+                    try? partial.recordProgress(durability: .powerLoss)
+                }
+                throw error
+            }
+            try partial.recordProgress(durability: .processKill)
+        }
+        guard let digest = partial.digest() else {
+            throw FetchError(.network, "the transfer ended at byte \(partial.hashed) of \(record.expectedLength)")
+        }
+        guard digest == partial.record.sha256 else {
+            // Corrupt bytes: throw them away and fetch again.
+            try partial.restart()
+            try journal.save(partial.record)
+            throw FetchError(.integrity, "the downloaded archive's SHA-256 is \(digest), not the granted \(partial.record.sha256)")
+        }
+        // Every byte is here and verified: observers see 100% before the install starts.
+        emit(partial.download.update(received: partial.record.expectedLength, rate: partial.rate))
+        Failpoint.hit("verified")
+    }
+
+    /// One connection's part of a transfer: asks for `[from, to)`; `BodyReceiver` writes what
+    /// arrives at its offset on the event loop, and each part is then reported to the actor.
+    nonisolated func fetch(id: String, segment: Int, from: Int64, to: Int64, length: Int64, whole: Bool,
+                                   url: String, etag: String?, fd: SystemPackage.FileDescriptor, rateLimit: Int?,
+                                   window: Int) async throws {
+        var request: HTTPClient.Request
+        do { request = try HTTPClient.Request(url: url) } catch {
+            throw FetchError(.refused, "the grant's URL \(url) is not usable: \(error)")
+        }
+        let ranged = from > 0 || to < length
+        if ranged {
+            request.headers.add(name: "Range", value: "bytes=\(from)-\(to - 1)")
+            if let etag { request.headers.add(name: "If-Range", value: etag) }
+        }
+        let receiver = BodyReceiver(fd: fd, window: window, rateLimit: rateLimit)
+        // One loop for the channel and the delegate: otherwise every part hops between two threads.
+        let task = client.execute(request: request, delegate: receiver, eventLoop: .delegateAndChannel(on: client.eventLoopGroup.next()))
+        defer {
+            receiver.close()
+            task.cancel()
+        }
+        try await withTaskCancellationHandler {
+            var status: UInt = 0
+            var position = from
+            var end = to
+            for try await event in receiver.events {
+                switch event {
+                case .head(let head):
+                    status = head.status.code
+                    switch status {
+                    case 206:
+                        let range = head.headers.first(name: "content-range") ?? ""
+                        guard ranged, range.hasPrefix("bytes \(from)-\(to - 1)/") else {
+                            throw FetchError(.network, "the server sent range '\(range)' for a request of bytes \(from)-\(to - 1)")
+                        }
+                    case 200:
+                        if ranged {
+                            // If-Range did not match: the archive changed. With one connection the
+                            // whole new file is coming in this response; with several, every part
+                            // starts over.
+                            guard whole else { throw ArchiveChanged() }
+                            try await restart(id)
+                        }
+                        (position, end) = (0, length)
+                    case 403:
+                        receiver.proceed(.collect)
+                        continue
+                    case 416: throw ArchiveChanged()
+                    case 401: throw GrantExpired()
+                    case 404: throw FetchError(.noContent, "the archive is no longer on the server")
+                    default: throw FetchError(.network, "the server answered \(status)")
+                    }
+                    try await accept(id, etag: head.headers.first(name: "etag"))
+                    receiver.proceed(.write(from: position, to: end))
+                case .body(let chunk, let offset):
+                    try await self.received(id, segment: segment, at: offset, chunk, writtenThrough: receiver.writtenThrough)
+                    receiver.consumed(chunk.readableBytes)
+                    position = offset + Int64(chunk.readableBytes)
+                case .end(let collected):
+                    if status == 403 {
+                        let envelope = ErrorEnvelope.read((collected ?? ByteBuffer()).readableBytesView)
+                        throw FetchError(envelope.code() == .revoked ? .revoked : .refused, envelope.error.message)
+                    }
+                    guard position == end else {
+                        throw FetchError(.network, "the transfer ended at byte \(position) of \(end)")
+                    }
+                    return
+                }
+            }
+            try Task.checkCancellation()
+            throw FetchError(.network, "the connection closed at byte \(position) of \(end)")
+        } onCancel: {
+            task.cancel()
+        }
+    }
+
+    func restart(_ id: String) throws {
+        guard let partial = transfers[id] else { throw CancellationError() }
+        try partial.restart()
+    }
+
+    /// A response was accepted: its validator must be the one of the bytes on disk.
+    func accept(_ id: String, etag: String?) throws {
+        guard let partial = transfers[id] else { throw CancellationError() }
+        if let etag {
+            if let known = partial.record.etag, known != etag { throw ArchiveChanged() }
+            partial.download.updateBytes { $0.etag = etag }
+        }
+        try apply(.accepted, to: &partial.download, received: partial.bytesWritten, rate: partial.rate)
+    }
+
+    /// A chunk was written: hash it, sync when due, apply pause or cancel, report progress.
+    func received(_ id: String, segment: Int, at offset: Int64, _ chunk: ByteBuffer, writtenThrough: Int64) throws {
+        guard let partial = transfers[id] else { throw CancellationError() }
+        try partial.wrote(chunk, segment: segment, at: offset, writtenThrough: writtenThrough)
+        if stopAll { throw Stop(control: .pause) }
+        if let control = controls[id] { throw Stop(control: control) }
+        // Requests from other processes are read at syncs: a file check per chunk would cost more.
+        let (recorded, makeDurable) = try partial.recordIfDue()
+        if let snapshot = makeDurable { syncInBackground(id, partial: partial, snapshot: snapshot) }
+        if recorded, journal.takeCancelRequest(id) { throw Stop(control: .cancel) }
+        // Checked before building the update: this runs for every chunk received.
+        if progressDue(id) { emit(partial.download.update(received: partial.bytesWritten, rate: partial.rate)) }
+    }
+
+    /// fsyncs the partial file on a thread of its own, so that the event loop and this actor go on
+    /// receiving and recording (an fsync of seconds of transfer can take a while); the journal then
+    /// records `snapshot` as durable, unless the transfer ended meanwhile (its record is final then).
+    func syncInBackground(_ id: String, partial: PartialArchive, snapshot: [Segment]) {
+        // A duplicate descriptor: the transfer may close its own before this fsync runs.
+        let duplicate = dup(partial.fd.rawValue)
+        guard duplicate >= 0 else { return }
+        let identity = ObjectIdentifier(partial)
+        Task {
+            let synced = (try? await NIOThreadPool.singleton.runIfActive { fsync(duplicate) == 0 }) ?? false
+            close(duplicate)
+            self.backgroundSyncDone(id, identity: identity, snapshot: synced ? snapshot : nil)
+        }
+    }
+
+    func backgroundSyncDone(_ id: String, identity: ObjectIdentifier, snapshot: [Segment]?) {
+        guard let partial = transfers[id], ObjectIdentifier(partial) == identity else { return }
+        if let snapshot { try? partial.madeDurable(snapshot) } else { try? partial.madeDurable([]) }
+    }
+}

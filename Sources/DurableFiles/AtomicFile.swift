@@ -1,0 +1,109 @@
+import Foundation
+import IAPProtocol
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// How far a replaced file must survive.
+public enum Durability: Sendable {
+    /// A killed process or a power cut leaves the old contents or the new: the file is synced
+    /// before the rename and the folder after it.
+    case powerLoss
+    /// A killed process leaves the old contents or the new (the rename is atomic), but after a
+    /// power cut the file may hold the old contents: no fsync, for files rewritten often whose
+    /// loss costs only repeated work.
+    case processKill
+}
+
+/// Whole-file writes that never leave a mix of old and new bytes.
+public enum AtomicFile {
+    /// Replaces (or creates) `path` with `data`: a temporary sibling, written, synced when
+    /// `durability` asks for it, and renamed over `path`.
+    public static func write(_ data: Data, to path: String, permissions: mode_t = 0o600,
+                             durability: Durability = .powerLoss) throws(DurableFileError) {
+        let temp = try writeTemporary(data, beside: path, permissions: permissions, sync: durability == .powerLoss)
+        guard rename(temp, path) == 0 else {
+            let code = errno
+            unlink(temp)
+            throw .io("replace", path, errno: code)
+        }
+        if durability == .powerLoss { try Directory.sync(parent(of: path)) }
+    }
+
+    /// Creates `path` with `data`, complete or not at all, and only if it does not exist: a
+    /// second process creating the same file at the same moment gets `.exists` and keeps the
+    /// first one's (a `link` of a synced temporary file, which fails when the name is taken).
+    public static func create(_ data: Data, at path: String, permissions: mode_t = 0o600) throws(DurableFileError) {
+        let temp = try writeTemporary(data, beside: path, permissions: permissions, sync: true)
+        defer { unlink(temp) }
+        guard link(temp, path) == 0 else {
+            let code = errno
+            if code == EEXIST { throw DurableFileError(.exists, "\(path) exists already") }
+            throw .io("create", path, errno: code)
+        }
+        try Directory.sync(parent(of: path))
+    }
+
+    private static func writeTemporary(_ data: Data, beside path: String, permissions: mode_t, sync: Bool) throws(DurableFileError) -> String {
+        let temp = path + ".tmp-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
+        let fd = open(temp, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, permissions)
+        guard fd >= 0 else { throw .io("write", path, errno: errno) }
+        var failure: Int32 = 0
+        data.withUnsafeBytes { raw in
+            var done = 0
+            while done < raw.count {
+                let n = systemWrite(fd, raw.baseAddress! + done, raw.count - done)
+                if n < 0 {
+                    if errno == EINTR { continue }
+                    failure = errno
+                    return
+                }
+                done += n
+            }
+        }
+        if failure == 0, sync, fsync(fd) != 0 { failure = errno }
+        close(fd)
+        guard failure == 0 else {
+            unlink(temp)
+            throw .io("write", path, errno: failure)
+        }
+        return temp
+    }
+
+    static func parent(of path: String) -> String {
+        guard let slash = path.lastIndex(of: "/") else { return "." }
+        return slash == path.startIndex ? "/" : String(path[..<slash])
+    }
+}
+
+/// Folder operations that make renames and new files durable.
+public enum Directory {
+    /// Syncs a folder, so that the names created, renamed or removed in it survive a power cut.
+    public static func sync(_ path: String) throws(DurableFileError) {
+        let fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard fd >= 0 else { throw .io("open folder", path, errno: errno) }
+        defer { close(fd) }
+        // Some file systems (and FUSE mounts) cannot sync a folder; the rename itself happened.
+        if fsync(fd) != 0, errno != EINVAL { throw .io("sync folder", path, errno: errno) }
+    }
+
+    /// Makes a folder and its parents, like `mkdir -p`; an existing folder is fine.
+    public static func create(_ path: String, permissions: mode_t = 0o755) throws(DurableFileError) {
+        var current = path.hasPrefix("/") ? "" : "."
+        for component in path.split(separator: "/") {
+            current += "/" + component
+            if mkdir(current, permissions) != 0 && errno != EEXIST { throw .io("create folder", current, errno: errno) }
+        }
+        var info = stat()
+        guard stat(path, &info) == 0, info.st_mode & S_IFMT == S_IFDIR else {
+            throw DurableFileError(.io, "\(path) exists and is not a folder: choose another folder")
+        }
+    }
+}
+
+/// `write(2)`, named apart from ``AtomicFile/write(_:to:permissions:durability:)``.
+private func systemWrite(_ fd: Int32, _ bytes: UnsafeRawPointer, _ count: Int) -> Int {
+    write(fd, bytes, count)
+}

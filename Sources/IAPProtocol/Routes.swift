@@ -1,0 +1,25 @@
+/// The server's paths, shared by the server that routes them and the clients that call them.
+public enum Route {
+    /// `POST`: a proof of purchase in, download grants out (``DownloadRequest`` → ``DownloadGrants``).
+    public static let downloads = "/v1/downloads"
+    /// `POST`: App Store Server Notifications V2 (``NotificationRequest`` → ``NotificationReceipt``).
+    public static let notifications = "/v1/notifications"
+    /// `GET /v1/products/{productId}` (→ ``ProductInfo``).
+    public static let productPattern = "/v1/products/{productId}"
+    /// `PUT` with the admin token: publishes an archive (→ ``PublishReceipt``).
+    public static let adminArchives = "/v1/admin/archives"
+    /// `GET`, `HEAD`: `<contentPrefix><grant token>/<productId>-<contentVersion>.zip`, the archive bytes.
+    public static let contentPrefix = "/v1/content/"
+    /// `GET`: Prometheus text.
+    public static let metrics = "/metrics"
+    /// `GET`: 200 while the process runs.
+    public static let health = "/healthz"
+
+    /// The path of a product's information.
+    public static func product(_ productId: String) -> String { "/v1/products/" + productId }
+
+    /// The path of an archive's bytes under a grant; the file name is for people and caches only.
+    public static func content(token: String, productId: String, contentVersion: String) -> String {
+        contentPrefix + token + "/" + productId + "-" + contentVersion + ".zip"
+    }
+}

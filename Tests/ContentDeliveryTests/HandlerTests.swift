@@ -1,0 +1,198 @@
+import Foundation
+import IAPProtocol
+import NIOCore
+import NIOEmbedded
+import NIOHTTP1
+import NIOPosix
+import Testing
+
+@testable import ContentDelivery
+
+/// A resolver over one real file on disk: `ok/...` serves it, `gone/...` is refused.
+final class OneFileResolver: ContentResolver {
+    let file: ServedFile
+    let bytes: [UInt8]
+    let path: String
+
+    init(size: Int) throws {
+        path = NSTemporaryDirectory() + "delivery-\(UUID().uuidString).zip"
+        var generator = SystemRandomNumberGenerator()
+        bytes = (0..<size).map { _ in UInt8.random(in: 0...255, using: &generator) }
+        guard FileManager.default.createFile(atPath: path, contents: Data(bytes)) else { throw CocoaError(.fileWriteUnknown) }
+        file = ServedFile(handle: try NIOFileHandle(_deprecatedPath: path), size: UInt64(size), etag: "\"abc\"",
+                          modified: Date(timeIntervalSince1970: 784_111_777))
+    }
+
+    deinit {
+        try? file.handle.close()
+        unlink(path)
+    }
+
+    func resolve(key: Substring, on eventLoop: any EventLoop) -> ContentResolution {
+        key == "ok" ? .file(file, fileName: "p-1.0.zip") : .refuse(.forbidden, APIError(.revoked, "refunded"))
+    }
+}
+
+/// Records what the handlers report, as the server's metrics do.
+final class RecordingObserver: ContentObserver, @unchecked Sendable {
+    // Touched only on the embedded channel's loop, which is the test's thread.
+    var started: [HTTPResponseStatus] = []
+    var finished: [(HTTPResponseStatus, UInt64, Bool)] = []
+    func responseStarted(status: HTTPResponseStatus, bytes: UInt64) { started.append(status) }
+    func responseFinished(status: HTTPResponseStatus, bytes: UInt64, duration: Duration, succeeded: Bool) {
+        finished.append((status, bytes, succeeded))
+    }
+}
+
+/// Reads a response that the fast path wrote as raw bytes and file regions.
+func rawResponse(_ channel: EmbeddedChannel, file: OneFileResolver) throws -> (head: String, body: [UInt8]) {
+    var bytes: [UInt8] = []
+    while let part = try channel.readOutbound(as: IOData.self) {
+        switch part {
+        case .byteBuffer(let buffer): bytes += buffer.readableBytesView
+        case .fileRegion(let region): bytes += file.bytes[region.readerIndex..<region.endIndex]
+        }
+    }
+    let text = String(decoding: bytes, as: UTF8.self)
+    guard let split = bytes.firstRange(of: Array("\r\n\r\n".utf8)) else { return (text, []) }
+    return (String(decoding: bytes[..<split.lowerBound], as: UTF8.self), Array(bytes[split.upperBound...]))
+}
+
+@Suite struct ContentFastPathTests {
+    @Test func answersARangeWithHeadAndBodyInOneWrite() throws {
+        let file = try OneFileResolver(size: 100_000)
+        let observer = RecordingObserver()
+        let channel = EmbeddedChannel(handler: ContentFastPath(prefix: "/v1/content/", resolver: file, observer: observer))
+        try channel.writeInbound(ByteBuffer(string: "GET /v1/content/ok/p-1.0.zip HTTP/1.1\r\nRange: bytes=10-19\r\n\r\n"))
+        let first = try #require(try channel.readOutbound(as: IOData.self))
+        guard case .byteBuffer(let buffer) = first else { Issue.record("expected one buffer, got \(first)"); return }
+        let text = String(decoding: buffer.readableBytesView, as: UTF8.self)
+        #expect(text.hasPrefix("HTTP/1.1 206 Partial Content\r\n"))
+        #expect(text.contains("Content-Range: bytes 10-19/100000\r\n"))
+        #expect(Array(buffer.readableBytesView.suffix(10)) == Array(file.bytes[10..<20]))
+        #expect(try channel.readOutbound(as: IOData.self) == nil)
+        #expect(observer.finished.count == 1 && observer.finished[0].0 == .partialContent && observer.finished[0].2)
+        #expect(try channel.readInbound(as: ByteBuffer.self) == nil, "nothing was handed to the decoder")
+        _ = try channel.finish()
+    }
+
+    @Test func sendsLargeBodiesAsFileRegions() throws {
+        let file = try OneFileResolver(size: 300_000)
+        let channel = EmbeddedChannel(handler: ContentFastPath(prefix: "/v1/content/", resolver: file))
+        try channel.writeInbound(ByteBuffer(string: "GET /v1/content/ok/p-1.0.zip HTTP/1.1\r\n\r\n"))
+        _ = try #require(try channel.readOutbound(as: IOData.self))
+        guard case .fileRegion(let region) = try #require(try channel.readOutbound(as: IOData.self)) else {
+            Issue.record("the body should be a file region (sendfile)")
+            return
+        }
+        #expect(region.readerIndex == 0 && region.endIndex == 300_000)
+        _ = try channel.finish()
+    }
+
+    @Test func aRefusalIsTheErrorEnvelope() throws {
+        let file = try OneFileResolver(size: 10)
+        let channel = EmbeddedChannel(handler: ContentFastPath(prefix: "/v1/content/", resolver: file))
+        try channel.writeInbound(ByteBuffer(string: "GET /v1/content/gone/p-1.0.zip HTTP/1.1\r\n\r\n"))
+        let response = try rawResponse(channel, file: file)
+        #expect(response.head.hasPrefix("HTTP/1.1 403 Forbidden"))
+        #expect(ErrorEnvelope.read(response.body).code() == .revoked)
+        _ = try channel.finish()
+    }
+
+    @Test func handsTheConnectionToTheDecoderAtTheFirstRequestItDoesNotTake() throws {
+        let file = try OneFileResolver(size: 100)
+        let channel = EmbeddedChannel(handler: ContentFastPath(prefix: "/v1/content/", resolver: file))
+        let request = "GET /v1/content/ok/x HTTP/1.1\r\nRange: bytes=0-3\r\n\r\n"
+        let rest = "POST /v1/downloads HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}" + request
+        try channel.writeInbound(ByteBuffer(string: request + rest))
+        let answered = try rawResponse(channel, file: file)
+        #expect(answered.head.hasPrefix("HTTP/1.1 206") && answered.body == Array(file.bytes[0..<4]))
+        // Everything from the POST on, the later content request included, goes to the decoder.
+        let passed = try #require(try channel.readInbound(as: ByteBuffer.self))
+        #expect(String(buffer: passed) == rest)
+        try channel.writeInbound(ByteBuffer(string: request))
+        #expect(try channel.readInbound(as: ByteBuffer.self).map { String(buffer: $0) } == request)
+        _ = try channel.finish()
+    }
+
+    @Test func aHeadSplitOverReadsIsAnsweredOnceWhole() throws {
+        let file = try OneFileResolver(size: 100)
+        let channel = EmbeddedChannel(handler: ContentFastPath(prefix: "/v1/content/", resolver: file))
+        try channel.writeInbound(ByteBuffer(string: "GET /v1/content/ok/x HTTP/1.1\r\nRan"))
+        #expect(try channel.readOutbound(as: IOData.self) == nil)
+        try channel.writeInbound(ByteBuffer(string: "ge: bytes=5-6\r\n\r\n"))
+        let response = try rawResponse(channel, file: file)
+        #expect(response.head.hasPrefix("HTTP/1.1 206") && response.body == Array(file.bytes[5..<7]))
+        _ = try channel.finish()
+    }
+
+    @Test func connectionCloseClosesAfterTheResponse() throws {
+        let file = try OneFileResolver(size: 100)
+        let channel = EmbeddedChannel(handler: ContentFastPath(prefix: "/v1/content/", resolver: file))
+        try channel.writeInbound(ByteBuffer(string: "HEAD /v1/content/ok/x HTTP/1.1\r\nConnection: close\r\n\r\n"))
+        let response = try rawResponse(channel, file: file)
+        #expect(response.head.contains("Connection: close") && response.body.isEmpty)
+        #expect(!channel.isActive)
+    }
+}
+
+@Suite struct ContentChannelHandlerTests {
+    func head(_ uri: String, _ headers: [(String, String)] = [], method: HTTPMethod = .GET) -> HTTPServerRequestPart {
+        .head(HTTPRequestHead(version: .http1_1, method: method, uri: uri, headers: HTTPHeaders(headers)))
+    }
+
+    @Test func servesAContentRequestAndReportsItOnce() throws {
+        let file = try OneFileResolver(size: 200_000)
+        let observer = RecordingObserver()
+        let channel = EmbeddedChannel(handler: ContentChannelHandler(prefix: "/v1/content/", resolver: file, observer: observer))
+        try channel.writeInbound(head("/v1/content/ok/p-1.0.zip", [("Range", "bytes=100-199999")]))
+        try channel.writeInbound(HTTPServerRequestPart.end(nil))
+        guard case .head(let response) = try #require(try channel.readOutbound(as: HTTPServerResponsePart.self)) else {
+            Issue.record("expected a head")
+            return
+        }
+        #expect(response.status == .partialContent)
+        #expect(response.headers["Content-Range"] == ["bytes 100-199999/200000"])
+        #expect(response.headers["ETag"] == ["\"abc\""])
+        #expect(response.headers["Last-Modified"] == ["Sun, 06 Nov 1994 08:49:37 GMT"])
+        guard case .body(.fileRegion(let region)) = try #require(try channel.readOutbound(as: HTTPServerResponsePart.self)) else {
+            Issue.record("expected a file region")
+            return
+        }
+        #expect(region.readerIndex == 100 && region.endIndex == 200_000)
+        guard case .end = try #require(try channel.readOutbound(as: HTTPServerResponsePart.self)) else {
+            Issue.record("expected the end")
+            return
+        }
+        #expect(observer.started == [.partialContent])
+        #expect(observer.finished.count == 1 && observer.finished[0].1 == 199_900)
+        #expect(try channel.readInbound(as: HTTPServerRequestPart.self) == nil)
+        _ = try channel.finish()
+    }
+
+    @Test func passesOtherRequestsOn() throws {
+        let file = try OneFileResolver(size: 10)
+        let channel = EmbeddedChannel(handler: ContentChannelHandler(prefix: "/v1/content/", resolver: file))
+        try channel.writeInbound(head("/v1/downloads", method: .POST))
+        guard case .head(let passed) = try #require(try channel.readInbound(as: HTTPServerRequestPart.self)) else {
+            Issue.record("the head should pass on")
+            return
+        }
+        #expect(passed.uri == "/v1/downloads")
+        #expect(try channel.readOutbound(as: HTTPServerResponsePart.self) == nil)
+        _ = try channel.finish()
+    }
+
+    @Test func answersOtherMethodsOnContentWith405() throws {
+        let file = try OneFileResolver(size: 10)
+        let channel = EmbeddedChannel(handler: ContentChannelHandler(prefix: "/v1/content/", resolver: file))
+        try channel.writeInbound(head("/v1/content/ok/x", method: .DELETE))
+        try channel.writeInbound(HTTPServerRequestPart.end(nil))
+        guard case .head(let response) = try #require(try channel.readOutbound(as: HTTPServerResponsePart.self)) else {
+            Issue.record("expected a head")
+            return
+        }
+        #expect(response.status == .methodNotAllowed && response.headers["Allow"] == ["GET, HEAD"])
+        _ = try channel.finish()
+    }
+}

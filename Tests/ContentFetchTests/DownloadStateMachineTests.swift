@@ -1,0 +1,175 @@
+import Foundation
+import IAPProtocol
+import Testing
+import TransactionQueue
+
+@testable import ContentFetch
+
+/// The download's rules, driven without a network, a journal or a clock.
+@Suite struct DownloadStateMachineTests {
+    let grant = GrantedDownload(productId: "com.example.levels", contentVersion: "1.0", contentLength: 1000, sha256: String(repeating: "a", count: 64),
+                                url: "http://127.0.0.1:1/v1/content/t/x.zip", expiresAt: Date(timeIntervalSince1970: 2_000_000_000))
+    let now = Date(timeIntervalSince1970: 1_800_000_000)
+
+    func granted() throws -> DownloadStateMachine {
+        var machine = DownloadStateMachine(transactionId: "1000", productId: "com.example.levels", now: now)
+        #expect(try machine.handle(.granted(grant), now: now) == DownloadStateMachine.Action.none)
+        return machine
+    }
+
+    @Test func theUsualPathSavesEachLastingStateAndTellsObservers() throws {
+        var machine = try granted()
+        #expect(machine.state == .waiting)
+        #expect(machine.record.expectedLength == 1000 && machine.record.url == grant.url)
+        #expect(try machine.handle(.accepted, now: now) == .saveAndEmit(removePartial: false))
+        #expect(machine.state == .active)
+        // Accepting again (another connection's response) changes nothing.
+        #expect(try machine.handle(.accepted, now: now) == DownloadStateMachine.Action.none)
+        #expect(try machine.handle(.installed(contentPath: "/c/p/1.0"), now: now) == .saveAndEmit(removePartial: true))
+        #expect(machine.state == .finished)
+        #expect(machine.record.contentPath == "/c/p/1.0" && machine.record.installedAt == now)
+        let update = machine.update()
+        #expect(update.progress == 1 && update.bytesReceived == 1000 && update.contentURL == "/c/p/1.0" && update.timeRemaining == 0)
+    }
+
+    @Test func aRetryShowsItsReasonWithoutSavingAndTheNextResponseClearsIt() throws {
+        var machine = try granted()
+        _ = try machine.handle(.accepted, now: now)
+        let reason = FetchError(.network, "connection reset")
+        #expect(try machine.handle(.retrying(reason), now: now) == .emit)
+        #expect(machine.state == .waiting && machine.record.error == reason)
+        #expect(try machine.handle(.accepted, now: now) == .saveAndEmit(removePartial: false))
+        #expect(machine.record.error == nil)
+    }
+
+    @Test func pauseAndResume() throws {
+        var machine = try granted()
+        _ = try machine.handle(.accepted, now: now)
+        #expect(try machine.handle(.pause, now: now) == .saveAndEmit(removePartial: false))
+        #expect(machine.state == .paused)
+        #expect(try machine.handle(.pause, now: now) == DownloadStateMachine.Action.none)
+        #expect(try machine.handle(.resume, now: now) == .saveAndEmit(removePartial: false))
+        #expect(machine.state == .waiting)
+        #expect(throws: DownloadStateMachine.InvalidTransition.self) { try machine.handle(.resume, now: now) }
+    }
+
+    @Test func cancelForgetsTheBytesAndRemovesThePartialFile() throws {
+        var machine = try granted()
+        machine.updateBytes { $0.recordedLength = 600; $0.etag = "\"e\""; $0.segments = [Segment(start: 0, end: 1000, done: 600)] }
+        #expect(try machine.handle(.cancel, now: now) == .saveAndEmit(removePartial: true))
+        #expect(machine.state == .cancelled)
+        #expect(machine.record.recordedLength == 0 && machine.record.etag == nil && machine.record.segments == nil)
+        // Granted again later: it starts over from zero, waiting.
+        #expect(try machine.handle(.granted(grant), now: now) == .saveAndEmit(removePartial: true))
+        #expect(machine.state == .waiting)
+    }
+
+    @Test func aNewArchiveStartsOverButTheSameGrantAgainKeepsTheBytes() throws {
+        var machine = try granted()
+        machine.updateBytes { $0.recordedLength = 600 }
+        var renewed = grant
+        renewed.url = "http://127.0.0.1:1/v1/content/fresh/x.zip"
+        #expect(try machine.handle(.granted(renewed), now: now) == DownloadStateMachine.Action.none)
+        #expect(machine.record.recordedLength == 600 && machine.record.url == renewed.url)
+        var newer = grant
+        newer.contentVersion = "1.1"
+        newer.sha256 = String(repeating: "b", count: 64)
+        newer.contentLength = 2000
+        #expect(try machine.handle(.granted(newer), now: now) == .saveAndEmit(removePartial: true))
+        #expect(machine.record.recordedLength == 0 && machine.record.expectedLength == 2000 && machine.record.contentVersion == "1.1")
+    }
+
+    @Test func finishedIsFinal() throws {
+        var machine = try granted()
+        _ = try machine.handle(.installed(contentPath: "/c"), now: now)
+        for event: DownloadStateMachine.Event in [.accepted, .pause, .cancel, .fail(FetchError(.network, "x")), .retrying(FetchError(.network, "x"))] {
+            #expect(throws: DownloadStateMachine.InvalidTransition.self) { try machine.handle(event, now: now) }
+            #expect(machine.state == .finished)
+        }
+    }
+
+    @Test func aBusyFailureLeavesTheOtherProcesssJournalAlone() throws {
+        var machine = try granted()
+        #expect(try machine.handle(.fail(FetchError(.busy, "another iap-fetch")), now: now) == .emit)
+        #expect(machine.state == .failed)
+        var other = try granted()
+        #expect(try other.handle(.fail(FetchError(.integrity, "hash")), now: now) == .saveAndEmit(removePartial: false))
+    }
+
+    @Test func beforeTheGrantNothingIsSavedAndUpdatesHaveNoSize() throws {
+        var machine = DownloadStateMachine(transactionId: "1000", productId: "com.example.levels", now: now)
+        #expect(throws: DownloadStateMachine.InvalidTransition.self) { try machine.handle(.accepted, now: now) }
+        #expect(throws: DownloadStateMachine.InvalidTransition.self) { try machine.handle(.installed(contentPath: "/c"), now: now) }
+        #expect(try machine.handle(.pause, now: now) == .emit)
+        #expect(try machine.handle(.resume, now: now) == .emit)
+        #expect(try machine.handle(.fail(FetchError(.revoked, "refunded")), now: now) == .emit)
+        let update = machine.update()
+        #expect(update.state == .failed && update.expectedContentLength == -1 && update.contentVersion == nil && update.error?.code == .revoked)
+    }
+
+    @Test func byteBookkeepingCannotChangeTheState() throws {
+        var machine = try granted()
+        machine.updateBytes { record in
+            record.state = .finished
+            record.contentPath = "/nowhere"
+            record.recordedLength = 10
+        }
+        #expect(machine.state == .waiting && machine.record.contentPath == nil && machine.record.recordedLength == 10)
+    }
+}
+
+@Suite struct RetryPolicyTests {
+    @Test func backoffDoublesWithJitterUpToTheSameAgain() {
+        let policy = RetryPolicy(maxAttempts: 5, base: .milliseconds(250))
+        #expect(policy.delay(after: 1, random: 0) == .milliseconds(250))
+        #expect(policy.delay(after: 2, random: 0) == .milliseconds(500))
+        #expect(policy.delay(after: 3, random: 1) == .milliseconds(2000))
+    }
+
+    @Test func triesUntilSuccessOrTheLimitAndStopsAtOnceOnWhatIsNotRetryable() async throws {
+        let policy = RetryPolicy(maxAttempts: 3, base: .zero)
+        var attempts: [Int] = []
+        let value = try await policy.run({ attempt -> Int in
+            attempts.append(attempt)
+            if attempt < 3 { throw FetchError(.network, "down") }
+            return 7
+        }, retryable: { _ in true }, willRetry: { _, _ in false })
+        #expect(value == 7 && attempts == [1, 2, 3])
+
+        attempts = []
+        await #expect(throws: FetchError(.network, "down 3")) {
+            try await policy.run({ attempt -> Int in
+                attempts.append(attempt)
+                throw FetchError(.network, "down \(attempt)")
+            }, retryable: { _ in true }, willRetry: { _, _ in false })
+        }
+        #expect(attempts == [1, 2, 3])
+
+        attempts = []
+        await #expect(throws: FetchError(.revoked, "refunded")) {
+            try await policy.run({ attempt -> Int in
+                attempts.append(attempt)
+                throw FetchError(.revoked, "refunded")
+            }, retryable: { ($0 as? FetchError)?.code == .network }, willRetry: { _, _ in false })
+        }
+        #expect(attempts == [1])
+    }
+}
+
+@Suite struct GrantClientTests {
+    let transaction = QueuedTransaction(transactionId: "1000", productId: "com.example.levels", signedTransaction: "x")
+
+    @Test func errorAnswersMapToWhatTheDownloadCanDo() {
+        func failure(_ status: UInt, _ body: String) -> FetchError {
+            GrantClient.failure(status: status, body: Array(body.utf8), transaction: transaction)
+        }
+        #expect(failure(403, #"{"error":{"code":"revoked","message":"refunded"}}"#).code == .revoked)
+        #expect(failure(403, #"{"error":{"code":"wrong-bundle-id","message":"no"}}"#).code == .refused)
+        #expect(failure(401, #"{"error":{"code":"untrusted-chain","message":"no"}}"#).code == .refused)
+        #expect(failure(404, #"{"error":{"code":"no-content","message":"none"}}"#).code == .noContent)
+        #expect(failure(503, #"{"error":{"code":"storage","message":"later"}}"#).code == .network)
+        // Not an envelope (a proxy's page): still a reason a person can read.
+        let proxy = failure(502, "<html>Bad Gateway</html>")
+        #expect(proxy.code == .network && proxy.message.contains("Bad Gateway"))
+    }
+}

@@ -1,0 +1,81 @@
+import DurableFiles
+import Foundation
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+@Suite struct DurableFilesTests {
+    let folder: String = {
+        let path = NSTemporaryDirectory() + "durable-\(UUID().uuidString)"
+        try! FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+        return path
+    }()
+
+    func contents(_ path: String) -> String? {
+        FileManager.default.contents(atPath: path).map { String(decoding: $0, as: UTF8.self) }
+    }
+
+    func leftovers() -> [String] {
+        ((try? FileManager.default.contentsOfDirectory(atPath: folder)) ?? []).filter { $0.contains(".tmp-") }
+    }
+
+    @Test(arguments: [Durability.powerLoss, .processKill])
+    func writeReplacesWholeWithTheAskedPermissions(durability: Durability) throws {
+        let path = folder + "/state.json"
+        try AtomicFile.write(Data("old".utf8), to: path, permissions: 0o640, durability: durability)
+        try AtomicFile.write(Data("new contents".utf8), to: path, permissions: 0o640, durability: durability)
+        #expect(contents(path) == "new contents")
+        var info = stat()
+        #expect(stat(path, &info) == 0 && info.st_mode & 0o777 == 0o640)
+        #expect(leftovers().isEmpty)
+    }
+
+    @Test func aFailedWriteNamesTheFileAndLeavesTheOldOne() throws {
+        let path = folder + "/missing-folder/state.json"
+        let error = #expect(throws: DurableFileError.self) { try AtomicFile.write(Data("x".utf8), to: path) }
+        #expect(error?.code == .io)
+        #expect(error?.message.contains(path) == true && error?.message.contains("it does not exist; check the path") == true)
+    }
+
+    @Test func createRefusesAnExistingFileAndKeepsIt() throws {
+        let path = folder + "/key.json"
+        try AtomicFile.create(Data("first".utf8), at: path)
+        let error = #expect(throws: DurableFileError.self) { try AtomicFile.create(Data("second".utf8), at: path) }
+        #expect(error?.code == .exists)
+        #expect(contents(path) == "first")
+        #expect(leftovers().isEmpty)
+    }
+
+    @Test func aHeldLockIsRefusedLoudlyAndFreedOnRelease() throws {
+        let path = folder + "/.lock"
+        let held = try FileLock(exclusive: path)
+        // flock locks belong to open file descriptions: a second open in this process conflicts
+        // as another process would.
+        let error = #expect(throws: DurableFileError.self) { try FileLock(exclusive: path, wait: false) }
+        #expect(error?.code == .locked && error?.message.contains(path) == true)
+        held.release()
+        let again = try FileLock(exclusive: path, wait: false)
+        again.release()
+    }
+
+    @Test func aLockInAFolderThatCannotHoldItIsAnError() {
+        let error = #expect(throws: DurableFileError.self) { try FileLock(exclusive: folder + "/no/such/folder/.lock") }
+        #expect(error?.code == .io)
+    }
+
+    @Test func directoriesAreMadeWithTheirParentsAndAFileInTheWayIsNamed() throws {
+        try Directory.create(folder + "/a/b/c")
+        try Directory.create(folder + "/a/b/c")
+        try Directory.sync(folder + "/a/b")
+        #expect(FileManager.default.createFile(atPath: folder + "/file", contents: Data()))
+        let error = #expect(throws: DurableFileError.self) { try Directory.create(folder + "/file") }
+        #expect(error?.message.contains("is not a folder") == true)
+    }
+
+    @Test func hexIsLowercaseTwoDigitsPerByte() {
+        #expect(Hex.encode([0x00, 0x0f, 0xa0, 0xff]) == "000fa0ff")
+        #expect(Hex.encode([UInt8]()) == "")
+    }
+}
