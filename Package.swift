@@ -174,6 +174,10 @@ let package = Package(
         ),
         .testTarget(name: "IAPProtocolTests", dependencies: ["IAPProtocol"]),
         .testTarget(name: "DurableFilesTests", dependencies: ["DurableFiles"]),
+        .testTarget(name: "DownloadGrantsTests", dependencies: ["DownloadGrants"]),
+        .testTarget(name: "ContentCatalogTests", dependencies: ["ContentCatalog", "ContentArchive"]),
+        .testTarget(name: "TransactionQueueTests", dependencies: ["TransactionQueue", "IAPTestSupport"]),
+        .testTarget(name: "SandboxStoreTests", dependencies: ["SandboxStore", "TransactionQueue", "IAPTestSupport"]),
         .testTarget(
             name: "ContentDeliveryTests",
             dependencies: [

@@ -10,19 +10,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/install-deps.sh
-for p in iap-server iap-pack iap-sandbox iap-fetch; do swift build -c release --product $p >/dev/null; done
-bin=$(swift build -c release --show-bin-path)
+. tools/lib.sh
+build_release iap-server iap-pack iap-sandbox iap-fetch
 work=$(mktemp -d); trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
-mkdir -p "$work/content"
-head -c $((1024 * 1024 * 1024 - 4096)) /dev/urandom > "$work/content/payload.bin"
-"$bin/iap-pack" build "$work/content" --product-id bench.fetch --content-version 1.0 --level 0 -o "$work/out" >/dev/null
-"$bin/iap-sandbox" init --dir "$work/sandbox" --bundle-id com.example.bench >/dev/null
-"$bin/iap-server" publish --data "$work/data" "$work/out/bench.fetch-1.0.zip" >/dev/null
-LOG_LEVEL=error "$bin/iap-server" serve --data "$work/data" --bundle-id com.example.bench --trust-root "$work/sandbox/root.cer" \
-  --environment sandbox --port 0 --port-file "$work/port" --token-ttl 86400 > "$work/server.log" 2>&1 &
-for _ in $(seq 200); do [ -s "$work/port" ] && break; sleep 0.05; done
-base="http://127.0.0.1:$(cat "$work/port")"
-size=$(stat -c %s "$work/out/bench.fetch-1.0.zip")
+archive=$(random_archive bench.fetch $((1024 * 1024 * 1024 - 4096)) "$work" "$work/out")
+start_sandbox_server "$work" com.example.bench "$archive"
+size=$(stat -c %s "$archive")
 
 # Seconds from launch until iap-fetch reports every byte received and verified (NDJSON on stdout).
 transfer_time() { # connections
@@ -54,16 +47,17 @@ for run in 1 2 3 4 5; do
     t=$(transfer_time "$bin" "$base" "$work/tx.jws" "$work/device" $c)
     [ "$t" = fail ] && { echo "iap-fetch --connections $c failed" >&2; exit 1; }
     echo "run $run: iap-fetch transfer only, $c connection(s): $t s" >&2
-    cmp -s "$work/device/bench.fetch/1.0/Contents/payload.bin" "$work/content/payload.bin" || { echo "iap-fetch installed wrong bytes" >&2; exit 1; }
+    cmp -s "$work/device/bench.fetch/1.0/Contents/payload.bin" "$work/content-bench.fetch/payload.bin" || { echo "iap-fetch installed wrong bytes" >&2; exit 1; }
     if [ $c = 1 ]; then all_t1+=("$t"); awk -v s="$t" -v b="$best_t1" 'BEGIN { exit !(s < b) }' && best_t1=$t
     else awk -v s="$t" -v b="$best_t4" 'BEGIN { exit !(s < b) }' && best_t4=$t; fi
   done
   "$bin/iap-sandbox" purchase --dir "$work/sandbox" --product-id bench.fetch > "$work/tx.jws"
   rm -rf "$work/device"
   read -r secs kb <<< "$(timed "$bin/iap-fetch" get --server "$base" --transaction "$work/tx.jws" --content-dir "$work/device")"
-  cmp -s "$work/device/bench.fetch/1.0/Contents/payload.bin" "$work/content/payload.bin" || { echo "iap-fetch installed wrong bytes" >&2; exit 1; }
+  cmp -s "$work/device/bench.fetch/1.0/Contents/payload.bin" "$work/content-bench.fetch/payload.bin" || { echo "iap-fetch installed wrong bytes" >&2; exit 1; }
   awk -v s="$secs" -v b="$best_fetch" 'BEGIN { exit !(s < b) }' && { best_fetch=$secs; fetch_kb=$kb; }
-  url=$(curl -s -X POST "$base/v1/downloads" -d "{\"signedTransaction\":\"$(cat "$work/tx.jws")\"}" | python3 -c 'import json,sys; print(json.load(sys.stdin)["downloads"][0]["url"])')
+  url=$(curl -s -X POST "$base/v1/downloads" -d "{\"signedTransaction\":\"$(cat "$work/tx.jws")\"}" |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["downloads"][0]["url"])')
   rm -f "$work/c.zip"
   read -r secs kb <<< "$(timed curl -s -o "$work/c.zip" "$url")"
   all_curl+=("$secs")
@@ -91,7 +85,7 @@ kill -9 $fetch_pid; wait $fetch_pid 2>/dev/null || true
 on_disk=$(stat -c %s "$partial")
 synced=$(python3 -c 'import json,glob,sys; print(json.load(open(glob.glob(sys.argv[1] + "/*.json")[0]))["recordedLength"])' "$journal")
 "$bin/iap-fetch" run --server "$base" --queue "$work/sandbox/queue" --content-dir "$work/device" >/dev/null
-cmp -s "$work/device/bench.fetch/1.0/Contents/payload.bin" "$work/content/payload.bin" && resumed=identical || resumed=DIFFERENT
+cmp -s "$work/device/bench.fetch/1.0/Contents/payload.bin" "$work/content-bench.fetch/payload.bin" && resumed=identical || resumed=DIFFERENT
 
 echo "archive: $size bytes; $(nproc) cores; best of 5"
 printf '%-58s %9s %11s\n' "measure" "seconds" "peak MiB"

@@ -15,8 +15,8 @@ if [ ! -f "$corpus/.complete-$scale" ]; then
   python3 tools/make-corpus.py "$corpus/Contents" "$scale"
   touch "$corpus/.complete-$scale"
 fi
-swift build -c release --product iap-pack >/dev/null
-bin=$(swift build -c release --show-bin-path)
+. tools/lib.sh
+build_release iap-pack
 out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
 input_bytes=$(du -sb "$corpus/Contents" | cut -f1)
 cat "$corpus"/Contents/*/* "$corpus"/Contents/*/*/* >/dev/null 2>&1 || true   # warm the page cache for everyone

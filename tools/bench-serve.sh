@@ -11,25 +11,17 @@ secs=${1:-5}
 rounds=${2:-3}
 tools/install-deps.sh
 command -v nginx >/dev/null && command -v wrk >/dev/null || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light wrk >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx wrk >/dev/null; }
-swift build -c release --product iap-server >/dev/null && swift build -c release --product iap-pack >/dev/null && swift build -c release --product iap-sandbox >/dev/null
-bin=$(swift build -c release --show-bin-path)
+. tools/lib.sh
+build_release iap-server iap-pack iap-sandbox
 work=$(mktemp -d); chmod 755 "$work"; trap 'kill $(jobs -p) 2>/dev/null; [ -f "$work/nginx.pid" ] && kill "$(cat "$work/nginx.pid" 2>/dev/null)" 2>/dev/null; rm -rf "$work"' EXIT
 tick=$(getconf CLK_TCK)
 
-mkdir -p "$work/content"
-head -c $((1024 * 1024 * 1024 - 4096)) /dev/urandom > "$work/content/payload.bin"
-"$bin/iap-pack" build "$work/content" --product-id bench.archive --content-version 1.0 --level 0 -o "$work/out" >/dev/null
-archive="$work/out/bench.archive-1.0.zip"
+archive=$(random_archive bench.archive $((1024 * 1024 * 1024 - 4096)) "$work" "$work/out")
 size=$(stat -c %s "$archive")
-"$bin/iap-sandbox" init --dir "$work/sandbox" --bundle-id com.example.bench >/dev/null
-"$bin/iap-server" publish --data "$work/data" "$archive" >/dev/null
-LOG_LEVEL=error "$bin/iap-server" serve --data "$work/data" --bundle-id com.example.bench --trust-root "$work/sandbox/root.cer" \
-  --environment sandbox --port 0 --port-file "$work/port" --token-ttl 86400 > "$work/server.log" 2>&1 &
-ours_pid=$!
-for _ in $(seq 200); do [ -s "$work/port" ] && break; sleep 0.05; done
+start_sandbox_server "$work" com.example.bench "$archive"
+ours_pid=$server_pid
 port=$(cat "$work/port")
-tx=$("$bin/iap-sandbox" purchase --dir "$work/sandbox" --product-id bench.archive)
-ours_url=$(curl -s -X POST "http://127.0.0.1:$port/v1/downloads" -d "{\"signedTransaction\":\"$tx\"}" | python3 -c 'import json,sys; print(json.load(sys.stdin)["downloads"][0]["url"])')
+ours_url=$(grant_url "$work" bench.archive)
 
 mkdir -p "$work/www"; ln "$archive" "$work/www/archive.zip"; chmod 755 "$work/www"; chmod 644 "$work/www/archive.zip"
 # nginx's workers run as an unprivileged user: check they can read the file before measuring.

@@ -9,11 +9,8 @@ tools/install-deps.sh
 step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
 
 step "building the tools (release)"
-swift build -c release --product iap-pack 2>&1 | tail -1
-swift build -c release --product iap-server 2>&1 | tail -1
-swift build -c release --product iap-sandbox 2>&1 | tail -1
-swift build -c release --product iap-fetch 2>&1 | tail -1
-bin=$(swift build -c release --show-bin-path)
+. tools/lib.sh
+build_release iap-pack iap-server iap-sandbox iap-fetch
 work=$(mktemp -d "${TMPDIR:-/tmp}/iap-demo.XXXXXX")
 server_pid=
 cleanup() { [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null && wait "$server_pid" 2>/dev/null; rm -rf "$work"; }

@@ -26,24 +26,26 @@ public struct Reporter: Sendable {
     }
 
     /// Runs `body`; a `CodedError` it throws is reported and exits with `exitCode(error)`.
-    public func run<Code: ErrorCode>(exitCode: (CodedError<Code>) -> Int32 = { _ in 1 },
-                                     _ body: () throws(CodedError<Code>) -> Void) throws(ExitCode) {
+    public func run<Code: ErrorCode>(
+        exitCode: (CodedError<Code>) -> Int32 = { _ in 1 },
+        _ body: () throws(CodedError<Code>) -> Void
+    ) throws(ExitCode) {
         do { try body() } catch { throw failure(error, exitCode: exitCode(error)) }
     }
 
     /// One line on stderr, for what is not an error (progress, notices).
     public func note(_ message: String) {
-        FileHandle.standardError.write(Data("\(tool): \(message)\n".utf8))
+        Console.err("\(tool): \(message)\n")
     }
 
     /// One JSON value as one line on stdout.
     public func printJSON<T: Encodable>(_ value: T) {
-        FileHandle.standardOutput.write(WireJSON.line(value))
+        Console.out(WireJSON.line(value))
     }
 
     private func report(code: String, message: String, exitCode: Int32) -> ExitCode {
         if json { printJSON(ErrorEnvelope(code: code, message: message)) }
-        FileHandle.standardError.write(Data("\(tool): error: \(message)\n".utf8))
+        Console.err("\(tool): error: \(message)\n")
         return ExitCode(exitCode)
     }
 }

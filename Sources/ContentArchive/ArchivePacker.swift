@@ -1,67 +1,14 @@
-import DurableFiles
 import Crypto
+import DurableFiles
 import Foundation
 import Synchronization
 import SystemPackage
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Darwin)
-import Darwin
+    import Darwin
 #endif
-
-/// Size limits of the format.
-public enum ArchiveLimits {
-    /// 2 GiB: the most a product's archive may weigh, as Apple's hosted content allowed
-    /// (read as 2,147,483,648 bytes).
-    public static let maxArchiveSize: UInt64 = 2_147_483_648
-}
-
-/// How to pack a content folder.
-public struct PackOptions: Sendable {
-    /// Required for a plain folder; optional (and checked) for an Xcode content folder.
-    public var productId: ProductIdentifier?
-    public var contentVersion: ContentVersion?
-    /// Where the archive and manifest go; created if missing.
-    public var outputDirectory: String
-    /// 0 stores every entry. 1 to 9 aim at `zip -<level>`'s size for the whole archive at the
-    /// least CPU: each kind of file (extension) gets a libdeflate level from 1 to `level`, chosen
-    /// from samples so that the kinds together come out no larger than zlib at `level` would
-    /// make them (``LevelBudget``). 10 to 12 are libdeflate's slow near-optimal levels.
-    public var level: Int
-    /// The largest archive allowed, in bytes.
-    public var sizeCap: UInt64
-    public var timestamp: ArchiveTimestamp
-    /// Compression threads; the output does not depend on it.
-    public var threads: Int
-    /// How files are cut into pieces of work (tests make the pieces small).
-    var chunking = Chunking.standard
-
-    public init(productId: ProductIdentifier? = nil, contentVersion: ContentVersion? = nil,
-                outputDirectory: String = ".", level: Int = 6,
-                sizeCap: UInt64 = ArchiveLimits.maxArchiveSize, timestamp: ArchiveTimestamp = .standard,
-                threads: Int = ProcessInfo.processInfo.activeProcessorCount) {
-        self.productId = productId
-        self.contentVersion = contentVersion
-        self.outputDirectory = outputDirectory
-        self.level = level
-        self.sizeCap = sizeCap
-        self.timestamp = timestamp
-        self.threads = threads
-    }
-}
-
-/// What a pack produced.
-public struct PackResult: Sendable {
-    public let archivePath: String
-    public let manifestPath: String
-    public let manifest: ArchiveManifest
-}
-
-/// How far a pack has got, in uncompressed bytes.
-public struct PackProgress: Sendable {
-    public let bytesDone: UInt64
-    public let bytesTotal: UInt64
-}
 
 /// Builds content archives: a reproducible ZIP with `ContentInfo.plist` and `Contents/`, and its
 /// manifest.
@@ -79,8 +26,10 @@ public enum ArchivePacker {
 
     /// Packs `folder` into `<output>/<id>-<version>.zip` and its manifest. Nothing is left behind
     /// on failure: the files are written under temporary names and renamed into place at the end.
-    public static func pack(folder: String, options: PackOptions,
-                            progress: (@Sendable (PackProgress) -> Void)? = nil) throws(ArchiveError) -> PackResult {
+    public static func pack(
+        folder: String, options: PackOptions,
+        progress: (@Sendable (PackProgress) -> Void)? = nil
+    ) throws(ArchiveError) -> PackResult {
         guard (0...12).contains(options.level) else {
             throw .invalid("compression level \(options.level) is out of range: use 0 (store) to 12 (smallest); 6 is the default")
         }
@@ -130,10 +79,13 @@ public enum ArchivePacker {
     /// Streams the planned entries through the compressors into `writer`; returns the manifest
     /// entries and the archive's size and SHA-256. Throws `capExceeded`, with the final size, when
     /// the archive ends over the cap.
-    private static func write(plan: Plan, to writer: BufferedFileWriter, options: PackOptions,
-                              progress: (@Sendable (PackProgress) -> Void)?) throws(ArchiveError) -> ([ArchiveManifest.Entry], UInt64, String) {
-        let pipeline = OrderedPipeline(units: plan.units, entries: plan.entries, level: options.level,
-                                       threads: max(1, options.threads), windowBytes: windowBytes)
+    private static func write(
+        plan: Plan, to writer: BufferedFileWriter, options: PackOptions,
+        progress: (@Sendable (PackProgress) -> Void)?
+    ) throws(ArchiveError) -> ([ArchiveManifest.Entry], UInt64, String) {
+        let pipeline = OrderedPipeline(
+            units: plan.units, entries: plan.entries, level: options.level,
+            threads: max(1, options.threads), windowBytes: windowBytes)
         pipeline.start()
         defer { pipeline.stop() }
 
@@ -144,8 +96,9 @@ public enum ArchivePacker {
         var size: UInt64 = 0
         var bytesDone: UInt64 = 0
 
-        var header = ZipEntryHeader(name: [], method: 0, crc32: 0, compressedSize: 0, uncompressedSize: 0,
-                                    mode: 0, localHeaderOffset: 0, dosTime: dos.time, dosDate: dos.date)
+        var header = ZipEntryHeader(
+            name: [], method: 0, crc32: 0, compressedSize: 0, uncompressedSize: 0,
+            mode: 0, localHeaderOffset: 0, dosTime: dos.time, dosDate: dos.date)
         // A multi-chunk entry's CRC-32 and SHA-256 run across its chunks, on a thread of their own.
         var contentHasher: BackgroundHasher?
         var compressedSize: UInt64 = 0
@@ -220,21 +173,27 @@ public enum ArchivePacker {
                 }
                 centralDirectory += header.centralHeader
                 let offset = UInt64(header.localHeaderOffset)
-                manifestEntries.append(.init(
-                    path: entry.path, kind: entry.isDirectory ? .directory : .file,
-                    method: header.method == Zip.methodDeflate ? .deflate : .stored,
-                    uncompressedSize: entry.size, compressedSize: compressedSize, crc32: header.crc32,
-                    sha256: sha256,
-                    localHeaderOffset: offset, dataOffset: offset + UInt64(Zip.localHeaderSize + header.name.count)))
+                manifestEntries.append(
+                    .init(
+                        path: entry.path, kind: entry.isDirectory ? .directory : .file,
+                        method: header.method == Zip.methodDeflate ? .deflate : .stored,
+                        uncompressedSize: entry.size, compressedSize: compressedSize, crc32: header.crc32,
+                        sha256: sha256,
+                        localHeaderOffset: offset, dataOffset: offset + UInt64(Zip.localHeaderSize + header.name.count)))
                 progress?(PackProgress(bytesDone: bytesDone, bytesTotal: plan.totalBytes))
             }
         }
         let centralOffset = size
         try emit(centralDirectory)
-        try emit(ZipEntryHeader.endRecord(entryCount: plan.entries.count, centralSize: UInt32(centralDirectory.count),
-                                          centralOffset: UInt32(truncatingIfNeeded: centralOffset)))
+        try emit(
+            ZipEntryHeader.endRecord(
+                entryCount: plan.entries.count, centralSize: UInt32(centralDirectory.count),
+                centralOffset: UInt32(truncatingIfNeeded: centralOffset)))
         if overCap {
-            throw .init(.capExceeded, "the archive for \(plan.productId) would be \(size) bytes, \(size - options.sizeCap) bytes over the cap of \(options.sizeCap) bytes (\(formatBytes(options.sizeCap))); nothing was written. Move some content to another product, or remove or shrink files")
+            throw .init(
+                .capExceeded,
+                "the archive for \(plan.productId) would be \(size) bytes, \(size - options.sizeCap) bytes over the cap of \(options.sizeCap) bytes (\(formatBytes(options.sizeCap))); nothing was written. Move some content to another product, or remove or shrink files"
+            )
         }
         guard archiveHashed == size else {
             throw .io("internal error: \(archiveHashed) of \(size) archive bytes were hashed; please report this")
@@ -278,185 +237,4 @@ func formatBytes(_ bytes: UInt64) -> String {
         unit += 1
     }
     return unit == 0 ? "\(bytes) bytes" : String(format: "%.2f", value) + " " + units[unit]
-}
-
-/// How files are cut into pieces of work.
-///
-/// A file compressed in chunks costs a walk of each chunk's compressed bytes to join them
-/// (``DeflateJoin``), about a tenth of the compression time, so files up to `wholeFileLimit` are
-/// compressed in one piece: two files at a time keep both cores busy just as well. Larger files
-/// are cut so that memory stays flat and both cores can work on one file.
-struct Chunking: Sendable {
-    var wholeFileLimit: Int
-    var chunkSize: Int
-
-    static let standard = Chunking(wholeFileLimit: 24 << 20, chunkSize: 4 << 20)
-
-    func isMultiChunk(_ size: UInt64) -> Bool { size > UInt64(wholeFileLimit) }
-}
-
-/// The entries of an archive in order, and the chunks they are cut into.
-struct Plan: Sendable {
-    enum Method: Sendable { case stored, deflate, smaller }
-
-    struct Entry: Sendable {
-        let path: String
-        let size: UInt64
-        let source: Source
-        let method: Method
-        /// The libdeflate level for `deflate` and `smaller`.
-        let level: Int
-        var isDirectory: Bool { if case .directory = source { true } else { false } }
-    }
-
-    enum Source: Sendable {
-        case directory
-        case bytes([UInt8])
-        case file(String)
-    }
-
-    struct Unit: Sendable {
-        let entry: Int
-        let chunk: Int
-        let offset: UInt64
-        let length: Int
-        let isLast: Bool
-    }
-
-    let productId: ProductIdentifier
-    var entries: [Entry] = []
-    var units: [Unit] = []
-    var totalBytes: UInt64 = 0
-
-    init(content: ScannedContent, options: PackOptions) {
-        productId = content.info.productIdentifier
-        let chunking = options.chunking
-        var items: [(String, Source, UInt64)] = [(ContentInfo.fileName, .bytes(content.plist), UInt64(content.plist.count))]
-        items += content.directories.map { ($0, .directory, 0) }
-        items += content.files.map { ($0.archivePath, .file($0.diskPath), $0.size) }
-        items.sort { $0.0.utf8.lexicographicallyPrecedes($1.0.utf8) }
-        let (compressible, kindLevels) = options.level > 0 ? Self.chooseLevels(items, level: options.level) : ([:], [:])
-        for (path, source, size) in items {
-            var method: Method = .stored
-            var level = options.level
-            if options.level > 0, size > 0 {
-                if case .directory = source {
-                    method = .stored
-                } else {
-                    level = kindLevels[Self.fileExtension(path)] ?? options.level
-                    if compressible[path] == false {
-                        method = .stored
-                    } else if chunking.isMultiChunk(size) {
-                        // Every chunk of a multi-chunk file must use the same method (and a file that
-                        // could not be sampled is deflated: its worker reports why it cannot be read).
-                        method = .deflate
-                    } else {
-                        method = .smaller
-                    }
-                }
-            }
-            let index = entries.count
-            entries.append(Entry(path: path, size: size, source: source, method: method, level: level))
-            totalBytes += size
-            let piece = chunking.isMultiChunk(size) ? UInt64(chunking.chunkSize) : max(1, size)
-            let chunks = max(1, Int((size + piece - 1) / piece))
-            for chunk in 0..<chunks {
-                let offset = UInt64(chunk) * piece
-                units.append(Unit(entry: index, chunk: chunk, offset: offset,
-                                  length: Int(min(piece, size - offset)), isLast: chunk == chunks - 1))
-            }
-        }
-    }
-
-    /// Files at least this large are sampled to pick their level; below it, sampling would cost
-    /// more than the faster level saves.
-    static let sampledSize: UInt64 = 2 << 20
-
-    /// Whether each file of `sampledSize` or more is worth deflating, judged from its first
-    /// 64 KiB; and the level for each kind (extension) of file, judged from a sample spread over
-    /// the files of that kind: files of one kind compress alike, and one sample per kind costs
-    /// little however many files there are. The levels are chosen together (``LevelBudget``),
-    /// each kind's sample standing for the bytes of its deflated files.
-    private static func chooseLevels(_ items: [(String, Source, UInt64)], level: Int) -> (compressible: [String: Bool], kinds: [String: Int]) {
-        let large = items.compactMap { path, source, size -> (path: String, disk: String)? in
-            guard case .file(let disk) = source, size >= sampledSize else { return nil }
-            return (path, disk)
-        }
-        let judged = parallelMap(large) { file -> Bool? in
-            guard let fd = try? FileDescriptor.open(file.disk, .readOnly) else { return nil }
-            defer { try? fd.close() }
-            guard let sample = try? readFully(fd, at: 0, count: ArchivePacker.sampleSize, path: file.disk), !sample.isEmpty else { return nil }
-            return sample.withUnsafeBytes { DeflateCompressor(level: 1).looksCompressible($0) }
-        }
-        var compressible: [String: Bool] = [:]
-        for (file, verdict) in zip(large, judged) { compressible[file.path] = verdict }
-
-        // Levels 10 to 12 are kept as asked: there is nothing to choose, so nothing to sample.
-        guard level <= 9 else { return (compressible, [:]) }
-        var kinds: [(name: String, files: [String], bytes: UInt64)] = []
-        var kindIndex: [String: Int] = [:]
-        for (path, source, size) in items {
-            guard case .file(let disk) = source, size > 0, compressible[path] ?? true else { continue }
-            let name = fileExtension(path)
-            if kindIndex[name] == nil {
-                kindIndex[name] = kinds.count
-                kinds.append((name, [], 0))
-            }
-            kinds[kindIndex[name]!].files.append(disk)
-            kinds[kindIndex[name]!].bytes += size
-        }
-        let samples = parallelMap(kinds) { kind in measureSample(of: kind.files, level: level) }
-        let measured = zip(kinds, samples).compactMap { kind, sample in sample.map { (name: kind.name, weight: kind.bytes, sample: $0) } }
-        let levels = LevelBudget.choose(measured.map { ($0.weight, $0.sample) }, requested: level)
-        return (compressible, Dictionary(uniqueKeysWithValues: zip(measured.map(\.name), levels)))
-    }
-
-    /// Measures a sample of up to 64 KiB taken from the start of files spread over `files` (a
-    /// quarter each from four of them when there are that many). nil when less than 4 KiB could
-    /// be read: too little to judge by (and the workers report a file that cannot be read).
-    private static func measureSample(of files: [String], level: Int) -> LevelSample? {
-        let spread = Set((0..<4).map { $0 * files.count / 4 })
-        let order = spread.sorted() + files.indices.filter { !spread.contains($0) }
-        let piece = ArchivePacker.sampleSize / min(4, files.count)
-        var sample: [UInt8] = []
-        for index in order where sample.count < ArchivePacker.sampleSize {
-            guard let fd = try? FileDescriptor.open(files[index], .readOnly) else { continue }
-            defer { try? fd.close() }
-            let count = min(piece, ArchivePacker.sampleSize - sample.count)
-            sample += (try? readFully(fd, at: 0, count: count, path: files[index])) ?? []
-        }
-        guard sample.count >= 4096 else { return nil }
-        return sample.withUnsafeBytes { LevelSample(sample: $0, level: level) }
-    }
-
-    /// `transform` applied to each element on all cores, in order.
-    private static func parallelMap<T: Sendable, R: Sendable>(_ items: [T], _ transform: @Sendable (T) -> R) -> [R] {
-        let results = Mutex([R?](repeating: nil, count: items.count))
-        DispatchQueue.concurrentPerform(iterations: items.count) { index in
-            let result = transform(items[index])
-            results.withLock { $0[index] = result }
-        }
-        return results.withLock { $0.map { $0! } }
-    }
-
-    /// The lowercased extension of a path's last component ("" when it has none).
-    static func fileExtension(_ path: String) -> String {
-        let name = path.split(separator: "/").last ?? ""
-        guard let dot = name.lastIndex(of: "."), dot != name.startIndex else { return "" }
-        return name[name.index(after: dot)...].lowercased()
-    }
-
-    /// Refuses before anything is written when the archive cannot fit under `cap`: exactly when
-    /// storing (level 0), and by DEFLATE's best possible ratio (1032:1) otherwise.
-    func checkFits(cap: UInt64, level: Int) throws(ArchiveError) {
-        var smallest: UInt64 = UInt64(Zip.endRecordSize)
-        for entry in entries {
-            let overhead = UInt64(Zip.localHeaderSize + Zip.centralHeaderSize + 2 * entry.path.utf8.count)
-            let data = level == 0 || entry.method == .stored ? entry.size : (entry.size + 1031) / 1032
-            smallest += overhead + data
-        }
-        guard smallest > cap else { return }
-        let what = level == 0 ? "would be \(smallest) bytes" : "would be at least \(smallest) bytes"
-        throw .init(.capExceeded, "the archive for \(productId) \(what), \(smallest - cap) bytes over the cap of \(cap) bytes (\(formatBytes(cap))); nothing was written. Move some content to another product, or remove or shrink files")
-    }
 }

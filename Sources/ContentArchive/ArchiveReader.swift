@@ -12,8 +12,10 @@ public struct ExtractionLimits: Sendable {
     /// ...unless it is this small, where a high ratio can do no harm.
     public var ratioExemptSize: UInt64
 
-    public init(maxEntries: Int = 65_535, maxTotalUncompressedSize: UInt64 = 16 << 30,
-                maxCompressionRatio: UInt64 = 200, ratioExemptSize: UInt64 = 1 << 20) {
+    public init(
+        maxEntries: Int = 65_535, maxTotalUncompressedSize: UInt64 = 16 << 30,
+        maxCompressionRatio: UInt64 = 200, ratioExemptSize: UInt64 = 1 << 20
+    ) {
         self.maxEntries = maxEntries
         self.maxTotalUncompressedSize = maxTotalUncompressedSize
         self.maxCompressionRatio = maxCompressionRatio
@@ -61,8 +63,10 @@ public final class ArchiveReader {
 
     deinit { try? fd.close() }
 
-    private static func readDirectory(fd: FileDescriptor, path: String, size: UInt64,
-                                      limits: ExtractionLimits) throws(ArchiveError) -> [ArchiveEntry] {
+    private static func readDirectory(
+        fd: FileDescriptor, path: String, size: UInt64,
+        limits: ExtractionLimits
+    ) throws(ArchiveError) -> [ArchiveEntry] {
         let notZip = "\(path) is not a ZIP archive (no end-of-central-directory record): it may be truncated or another kind of file; download or build it again"
         guard size >= UInt64(Zip.endRecordSize) else { throw .corrupt(notZip) }
         guard size < 1 << 32 else {
@@ -153,8 +157,11 @@ public final class ArchiveReader {
                 throw .corrupt("folder entry '\(name)' in \(path) claims \(uncompressed) bytes of content: the archive is damaged or forged")
             }
             if UInt64(uncompressed) > limits.ratioExemptSize
-                && UInt64(uncompressed) > UInt64(max(compressed, 1)) * limits.maxCompressionRatio {
-                throw .corrupt("entry '\(name)' in \(path) would expand \(UInt64(uncompressed) / UInt64(max(compressed, 1))) times (\(compressed) to \(uncompressed) bytes), beyond the limit of \(limits.maxCompressionRatio):1 that guards against zip bombs: refusing it")
+                && UInt64(uncompressed) > UInt64(max(compressed, 1)) * limits.maxCompressionRatio
+            {
+                throw .corrupt(
+                    "entry '\(name)' in \(path) would expand \(UInt64(uncompressed) / UInt64(max(compressed, 1))) times (\(compressed) to \(uncompressed) bytes), beyond the limit of \(limits.maxCompressionRatio):1 that guards against zip bombs: refusing it"
+                )
             }
             total += UInt64(uncompressed)
             guard total <= limits.maxTotalUncompressedSize else {
@@ -162,14 +169,19 @@ public final class ArchiveReader {
             }
             let key = name.precomposedStringWithCanonicalMapping.lowercased()
             if let other = seen[key] {
-                throw .corrupt(other == name
-                    ? "\(path) holds '\(name)' twice: refusing it (a duplicate can hide content from one reader and show it to another)"
-                    : "\(path) holds '\(name)' and '\(other)', which differ only by case or Unicode normalisation and would overwrite each other on many devices: refusing it")
+                throw .corrupt(
+                    other == name
+                        ? "\(path) holds '\(name)' twice: refusing it (a duplicate can hide content from one reader and show it to another)"
+                        : "\(path) holds '\(name)' and '\(other)', which differ only by case or Unicode normalisation and would overwrite each other on many devices: refusing it")
             }
             seen[key] = name
-            parsed.append((ZipEntryHeader(name: nameBytes, method: method, crc32: crc, compressedSize: compressed,
-                                          uncompressedSize: uncompressed, mode: external >> 16, localHeaderOffset: offset,
-                                          dosTime: time, dosDate: date), name))
+            parsed.append(
+                (
+                    ZipEntryHeader(
+                        name: nameBytes, method: method, crc32: crc, compressedSize: compressed,
+                        uncompressedSize: uncompressed, mode: external >> 16, localHeaderOffset: offset,
+                        dosTime: time, dosDate: date), name
+                ))
         }
 
         // Local headers: they must agree with the central directory, and no two entries' bytes may
@@ -195,11 +207,12 @@ public final class ArchiveReader {
             guard dataOffset + UInt64(header.compressedSize) <= UInt64(centralOffset) else {
                 throw .corrupt("entry '\(name)' in \(path) runs past the end of the entry data: the archive is truncated or forged")
             }
-            entries.append(ArchiveEntry(
-                path: name, isDirectory: header.isDirectory,
-                method: header.method == Zip.methodDeflate ? .deflate : .stored, crc32: header.crc32,
-                compressedSize: UInt64(header.compressedSize), uncompressedSize: UInt64(header.uncompressedSize),
-                localHeaderOffset: offset, dataOffset: dataOffset))
+            entries.append(
+                ArchiveEntry(
+                    path: name, isDirectory: header.isDirectory,
+                    method: header.method == Zip.methodDeflate ? .deflate : .stored, crc32: header.crc32,
+                    compressedSize: UInt64(header.compressedSize), uncompressedSize: UInt64(header.uncompressedSize),
+                    localHeaderOffset: offset, dataOffset: dataOffset))
         }
         let byOffset = entries.sorted { $0.localHeaderOffset < $1.localHeaderOffset }
         for (a, b) in zip(byOffset, byOffset.dropFirst()) where a.dataOffset + a.compressedSize > b.localHeaderOffset {
@@ -247,7 +260,8 @@ public final class ArchiveReader {
             throw .corrupt("entry '\(entry.path)' in \(path) holds \(produced) bytes but declares \(declared): the archive is damaged or forged")
         }
         guard crc == entry.crc32 else {
-            throw .corrupt("entry '\(entry.path)' in \(path) fails its CRC-32 check (\(String(format: "%08x", crc)) instead of \(String(format: "%08x", entry.crc32))): the archive is damaged; download it again")
+            throw .corrupt(
+                "entry '\(entry.path)' in \(path) fails its CRC-32 check (\(String(format: "%08x", crc)) instead of \(String(format: "%08x", entry.crc32))): the archive is damaged; download it again")
         }
     }
 
@@ -310,8 +324,10 @@ func withBytes<R>(_ bytes: [UInt8], _ body: (UnsafeRawBufferPointer) throws(Arch
     return try result.get()
 }
 
-func withBuffers<R>(_ input: [UInt8], _ output: inout [UInt8],
-                    _ body: (UnsafeRawBufferPointer, UnsafeMutableRawBufferPointer) throws(ArchiveError) -> R) throws(ArchiveError) -> R {
+func withBuffers<R>(
+    _ input: [UInt8], _ output: inout [UInt8],
+    _ body: (UnsafeRawBufferPointer, UnsafeMutableRawBufferPointer) throws(ArchiveError) -> R
+) throws(ArchiveError) -> R {
     let result: Result<R, ArchiveError> = input.withUnsafeBytes { raw in
         output.withUnsafeMutableBytes { out in
             do throws(ArchiveError) { return .success(try body(raw, out)) } catch { return .failure(error) }

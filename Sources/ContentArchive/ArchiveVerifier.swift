@@ -1,10 +1,11 @@
-import DurableFiles
 import Crypto
+import DurableFiles
 import Foundation
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Darwin)
-import Darwin
+    import Darwin
 #endif
 
 /// What `verify` found.
@@ -25,24 +26,29 @@ public struct VerificationReport: Sendable, Codable {
 public enum ArchiveVerifier {
     /// Reads a whole archive, checking every entry's size and CRC-32 and the content layout, and
     /// returns the manifest it should have. Servers store this instead of trusting an uploaded one.
-    public static func computeManifest(archive: String, limits: ExtractionLimits = .standard,
-                                       createdAt: String = ArchiveTimestamp.standard.iso8601) throws(ArchiveError) -> ArchiveManifest {
+    public static func computeManifest(
+        archive: String, limits: ExtractionLimits = .standard,
+        createdAt: String = ArchiveTimestamp.standard.iso8601
+    ) throws(ArchiveError) -> ArchiveManifest {
         let reader = try ArchiveReader(path: archive, limits: limits)
         let info = try reader.contentInfo()
         var entries: [ArchiveManifest.Entry] = []
         for entry in reader.entries {
             var hasher = SHA256()
             try reader.read(entry) { hasher.update(bufferPointer: $0) }
-            entries.append(.init(path: entry.path, kind: entry.isDirectory ? .directory : .file, method: entry.method,
-                                 uncompressedSize: entry.uncompressedSize, compressedSize: entry.compressedSize, crc32: entry.crc32,
-                                 sha256: Hex.encode(hasher.finalize()), localHeaderOffset: entry.localHeaderOffset,
-                                 dataOffset: entry.dataOffset))
+            entries.append(
+                .init(
+                    path: entry.path, kind: entry.isDirectory ? .directory : .file, method: entry.method,
+                    uncompressedSize: entry.uncompressedSize, compressedSize: entry.compressedSize, crc32: entry.crc32,
+                    sha256: Hex.encode(hasher.finalize()), localHeaderOffset: entry.localHeaderOffset,
+                    dataOffset: entry.dataOffset))
         }
         let (size, digest) = try ArchivePacker.hashFile(archive)
-        return ArchiveManifest(formatVersion: ArchiveManifest.currentFormatVersion, productId: info.productIdentifier,
-                               contentVersion: info.contentVersion, archiveName: URL(fileURLWithPath: archive).lastPathComponent,
-                               archiveSize: size, archiveSHA256: digest, contentLength: entries.reduce(0) { $0 + $1.uncompressedSize },
-                               createdAt: createdAt, entries: entries)
+        return ArchiveManifest(
+            formatVersion: ArchiveManifest.currentFormatVersion, productId: info.productIdentifier,
+            contentVersion: info.contentVersion, archiveName: URL(fileURLWithPath: archive).lastPathComponent,
+            archiveSize: size, archiveSHA256: digest, contentLength: entries.reduce(0) { $0 + $1.uncompressedSize },
+            createdAt: createdAt, entries: entries)
     }
 
     /// Checks `computed` (from ``computeManifest(archive:limits:createdAt:)``) against a manifest
@@ -65,8 +71,10 @@ public enum ArchiveVerifier {
         }
     }
 
-    public static func verify(archive: String, manifest manifestPath: String? = nil,
-                              limits: ExtractionLimits = .standard) throws(ArchiveError) -> VerificationReport {
+    public static func verify(
+        archive: String, manifest manifestPath: String? = nil,
+        limits: ExtractionLimits = .standard
+    ) throws(ArchiveError) -> VerificationReport {
         let computed = try computeManifest(archive: archive, limits: limits)
         var report = VerificationReport(
             archive: archive, productId: computed.productId, contentVersion: computed.contentVersion,

@@ -1,5 +1,5 @@
-import DurableFiles
 import Crypto
+import DurableFiles
 import Foundation
 
 /// SHA-256 (and, when asked, CRC-32) of a stream of bytes, computed on a thread of its own in the

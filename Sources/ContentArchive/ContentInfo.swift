@@ -46,18 +46,18 @@ public struct ContentInfo: Sendable, Equatable {
     /// The canonical XML property list: the same bytes for the same product and version, always.
     public var plistData: Data {
         let xml = """
-        <?xml version="1.0" encoding="UTF-8"?>
-        <!DOCTYPE plist PUBLIC "-//Apple//DTD PLIST 1.0//EN" "http://www.apple.com/DTDs/PropertyList-1.0.dtd">
-        <plist version="1.0">
-        <dict>
-        \t<key>ContentVersion</key>
-        \t<string>\(contentVersion.string)</string>
-        \t<key>IAPProductIdentifier</key>
-        \t<string>\(productIdentifier.rawValue)</string>
-        </dict>
-        </plist>
+            <?xml version="1.0" encoding="UTF-8"?>
+            <!DOCTYPE plist PUBLIC "-//Apple//DTD PLIST 1.0//EN" "http://www.apple.com/DTDs/PropertyList-1.0.dtd">
+            <plist version="1.0">
+            <dict>
+            \t<key>ContentVersion</key>
+            \t<string>\(contentVersion.string)</string>
+            \t<key>IAPProductIdentifier</key>
+            \t<string>\(productIdentifier.rawValue)</string>
+            </dict>
+            </plist>
 
-        """
+            """
         // Both values are restricted to characters that need no XML escaping.
         return Data(xml.utf8)
     }

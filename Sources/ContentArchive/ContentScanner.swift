@@ -1,10 +1,11 @@
 import DurableFiles
 import Foundation
 import SystemPackage
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Darwin)
-import Darwin
+    import Darwin
 #endif
 
 /// A file to pack: where it is on disk and where it goes in the archive.
@@ -90,8 +91,10 @@ enum ContentScanner {
         return ScannedContent(info: info, plist: plist, files: files, directories: directories)
     }
 
-    private static func walk(diskFolder: String, archiveFolder: String, files: inout [SourceFile],
-                             directories: inout [String], seenKeys: inout [String: String]) throws(ArchiveError) {
+    private static func walk(
+        diskFolder: String, archiveFolder: String, files: inout [SourceFile],
+        directories: inout [String], seenKeys: inout [String: String]
+    ) throws(ArchiveError) {
         for name in try listDirectory(diskFolder) {
             let diskPath = diskFolder + "/" + name
             try validateName(name, diskPath: diskPath)
@@ -171,13 +174,15 @@ enum ContentScanner {
 
     /// Reads a manifest (at most 64 MiB: 65,535 entries of generous size).
     static func readManifest(_ path: String) throws(ArchiveError) -> [UInt8] {
-        try readFile(path, limit: 64 << 20,
-                     tooLarge: .corrupt("\(path) is larger than 64 MiB, too large for a manifest: check that it is the right file"))
+        try readFile(
+            path, limit: 64 << 20,
+            tooLarge: .corrupt("\(path) is larger than 64 MiB, too large for a manifest: check that it is the right file"))
     }
 
     static func readSmallFile(_ path: String) throws(ArchiveError) -> [UInt8] {
-        try readFile(path, limit: 1 << 20,
-                     tooLarge: .invalid("\(path) is larger than 1 MiB; a ContentInfo.plist is a few hundred bytes: check that it is the right file"))
+        try readFile(
+            path, limit: 1 << 20,
+            tooLarge: .invalid("\(path) is larger than 1 MiB; a ContentInfo.plist is a few hundred bytes: check that it is the right file"))
     }
 
     /// Reads a whole file of at most `limit` bytes, or throws `tooLarge`.

@@ -17,7 +17,8 @@ public struct ContentVersion: Sendable, Hashable, Comparable, CustomStringConver
         var numbers: [UInt32] = []
         for part in parts {
             guard !part.isEmpty, part.count <= 9, part.utf8.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }),
-                  let value = UInt32(part) else {
+                let value = UInt32(part)
+            else {
                 throw .invalid("content version '\(string)' is not valid: every part must be a whole number of at most 9 digits separated by single periods, such as 1.0 or 2.3.1")
             }
             numbers.append(value)
@@ -84,7 +85,8 @@ public struct ProductIdentifier: Sendable, Hashable, Comparable, CustomStringCon
             throw .invalid("product identifier '\(rawValue)' has a character that is not allowed: \(fix)")
         }
         guard let first = rawValue.utf8.first, first != UInt8(ascii: "."), first != UInt8(ascii: "-"),
-              rawValue.utf8.last != UInt8(ascii: "."), !rawValue.contains("..") else {
+            rawValue.utf8.last != UInt8(ascii: "."), !rawValue.contains("..")
+        else {
             throw .invalid("product identifier '\(rawValue)' must not start with '.' or '-', end with '.', or contain '..': \(fix)")
         }
         self.rawValue = rawValue

@@ -251,8 +251,10 @@ final class Inflater {
 
     /// Feeds compressed bytes; calls `emit` with each piece of output. Returns the number of
     /// input bytes consumed (less than all only once the stream has ended).
-    func feed(_ input: UnsafeRawBufferPointer, into output: UnsafeMutableRawBufferPointer,
-              emit: (UnsafeRawBufferPointer) throws(ArchiveError) -> Void) throws(ArchiveError) -> Int {
+    func feed(
+        _ input: UnsafeRawBufferPointer, into output: UnsafeMutableRawBufferPointer,
+        emit: (UnsafeRawBufferPointer) throws(ArchiveError) -> Void
+    ) throws(ArchiveError) -> Int {
         guard !finished, let base = input.baseAddress, !input.isEmpty else { return 0 }
         stream.next_in = UnsafeMutablePointer(mutating: base.assumingMemoryBound(to: UInt8.self))
         stream.avail_in = UInt32(input.count)

@@ -33,7 +33,8 @@ enum DeflateBlockWalker {
                 guard walkSymbols(&reader, litlen: Fixed.litlen, distance: Fixed.distance) else { return nil }
             case 2:
                 guard readDynamicHeader(&reader, lengths: &lengths, litlen: &litlen, distance: &distance),
-                      walkSymbols(&reader, litlen: litlen, distance: distance) else { return nil }
+                    walkSymbols(&reader, litlen: litlen, distance: distance)
+                else { return nil }
             default:
                 return nil
             }
@@ -75,8 +76,10 @@ enum DeflateBlockWalker {
 
     private static let codeLengthOrder = [16, 17, 18, 0, 8, 7, 9, 6, 10, 5, 11, 4, 12, 3, 13, 2, 14, 1, 15]
 
-    private static func readDynamicHeader(_ reader: inout BitReader, lengths: inout [UInt8],
-                                          litlen: inout HuffmanTable, distance: inout HuffmanTable) -> Bool {
+    private static func readDynamicHeader(
+        _ reader: inout BitReader, lengths: inout [UInt8],
+        litlen: inout HuffmanTable, distance: inout HuffmanTable
+    ) -> Bool {
         reader.refill()
         let literalCount = reader.take(5) + 257
         let distanceCount = reader.take(5) + 1

@@ -1,10 +1,11 @@
 import DurableFiles
 import SystemPackage
+
 #if canImport(Glibc)
-import CLinuxWriteback
-import Glibc
+    import CLinuxWriteback
+    import Glibc
 #elseif canImport(Darwin)
-import Darwin
+    import Darwin
 #endif
 
 /// A write-only file with a user-space buffer: thousands of small headers become few syscalls.
@@ -38,14 +39,15 @@ final class BufferedFileWriter {
     init(creating path: String, direct: Bool = false) throws(ArchiveError) {
         self.path = path
         fd = try systemCall("create", path) {
-            try FileDescriptor.open(path, .writeOnly, options: [.create, .exclusiveCreate, .truncate],
-                                    permissions: [.ownerReadWrite, .groupRead, .otherRead])
+            try FileDescriptor.open(
+                path, .writeOnly, options: [.create, .exclusiveCreate, .truncate],
+                permissions: [.ownerReadWrite, .groupRead, .otherRead])
         }
         buffer = UnsafeMutableRawPointer.allocate(byteCount: capacity, alignment: Self.alignment)
         #if os(Linux)
-        if direct && cwriteback_o_direct != 0 {
-            directFD = try? FileDescriptor.open(path, .writeOnly, options: FileDescriptor.OpenOptions(rawValue: cwriteback_o_direct))
-        }
+            if direct && cwriteback_o_direct != 0 {
+                directFD = try? FileDescriptor.open(path, .writeOnly, options: FileDescriptor.OpenOptions(rawValue: cwriteback_o_direct))
+            }
         #endif
     }
 
@@ -116,8 +118,9 @@ final class BufferedFileWriter {
             if n < 0 && errno == EINTR { continue }
             try? direct.close()
             directFD = nil
-            try writeBuffered(UnsafeRawBufferPointer(start: buffer + written, count: count - written),
-                              at: bufferStart + UInt64(written))
+            try writeBuffered(
+                UnsafeRawBufferPointer(start: buffer + written, count: count - written),
+                at: bufferStart + UInt64(written))
             return
         }
     }
@@ -131,10 +134,10 @@ final class BufferedFileWriter {
     /// archive with both cores idle.
     private func startWriteback() {
         #if os(Linux)
-        if bufferStart - writebackStarted >= writebackStep {
-            sync_file_range(fd.rawValue, Int64(writebackStarted), Int64(bufferStart - writebackStarted), cwriteback_start)
-            writebackStarted = bufferStart
-        }
+            if bufferStart - writebackStarted >= writebackStep {
+                sync_file_range(fd.rawValue, Int64(writebackStarted), Int64(bufferStart - writebackStarted), cwriteback_start)
+                writebackStarted = bufferStart
+            }
         #endif
     }
 
@@ -187,8 +190,9 @@ func readFully(_ fd: FileDescriptor, at offset: UInt64, count: Int, path: String
         while initialized < count {
             do throws(ArchiveError) {
                 let n = try systemCall("read", path) {
-                    try fd.read(fromAbsoluteOffset: Int64(offset) + Int64(initialized),
-                                into: UnsafeMutableRawBufferPointer(rebasing: raw[initialized...]))
+                    try fd.read(
+                        fromAbsoluteOffset: Int64(offset) + Int64(initialized),
+                        into: UnsafeMutableRawBufferPointer(rebasing: raw[initialized...]))
                 }
                 if n == 0 { break }
                 initialized += n
@@ -224,7 +228,9 @@ func systemCall<T>(_ action: String, _ path: String, _ body: () throws -> T) thr
 }
 
 /// Opens a file, turning the failure into an ``ArchiveError`` that names the path.
-func openFile(_ path: String, _ mode: FileDescriptor.AccessMode = .readOnly,
-              action: String = "read") throws(ArchiveError) -> FileDescriptor {
+func openFile(
+    _ path: String, _ mode: FileDescriptor.AccessMode = .readOnly,
+    action: String = "read"
+) throws(ArchiveError) -> FileDescriptor {
     try systemCall(action, path) { try FileDescriptor.open(path, mode) }
 }

@@ -1,11 +1,12 @@
-import DurableFiles
 import Crypto
+import DurableFiles
 import Foundation
 import SystemPackage
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Darwin)
-import Darwin
+    import Darwin
 #endif
 
 /// The output of one chunk: its raw bytes unless they are no longer needed, and, when deflated,
@@ -124,7 +125,8 @@ final class OrderedPipeline: @unchecked Sendable {
             condition.lock()
             while !stopped && next < units.count && readByConsumer(units[next]) { next += 1 }
             while !stopped && next < units.count
-                    && (next - consumed >= maxUnitsAhead || (inFlight > 0 && inFlight + units[next].length > windowBytes)) {
+                && (next - consumed >= maxUnitsAhead || (inFlight > 0 && inFlight + units[next].length > windowBytes))
+            {
                 condition.wait()
                 while !stopped && next < units.count && readByConsumer(units[next]) { next += 1 }
             }

@@ -1,9 +1,10 @@
 import Foundation
 import SystemPackage
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Darwin)
-import Darwin
+    import Darwin
 #endif
 
 /// Extracts a content archive into a folder that appears only when all of it is right.
@@ -20,8 +21,10 @@ public enum SafeExtractor {
     ///     or the complete folder.
     /// - Returns: what the archive's `ContentInfo.plist` says.
     @discardableResult
-    public static func extract(archive: String, to destination: String, expecting: ContentInfo? = nil,
-                               limits: ExtractionLimits = .standard, durable: Bool = true) throws(ArchiveError) -> ContentInfo {
+    public static func extract(
+        archive: String, to destination: String, expecting: ContentInfo? = nil,
+        limits: ExtractionLimits = .standard, durable: Bool = true
+    ) throws(ArchiveError) -> ContentInfo {
         let reader = try ArchiveReader(path: archive, limits: limits)
         let info = try reader.contentInfo()
         if let expecting, expecting != info {
@@ -53,8 +56,9 @@ public enum SafeExtractor {
                 }
                 try makeParents(of: entry.path, root: temp, made: &made)
                 let fd = try systemCall("create", target) {
-                    try FileDescriptor.open(target, .writeOnly, options: [.create, .exclusiveCreate, .noFollow],
-                                            permissions: [.ownerReadWrite, .groupRead, .otherRead])
+                    try FileDescriptor.open(
+                        target, .writeOnly, options: [.create, .exclusiveCreate, .noFollow],
+                        permissions: [.ownerReadWrite, .groupRead, .otherRead])
                 }
                 do throws(ArchiveError) {
                     try reader.read(entry) { (bytes) throws(ArchiveError) in

@@ -3,10 +3,11 @@ import DurableFiles
 import Foundation
 import GRDB
 import IAPProtocol
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Darwin)
-import Darwin
+    import Darwin
 #endif
 
 /// What went wrong in the catalog; the server maps it to an HTTP status.
@@ -147,8 +148,9 @@ public final class ContentStore: Sendable {
             throw CatalogError(error.code == .io ? .storage : .invalidArchive, error.message)
         }
         let product = computed.productId.rawValue, version = computed.contentVersion
-        let record = PublishedVersion(productId: product, contentVersion: version.string, sha256: computed.archiveSHA256,
-                                      size: Int64(computed.archiveSize), contentLength: Int64(computed.contentLength), publishedAt: now)
+        let record = PublishedVersion(
+            productId: product, contentVersion: version.string, sha256: computed.archiveSHA256,
+            size: Int64(computed.archiveSize), contentLength: Int64(computed.contentLength), publishedAt: now)
         // Check before touching the store, so a refused upload leaves nothing behind.
         if let existing = try decide(record) { return .unchanged(existing) }
         try store(path, as: computed.archiveSHA256, move: moveFile)
@@ -181,7 +183,10 @@ public final class ContentStore: Sendable {
         let existing = try PublishedVersion.filter(Column("productId") == record.productId).fetchAll(db)
         if let same = existing.first(where: { $0.contentVersion == record.contentVersion }) {
             if same.sha256 == record.sha256 { return same }
-            throw CatalogError(.conflict, "\(record.productId) \(record.contentVersion) is already published with other bytes (sha256 \(same.sha256.prefix(16))…): published versions are immutable; raise ContentVersion and publish again")
+            throw CatalogError(
+                .conflict,
+                "\(record.productId) \(record.contentVersion) is already published with other bytes (sha256 \(same.sha256.prefix(16))…): published versions are immutable; raise ContentVersion and publish again"
+            )
         }
         let newVersion = try ContentVersion(record.contentVersion)
         if let latest = existing.compactMap({ try? ContentVersion($0.contentVersion) }).max(), !(latest < newVersion) || latest.isNumericallyEqual(to: newVersion) {
@@ -257,11 +262,12 @@ public final class ContentStore: Sendable {
     public func recordGrant(transactionId: String, originalTransactionId: String?, productId: String, environment: String?, now: Date = Date()) throws(CatalogError) {
         do {
             try database.write { db in
-                try db.execute(sql: """
-                    INSERT INTO grants (transactionId, originalTransactionId, productId, environment, firstGrantedAt, lastGrantedAt)
-                    VALUES (?, ?, ?, ?, ?, ?)
-                    ON CONFLICT(transactionId) DO UPDATE SET lastGrantedAt = excluded.lastGrantedAt
-                    """, arguments: [transactionId, originalTransactionId, productId, environment, now, now])
+                try db.execute(
+                    sql: """
+                        INSERT INTO grants (transactionId, originalTransactionId, productId, environment, firstGrantedAt, lastGrantedAt)
+                        VALUES (?, ?, ?, ?, ?, ?)
+                        ON CONFLICT(transactionId) DO UPDATE SET lastGrantedAt = excluded.lastGrantedAt
+                        """, arguments: [transactionId, originalTransactionId, productId, environment, now, now])
             }
         } catch {
             throw Self.storageError(error, dataDirectory)
@@ -289,19 +295,23 @@ public final class ContentStore: Sendable {
 
     /// Stores a notification and applies its effect in one transaction, once per UUID: `revoke`
     /// true cuts access for `transactionId`, false restores it, nil changes nothing.
-    public func apply(notificationUUID: String, type: String, subtype: String?, transactionId: String?, revoke: Bool?,
-                      revokedAt: Date, signedPayload: String, now: Date = Date()) throws(CatalogError) -> NotificationOutcome {
+    public func apply(
+        notificationUUID: String, type: String, subtype: String?, transactionId: String?, revoke: Bool?,
+        revokedAt: Date, signedPayload: String, now: Date = Date()
+    ) throws(CatalogError) -> NotificationOutcome {
         do {
             return try database.write { db -> NotificationOutcome in
                 if try Bool.fetchOne(db, sql: "SELECT 1 FROM notifications WHERE uuid = ?", arguments: [notificationUUID]) == true {
                     return .duplicate
                 }
-                try db.execute(sql: "INSERT INTO notifications (uuid, type, subtype, transactionId, receivedAt, signedPayload) VALUES (?, ?, ?, ?, ?, ?)",
-                               arguments: [notificationUUID, type, subtype, transactionId, now, signedPayload])
+                try db.execute(
+                    sql: "INSERT INTO notifications (uuid, type, subtype, transactionId, receivedAt, signedPayload) VALUES (?, ?, ?, ?, ?, ?)",
+                    arguments: [notificationUUID, type, subtype, transactionId, now, signedPayload])
                 if let transactionId, let revoke {
                     if revoke {
-                        try db.execute(sql: "INSERT OR REPLACE INTO revocations (transactionId, revokedAt, notificationUUID) VALUES (?, ?, ?)",
-                                       arguments: [transactionId, revokedAt, notificationUUID])
+                        try db.execute(
+                            sql: "INSERT OR REPLACE INTO revocations (transactionId, revokedAt, notificationUUID) VALUES (?, ?, ?)",
+                            arguments: [transactionId, revokedAt, notificationUUID])
                     } else {
                         try db.execute(sql: "DELETE FROM revocations WHERE transactionId = ?", arguments: [transactionId])
                     }

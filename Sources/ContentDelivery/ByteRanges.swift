@@ -41,9 +41,11 @@ public enum RangeEvaluator {
     ///   - etag: the strong entity tag, quotes included (`"abc"`).
     ///   - lastModified: the `Last-Modified` value as sent.
     ///   - range, ifRange, ifNoneMatch: the request's header values, if present.
-    public static func evaluate(size: UInt64, etag: String, lastModified: String?,
-                                range: String?, ifRange: String?, ifNoneMatch: String?,
-                                maxRanges: Int = defaultMaxRanges) -> RangeDecision {
+    public static func evaluate(
+        size: UInt64, etag: String, lastModified: String?,
+        range: String?, ifRange: String?, ifNoneMatch: String?,
+        maxRanges: Int = defaultMaxRanges
+    ) -> RangeDecision {
         if let ifNoneMatch, noneMatchMatches(ifNoneMatch, etag: etag) {
             return .notModified
         }

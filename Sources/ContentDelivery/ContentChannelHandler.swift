@@ -1,8 +1,8 @@
 import Foundation
 import IAPProtocol
 import NIOCore
-import Synchronization
 import NIOHTTP1
+import Synchronization
 
 /// A file to serve: an open handle kept for the process's lifetime (archives are immutable) and
 /// its validators.
@@ -76,8 +76,10 @@ public final class ContentChannelHandler: ChannelDuplexHandler, RemovableChannel
     /// A forwarded request whose response has not ended yet.
     private var forwardedResponsePending = false
 
-    public init(prefix: String, resolver: any ContentResolver, observer: (any ContentObserver)? = nil,
-                maxRanges: Int = RangeEvaluator.defaultMaxRanges) {
+    public init(
+        prefix: String, resolver: any ContentResolver, observer: (any ContentObserver)? = nil,
+        maxRanges: Int = RangeEvaluator.defaultMaxRanges
+    ) {
         self.prefix = prefix
         self.resolver = resolver
         self.observer = observer
@@ -134,27 +136,24 @@ public final class ContentChannelHandler: ChannelDuplexHandler, RemovableChannel
     }
 
     private func respond(context: ChannelHandlerContext, head: HTTPRequestHead) {
-        let request = ContentRequest(method: head.method, uri: head.uri, keepAlive: head.isKeepAlive,
-                                     range: head.headers.first(name: "range"), ifRange: head.headers.first(name: "if-range"),
-                                     ifNoneMatch: head.headers.first(name: "if-none-match"))
-        let response = ContentResponse.make(request, prefix: prefix, maxRanges: maxRanges, resolver: resolver,
-                                            eventLoop: context.eventLoop, allocator: context.channel.allocator)
+        let request = ContentRequest(
+            method: head.method, uri: head.uri, keepAlive: head.isKeepAlive,
+            range: head.headers.first(name: "range"), ifRange: head.headers.first(name: "if-range"),
+            ifNoneMatch: head.headers.first(name: "if-none-match"))
+        let response = ContentResponse.make(
+            request, prefix: prefix, maxRanges: maxRanges, resolver: resolver,
+            eventLoop: context.eventLoop, allocator: context.channel.allocator)
         let headers = HTTPHeaders(response.headers)
         context.write(wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: response.status, headers: headers))), promise: nil)
         for piece in response.body { context.write(wrapOutboundOut(.body(piece)), promise: nil) }
-        finish(context: context, status: response.status, bytes: response.servedBytes, keepAlive: response.keepAlive)
-    }
-
-    private func finish(context: ChannelHandlerContext, status: HTTPResponseStatus, bytes: UInt64, keepAlive: Bool) {
-        observer?.responseStarted(status: status, bytes: bytes)
-        let started = ContinuousClock.now
+        let report = ResponseReport(response, observer: observer)
+        let keepAlive = response.keepAlive
         let promise = context.eventLoop.makePromise(of: Void.self)
         context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: promise)
-        let observer = self.observer
         promise.futureResult.assumeIsolated().whenComplete { [self] result in
-            observer?.responseFinished(status: status, bytes: bytes, duration: ContinuousClock.now - started, succeeded: (try? result.get()) != nil)
+            let succeeded = report.finished(result)
             state = .idle
-            if !keepAlive || (try? result.get()) == nil { context.close(promise: nil) }
+            if !keepAlive || !succeeded { context.close(promise: nil) }
         }
     }
 }
@@ -174,7 +173,8 @@ enum HTTPDate {
         let days = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"]
         let months = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
         func two(_ n: Int32) -> String { n < 10 ? "0\(n)" : "\(n)" }
-        let text = "\(days[Int(parts.tm_wday)]), \(two(parts.tm_mday)) \(months[Int(parts.tm_mon)]) \(parts.tm_year + 1900) "
+        let text =
+            "\(days[Int(parts.tm_wday)]), \(two(parts.tm_mday)) \(months[Int(parts.tm_mon)]) \(parts.tm_year + 1900) "
             + "\(two(parts.tm_hour)):\(two(parts.tm_min)):\(two(parts.tm_sec)) GMT"
         cache.withLock { $0 = (second, text) }
         return text

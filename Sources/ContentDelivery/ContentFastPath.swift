@@ -53,8 +53,10 @@ public final class ContentFastPath: ChannelDuplexHandler {
     /// The response head is built here, then copied in front of a small body (or sent as is).
     @exclusivity(unchecked) private var headScratch = ByteBuffer()
 
-    public init(prefix: String, resolver: any ContentResolver, observer: (any ContentObserver)? = nil,
-                heads: (any RequestHeadObserver)? = nil, maxRanges: Int = RangeEvaluator.defaultMaxRanges) {
+    public init(
+        prefix: String, resolver: any ContentResolver, observer: (any ContentObserver)? = nil,
+        heads: (any RequestHeadObserver)? = nil, maxRanges: Int = RangeEvaluator.defaultMaxRanges
+    ) {
         self.prefix = prefix
         self.resolver = resolver
         self.observer = observer
@@ -165,8 +167,9 @@ public final class ContentFastPath: ChannelDuplexHandler {
     }
 
     private func answer(_ request: RequestHeadParser.Head, context: ChannelHandlerContext) {
-        var response = ContentResponse.make(request.content, prefix: prefix, maxRanges: maxRanges, resolver: resolver,
-                                            eventLoop: context.eventLoop, allocator: context.channel.allocator)
+        var response = ContentResponse.make(
+            request.content, prefix: prefix, maxRanges: maxRanges, resolver: resolver,
+            eventLoop: context.eventLoop, allocator: context.channel.allocator)
         if !response.keepAlive { closing = true }
 
         headScratch.clear()
@@ -204,9 +207,8 @@ public final class ContentFastPath: ChannelDuplexHandler {
             head = headScratch
         }
 
-        observer?.responseStarted(status: response.status, bytes: response.servedBytes)
+        let report = ResponseReport(response, observer: observer)
         inFlight += 1
-        let started = ContinuousClock.now
         let sent = context.eventLoop.makePromise(of: Void.self)
         if pieces.isEmpty {
             context.write(wrapOutboundOut(.byteBuffer(head)), promise: sent)
@@ -215,12 +217,9 @@ public final class ContentFastPath: ChannelDuplexHandler {
             for piece in pieces.dropLast() { context.write(wrapOutboundOut(piece), promise: nil) }
             context.write(wrapOutboundOut(pieces.last!), promise: sent)
         }
-        let (observer, status, bytes) = (self.observer, response.status, response.servedBytes)
         sent.futureResult.assumeIsolated().whenComplete { [self] result in
             inFlight -= 1
-            let succeeded = (try? result.get()) != nil
-            observer?.responseFinished(status: status, bytes: bytes, duration: ContinuousClock.now - started, succeeded: succeeded)
-            if !succeeded {
+            if !report.finished(result) {
                 context.close(promise: nil)
             } else if closing, inFlight == 0 {
                 context.close(promise: nil)

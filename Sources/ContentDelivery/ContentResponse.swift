@@ -30,8 +30,10 @@ struct ContentResponse {
     /// writes the head there, so head and body leave in one buffer without a copy of the body.
     static let headroom = 1024
 
-    static func make(_ request: ContentRequest, prefix: String, maxRanges: Int, resolver: any ContentResolver,
-                     eventLoop: any EventLoop, allocator: ByteBufferAllocator) -> ContentResponse {
+    static func make(
+        _ request: ContentRequest, prefix: String, maxRanges: Int, resolver: any ContentResolver,
+        eventLoop: any EventLoop, allocator: ByteBufferAllocator
+    ) -> ContentResponse {
         let (method, uri, keepAlive) = (request.method, request.uri, request.keepAlive)
         var headers: [(String, String)] = []
         headers.reserveCapacity(10)
@@ -39,8 +41,9 @@ struct ContentResponse {
         if !keepAlive { headers.append(("Connection", "close")) }
         guard method == .GET || method == .HEAD else {
             headers.append(("Allow", "GET, HEAD"))
-            return error(.methodNotAllowed, APIError(.methodNotAllowed, "content URLs answer GET and HEAD only"),
-                         headers: headers, method: method, keepAlive: keepAlive, allocator: allocator)
+            return error(
+                .methodNotAllowed, APIError(.methodNotAllowed, "content URLs answer GET and HEAD only"),
+                headers: headers, method: method, keepAlive: keepAlive, allocator: allocator)
         }
         let utf8 = uri.utf8
         let start = utf8.index(utf8.startIndex, offsetBy: prefix.utf8.count)
@@ -58,17 +61,20 @@ struct ContentResponse {
         }
     }
 
-    private static func serve(_ file: ServedFile, fileName: String, request: ContentRequest, maxRanges: Int,
-                              headers base: [(String, String)], allocator: ByteBufferAllocator) -> ContentResponse {
+    private static func serve(
+        _ file: ServedFile, fileName: String, request: ContentRequest, maxRanges: Int,
+        headers base: [(String, String)], allocator: ByteBufferAllocator
+    ) -> ContentResponse {
         let method = request.method
         var headers = base
         headers.append(("Accept-Ranges", "bytes"))
         headers.append(("ETag", file.etag))
         headers.append(("Last-Modified", file.lastModified))
         headers.append(("Cache-Control", "private, no-transform"))
-        let decision = RangeEvaluator.evaluate(size: file.size, etag: file.etag, lastModified: file.lastModified,
-                                               range: request.range, ifRange: request.ifRange, ifNoneMatch: request.ifNoneMatch,
-                                               maxRanges: maxRanges)
+        let decision = RangeEvaluator.evaluate(
+            size: file.size, etag: file.etag, lastModified: file.lastModified,
+            range: request.range, ifRange: request.ifRange, ifNoneMatch: request.ifNoneMatch,
+            maxRanges: maxRanges)
         var status = HTTPResponseStatus.ok
         var pieces: [IOData] = []
         switch decision {
@@ -130,8 +136,10 @@ struct ContentResponse {
         return .fileRegion(FileRegion(fileHandle: file.handle, readerIndex: Int(first), endIndex: Int(first + count)))
     }
 
-    private static func error(_ status: HTTPResponseStatus, _ refusal: APIError, headers base: [(String, String)],
-                              method: HTTPMethod, keepAlive: Bool, allocator: ByteBufferAllocator) -> ContentResponse {
+    private static func error(
+        _ status: HTTPResponseStatus, _ refusal: APIError, headers base: [(String, String)],
+        method: HTTPMethod, keepAlive: Bool, allocator: ByteBufferAllocator
+    ) -> ContentResponse {
         var headers = base
         let body = WireJSON.line(refusal.envelope)
         headers.append(("Content-Type", "application/json"))

@@ -84,7 +84,8 @@ public actor ContentFetcher {
             for transaction in try await source.unfinishedTransactions() {
                 let id = Self.downloadId(transaction)
                 guard !parked.keys.contains(id), !inFlight.contains(id),
-                      !pending.contains(where: { $0.transactionId == transaction.transactionId }) else { continue }
+                    !pending.contains(where: { $0.transactionId == transaction.transactionId })
+                else { continue }
                 pending.append(transaction)
             }
         } catch {
@@ -110,12 +111,8 @@ public actor ContentFetcher {
     /// on with the other transactions. Returns false when no such download is queued or running.
     @discardableResult
     public func pause(_ id: String) -> Bool {
-        if inFlight.contains(id) {
-            controls[id] = .pause
-            return true
-        }
-        guard let index = pending.firstIndex(where: { Self.downloadId($0) == id }) else { return false }
-        let transaction = pending.remove(at: index)
+        if signal(.pause, to: id) { return true }
+        guard let transaction = dequeue(id, includingParked: false) else { return false }
         parked[id] = transaction
         persistState(id, transaction, .pause)
         outcomes.append(.paused(id))
@@ -141,21 +138,25 @@ public actor ContentFetcher {
     /// transaction stays unfinished. Returns false when no such download is queued, running or paused.
     @discardableResult
     public func cancel(_ id: String) -> Bool {
-        if inFlight.contains(id) {
-            controls[id] = .cancel
-            return true
-        }
-        let transaction: QueuedTransaction
-        if let parkedTransaction = parked.removeValue(forKey: id) {
-            transaction = parkedTransaction
-        } else if let index = pending.firstIndex(where: { Self.downloadId($0) == id }) {
-            transaction = pending.remove(at: index)
-        } else {
-            return false
-        }
+        if signal(.cancel, to: id) { return true }
+        guard let transaction = dequeue(id, includingParked: true) else { return false }
         persistState(id, transaction, .cancel)
         outcomes.append(.cancelled(id))
         return true
+    }
+
+    /// Asks a running download to stop; its transfer applies it at the next chunk.
+    private func signal(_ control: Control, to id: String) -> Bool {
+        guard inFlight.contains(id) else { return false }
+        controls[id] = control
+        return true
+    }
+
+    /// Takes download `id` out of those waiting to run (and, with `includingParked`, the paused ones).
+    private func dequeue(_ id: String, includingParked: Bool) -> QueuedTransaction? {
+        if includingParked, let transaction = parked.removeValue(forKey: id) { return transaction }
+        guard let index = pending.firstIndex(where: { Self.downloadId($0) == id }) else { return nil }
+        return pending.remove(at: index)
     }
 
     /// Pauses everything: the running download saves its journal and the queue stops; the next
@@ -216,7 +217,8 @@ public actor ContentFetcher {
     /// Applies pause, resume or cancel to a download that is not running, from its journal, or
     /// before its grant from its transaction alone.
     private func persistState(_ id: String, _ transaction: QueuedTransaction, _ event: DownloadStateMachine.Event) {
-        var download = journal.load(id).map(DownloadStateMachine.init(record:))
+        var download =
+            journal.load(id).map(DownloadStateMachine.init(record:))
             ?? DownloadStateMachine(transactionId: transaction.transactionId, productId: transaction.productId)
         try? apply(event, to: &download)
     }
@@ -268,7 +270,8 @@ public actor ContentFetcher {
     /// that expires mid-download is renewed and the bytes on disk kept.
     private func deliver(_ granted: GrantedDownload, transaction: QueuedTransaction) async throws {
         let id = "\(transaction.transactionId)-\(granted.productId)"
-        var download = journal.load(id).map(DownloadStateMachine.init(record:))
+        var download =
+            journal.load(id).map(DownloadStateMachine.init(record:))
             ?? DownloadStateMachine(transactionId: transaction.transactionId, productId: granted.productId)
         if download.state == .finished, download.record.sha256 == granted.sha256, installer.isInstalled(download.record) {
             emit(download.update())
@@ -326,8 +329,10 @@ public actor ContentFetcher {
 
     /// The one place where a download's state changes are saved and told: applies `event`,
     /// then performs what the state machine asks. An event the state does not allow changes nothing.
-    func apply(_ event: DownloadStateMachine.Event, to download: inout DownloadStateMachine,
-               received: Int64? = nil, rate: RateEstimator = RateEstimator()) throws(FetchError) {
+    func apply(
+        _ event: DownloadStateMachine.Event, to download: inout DownloadStateMachine,
+        received: Int64? = nil, rate: RateEstimator = RateEstimator()
+    ) throws(FetchError) {
         guard let action = try? download.handle(event) else { return }
         switch action {
         case .none:

@@ -47,8 +47,9 @@ struct ContentInstaller: Sendable {
 
     private func expectedInfo(_ record: DownloadRecord) throws(FetchError) -> ContentInfo {
         do {
-            return ContentInfo(productIdentifier: try ProductIdentifier(record.productId),
-                               contentVersion: try ContentVersion(record.contentVersion))
+            return ContentInfo(
+                productIdentifier: try ProductIdentifier(record.productId),
+                contentVersion: try ContentVersion(record.contentVersion))
         } catch {
             throw FetchError(.install, "the grant names an invalid product or version: \(error)")
         }

@@ -92,7 +92,8 @@ struct DownloadStateMachine: Sendable, Equatable {
         let action: Action
         switch event {
         case .granted(let download):
-            let startOver = !isGranted || record.sha256 != download.sha256
+            let startOver =
+                !isGranted || record.sha256 != download.sha256
                 || record.contentVersion != download.contentVersion || state == .cancelled || state == .finished
             if startOver {
                 record.sha256 = download.sha256

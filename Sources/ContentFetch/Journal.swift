@@ -72,11 +72,11 @@ public struct DownloadRecord: Codable, Sendable, Equatable {
 enum BootID {
     static let current: String? = {
         #if os(Linux)
-        guard let text = try? String(contentsOfFile: "/proc/sys/kernel/random/boot_id", encoding: .utf8) else { return nil }
-        let id = text.trimmingCharacters(in: .whitespacesAndNewlines)
-        return id.isEmpty ? nil : id
+            guard let text = try? String(contentsOfFile: "/proc/sys/kernel/random/boot_id", encoding: .utf8) else { return nil }
+            let id = text.trimmingCharacters(in: .whitespacesAndNewlines)
+            return id.isEmpty ? nil : id
         #else
-        return nil
+            return nil
         #endif
     }()
 }

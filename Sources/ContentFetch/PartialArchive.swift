@@ -1,5 +1,5 @@
-import DurableFiles
 import Crypto
+import DurableFiles
 import Foundation
 import NIOCore
 import SystemPackage
@@ -11,12 +11,6 @@ struct Segment: Codable, Sendable, Equatable {
     /// Exclusive.
     var end: Int64
     var done: Int64
-
-    init(start: Int64, end: Int64, done: Int64) {
-        self.start = start
-        self.end = end
-        self.done = done
-    }
 
     /// Splits `[0, length)` for `connections` connections, the first segment keeping the
     /// `durable` bytes already on disk; never into segments smaller than `minimum`.
@@ -80,8 +74,10 @@ final class PartialArchive {
     private var lastDurableSync = ContinuousClock.now
     private var readBuffer: [UInt8] = []
 
-    init(fd: SystemPackage.FileDescriptor, path: String, journal: DownloadJournal, download: DownloadStateMachine,
-         segments: [Segment], syncInterval: Int64, durableInterval: Duration) throws(FetchError) {
+    init(
+        fd: SystemPackage.FileDescriptor, path: String, journal: DownloadJournal, download: DownloadStateMachine,
+        segments: [Segment], syncInterval: Int64, durableInterval: Duration
+    ) throws(FetchError) {
         self.fd = fd
         self.path = path
         self.journal = journal

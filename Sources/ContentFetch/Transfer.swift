@@ -50,14 +50,16 @@ extension ContentFetcher {
                 throw FetchError(.install, "cannot truncate \(path): \(String(cString: strerror(errno)))")
             }
             if configuration.connections > 1 {
-                segments = Segment.plan(length: record.expectedLength, durable: segments[0].done,
-                                        connections: configuration.connections, minimum: configuration.minimumSegment)
+                segments = Segment.plan(
+                    length: record.expectedLength, durable: segments[0].done,
+                    connections: configuration.connections, minimum: configuration.minimumSegment)
             }
         }
         let partial: PartialArchive
         do {
-            partial = try PartialArchive(fd: fd, path: path, journal: journal, download: download, segments: segments,
-                                         syncInterval: configuration.journalInterval, durableInterval: configuration.durableInterval)
+            partial = try PartialArchive(
+                fd: fd, path: path, journal: journal, download: download, segments: segments,
+                syncInterval: configuration.journalInterval, durableInterval: configuration.durableInterval)
         } catch {
             // The file is shorter than the journal says: start over rather than trust it.
             download.updateBytes { $0.discardBytes() }
@@ -83,9 +85,10 @@ extension ContentFetcher {
                 try await withThrowingTaskGroup(of: Void.self) { group in
                     for part in missing {
                         group.addTask {
-                            try await self.fetch(id: id, segment: part.segment, from: part.from, to: part.to, length: length,
-                                                 whole: whole, url: url, etag: etag, fd: fd, rateLimit: limit,
-                                                 window: window)
+                            try await self.fetch(
+                                id: id, segment: part.segment, from: part.from, to: part.to, length: length,
+                                whole: whole, url: url, etag: etag, fd: fd, rateLimit: limit,
+                                window: window)
                         }
                     }
                     try await group.waitForAll()
@@ -118,9 +121,11 @@ extension ContentFetcher {
 
     /// One connection's part of a transfer: asks for `[from, to)`; `BodyReceiver` writes what
     /// arrives at its offset on the event loop, and each part is then reported to the actor.
-    nonisolated func fetch(id: String, segment: Int, from: Int64, to: Int64, length: Int64, whole: Bool,
-                                   url: String, etag: String?, fd: SystemPackage.FileDescriptor, rateLimit: Int?,
-                                   window: Int) async throws {
+    nonisolated func fetch(
+        id: String, segment: Int, from: Int64, to: Int64, length: Int64, whole: Bool,
+        url: String, etag: String?, fd: SystemPackage.FileDescriptor, rateLimit: Int?,
+        window: Int
+    ) async throws {
         var request: HTTPClient.Request
         do { request = try HTTPClient.Request(url: url) } catch {
             throw FetchError(.refused, "the grant's URL \(url) is not usable: \(error)")

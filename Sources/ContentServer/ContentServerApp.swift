@@ -11,8 +11,10 @@ import Synchronization
 /// `drainTimeout`.
 public enum ContentServerApp {
     /// - Parameter onListening: called with the bound port once the server accepts connections.
-    public static func run(configuration: ServerConfiguration, logger: Logger,
-                           onListening: @escaping @Sendable (Int) async -> Void = { _ in }) async throws {
+    public static func run(
+        configuration: ServerConfiguration, logger: Logger,
+        onListening: @escaping @Sendable (Int) async -> Void = { _ in }
+    ) async throws {
         let service = try ContentService(configuration: configuration)
         let router = Router(context: BasicRequestContext.self)
         router.add(middleware: LogRequestsMiddleware(.info))

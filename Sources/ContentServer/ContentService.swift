@@ -37,8 +37,10 @@ final class ContentService: ContentResolver, Sendable {
     init(configuration: ServerConfiguration) throws {
         self.configuration = configuration
         store = try ContentStore(dataDirectory: configuration.dataDirectory)
-        verifier = SignedDataVerifier(configuration: .init(bundleId: configuration.bundleId, trustRoots: configuration.trustRoots,
-                                                           environments: configuration.environments))
+        verifier = SignedDataVerifier(
+            configuration: .init(
+                bundleId: configuration.bundleId, trustRoots: configuration.trustRoots,
+                environments: configuration.environments))
         grants = try GrantKeyRing.loadOrCreate(path: configuration.dataDirectory + "/grant-keys.json")
         revoked = Mutex(try store.revokedTransactionIds())
     }
@@ -96,10 +98,12 @@ final class ContentService: ContentResolver, Sendable {
         let path = store.archivePath(sha256: sha256)
         var info = stat()
         guard stat(path, &info) == 0,
-              // FileRegion (sendfile) takes only an NIOFileHandle; NIO has no non-deprecated way to make one yet.
-              let handle = try? NIOFileHandle(_deprecatedPath: path) else { return nil }
-        let file = ServedFile(handle: handle, size: UInt64(info.st_size), etag: "\"\(sha256)\"",
-                              modified: Date(timeIntervalSince1970: TimeInterval(info.st_mtim.tv_sec)))
+            // FileRegion (sendfile) takes only an NIOFileHandle; NIO has no non-deprecated way to make one yet.
+            let handle = try? NIOFileHandle(_deprecatedPath: path)
+        else { return nil }
+        let file = ServedFile(
+            handle: handle, size: UInt64(info.st_size), etag: "\"\(sha256)\"",
+            modified: Date(timeIntervalSince1970: TimeInterval(info.st_mtim.tv_sec)))
         return openFiles.withLock { files in
             if let existing = files[key] {
                 try? handle.close()

@@ -36,10 +36,15 @@ struct APIRoutes: Sendable {
             guard !versions.isEmpty else {
                 return apiError(.notFound, APIError(.noContent, "no content is published for product \(id)"))
             }
-            return json(.ok, ProductInfo(productId: id, versions: versions.map {
-                ProductInfo.Version(contentVersion: $0.contentVersion, contentLength: $0.size, extractedLength: $0.contentLength,
-                                    sha256: $0.sha256, publishedAt: $0.publishedAt)
-            }))
+            return json(
+                .ok,
+                ProductInfo(
+                    productId: id,
+                    versions: versions.map {
+                        ProductInfo.Version(
+                            contentVersion: $0.contentVersion, contentLength: $0.size, extractedLength: $0.contentLength,
+                            sha256: $0.sha256, publishedAt: $0.publishedAt)
+                    }))
         } catch {
             return apiError(.serviceUnavailable, error.apiError)
         }
@@ -87,18 +92,26 @@ struct APIRoutes: Sendable {
                 let what = body.contentVersion.map { "version \($0) of \(productId)" } ?? "product \(productId)"
                 return apiError(.notFound, APIError(.noContent, "no hosted content is published for \(what)"))
             }
-            try service.store.recordGrant(transactionId: transactionId, originalTransactionId: transaction.originalTransactionId,
-                                          productId: productId, environment: transaction.environment?.rawValue)
+            try service.store.recordGrant(
+                transactionId: transactionId, originalTransactionId: transaction.originalTransactionId,
+                productId: productId, environment: transaction.environment?.rawValue)
             let expires = Date().addingTimeInterval(TimeInterval(service.configuration.tokenTTL.components.seconds))
-            let token = service.grants.mint(Grant(transactionId: transactionId, productId: productId, contentVersion: version.contentVersion,
-                                                  sha256: version.sha256, expiresAt: Int64(expires.timeIntervalSince1970)))
+            let token = service.grants.mint(
+                Grant(
+                    transactionId: transactionId, productId: productId, contentVersion: version.contentVersion,
+                    sha256: version.sha256, expiresAt: Int64(expires.timeIntervalSince1970)))
             let base = service.configuration.publicURL ?? "http://\(service.configuration.host):\(service.boundPort.withLock { $0 })"
             let url = base + Route.content(token: token, productId: productId, contentVersion: version.contentVersion)
             service.metrics.grant("granted")
-            return json(.ok, DownloadGrants(transactionId: transactionId, downloads: [
-                GrantedDownload(productId: productId, contentVersion: version.contentVersion, contentLength: version.size,
-                         sha256: version.sha256, url: url, expiresAt: expires),
-            ]))
+            return json(
+                .ok,
+                DownloadGrants(
+                    transactionId: transactionId,
+                    downloads: [
+                        GrantedDownload(
+                            productId: productId, contentVersion: version.contentVersion, contentLength: version.size,
+                            sha256: version.sha256, url: url, expiresAt: expires)
+                    ]))
         } catch {
             return apiError(.serviceUnavailable, error.apiError)
         }
@@ -128,11 +141,12 @@ struct APIRoutes: Sendable {
             return apiError(status(for: error.code), error.apiError)
         }
         let type = notification.notificationType ?? NotificationType(rawValue: "UNKNOWN")
-        let revoke: Bool? = switch type {
-        case .refund, .revoke: true
-        case .refundReversed: false
-        default: nil
-        }
+        let revoke: Bool? =
+            switch type {
+            case .refund, .revoke: true
+            case .refundReversed: false
+            default: nil
+            }
         do {
             let outcome = try service.store.apply(
                 notificationUUID: notification.notificationUUID ?? "", type: type.rawValue, subtype: notification.subtype,
@@ -141,8 +155,11 @@ struct APIRoutes: Sendable {
             // The ledger is durable now; the in-memory set makes the content path refuse at once.
             if outcome == .applied, let id = transaction?.transactionId, let revoke { service.markRevoked(id, revoke) }
             service.metrics.notification(type.rawValue, outcome == .applied ? "applied" : "duplicate")
-            return json(.ok, NotificationReceipt(status: outcome == .applied ? .applied : .duplicate,
-                                                 notificationUUID: notification.notificationUUID ?? ""))
+            return json(
+                .ok,
+                NotificationReceipt(
+                    status: outcome == .applied ? .applied : .duplicate,
+                    notificationUUID: notification.notificationUUID ?? ""))
         } catch {
             // Not acknowledged, so Apple retries.
             return apiError(.serviceUnavailable, error.apiError)
@@ -173,13 +190,16 @@ struct APIRoutes: Sendable {
             do {
                 fd = try SystemPackage.FileDescriptor.open(path, .writeOnly, options: [.create, .exclusiveCreate], permissions: [.ownerReadWrite])
             } catch {
-                throw UploadError(.serviceUnavailable, .storage,
-                                  "cannot create an upload file in \(folder)/tmp: \(error); check that the data folder is writable")
+                throw UploadError(
+                    .serviceUnavailable, .storage,
+                    "cannot create an upload file in \(folder)/tmp: \(error); check that the data folder is writable")
             }
             defer { try? fd.close() }
             let length = request.headers[.contentLength].flatMap(UInt64.init)
-            if let part = try await UploadReceiver.receive(request.body, contentType: request.headers[.contentType], length: length,
-                                                           into: fd, folder: folder) {
+            if let part = try await UploadReceiver.receive(
+                request.body, contentType: request.headers[.contentType], length: length,
+                into: fd, folder: folder)
+            {
                 guard manifest == nil else {
                     throw UploadError(.badRequest, .invalidManifest, "send the manifest once: in the IAP-Manifest header or in the 'manifest' part, not both")
                 }
@@ -213,12 +233,13 @@ struct APIRoutes: Sendable {
             return json(.ok, PublishReceipt(status: .unchanged, productId: version.productId, contentVersion: version.contentVersion, sha256: version.sha256))
         case .failure(let error):
             unlink(path)
-            let status: HTTPResponse.Status = switch error.code {
-            case .conflict: .conflict
-            case .invalidArchive: .badRequest
-            case .notFound: .notFound
-            case .storage: .serviceUnavailable
-            }
+            let status: HTTPResponse.Status =
+                switch error.code {
+                case .conflict: .conflict
+                case .invalidArchive: .badRequest
+                case .notFound: .notFound
+                case .storage: .serviceUnavailable
+                }
             return apiError(status, error.apiError)
         }
     }

@@ -25,12 +25,16 @@ final class ServerMetrics: ContentObserver, Sendable {
         // Downloads of large archives over slow links take minutes: buckets reach an hour.
         transferDuration = registry.makeDurationHistogram(
             descriptor: describe("iap_content_transfer_duration_seconds", "Time from the first to the last byte of a content response."),
-            buckets: [.milliseconds(10), .milliseconds(100), .seconds(1), .seconds(5), .seconds(15), .seconds(30), .seconds(60),
-                      .seconds(120), .seconds(300), .seconds(600), .seconds(1200), .seconds(1800), .seconds(3600)])
+            buckets: [
+                .milliseconds(10), .milliseconds(100), .seconds(1), .seconds(5), .seconds(15), .seconds(30), .seconds(60),
+                .seconds(120), .seconds(300), .seconds(600), .seconds(1200), .seconds(1800), .seconds(3600),
+            ])
         verificationDuration = registry.makeDurationHistogram(
             descriptor: describe("iap_verification_duration_seconds", "Time to verify a signed transaction or notification."),
-            buckets: [.microseconds(100), .microseconds(250), .microseconds(500), .milliseconds(1), .milliseconds(2),
-                      .milliseconds(5), .milliseconds(10), .milliseconds(50), .milliseconds(250)])
+            buckets: [
+                .microseconds(100), .microseconds(250), .microseconds(500), .milliseconds(1), .milliseconds(2),
+                .milliseconds(5), .milliseconds(10), .milliseconds(50), .milliseconds(250),
+            ])
     }
 
     func grant(_ outcome: String) {
@@ -38,8 +42,10 @@ final class ServerMetrics: ContentObserver, Sendable {
     }
 
     func notification(_ type: String, _ outcome: String) {
-        registry.makeCounter(descriptor: describe("iap_notifications_total", "App Store Server Notifications by type and outcome."),
-                             labels: [("type", type), ("outcome", outcome)]).increment()
+        registry.makeCounter(
+            descriptor: describe("iap_notifications_total", "App Store Server Notifications by type and outcome."),
+            labels: [("type", type), ("outcome", outcome)]
+        ).increment()
     }
 
     func responseStarted(status: HTTPResponseStatus, bytes: UInt64) {

@@ -28,8 +28,10 @@ enum UploadReceiver {
 
     /// Writes the archive bytes to `fd`; returns the manifest part's bytes, if one was sent.
     /// A declared `length` that cannot fit is refused before anything is read.
-    static func receive(_ body: RequestBody, contentType: String?, length: UInt64?, into fd: SystemPackage.FileDescriptor,
-                        folder: String) async throws(UploadError) -> [UInt8]? {
+    static func receive(
+        _ body: RequestBody, contentType: String?, length: UInt64?, into fd: SystemPackage.FileDescriptor,
+        folder: String
+    ) async throws(UploadError) -> [UInt8]? {
         if let contentType, contentType.lowercased().hasPrefix("multipart/") {
             guard contentType.lowercased().hasPrefix("multipart/form-data"), let boundary = boundary(contentType) else {
                 throw UploadError(.badRequest, .invalidMultipart, "a multipart upload must be multipart/form-data with a boundary parameter")
@@ -65,7 +67,9 @@ enum UploadReceiver {
         do {
             _ = try chunk.withUnsafeReadableBytes { try fd.writeAll($0) }
         } catch let error as Errno where error == .noSpace || error == .fileTooLarge {
-            throw UploadError(HTTPResponse.Status(code: 507, reasonPhrase: "Insufficient Storage"), .insufficientStorage, "the data folder \(folder) is full (\(error)): free space there and upload again; nothing was published")
+            throw UploadError(
+                HTTPResponse.Status(code: 507, reasonPhrase: "Insufficient Storage"), .insufficientStorage,
+                "the data folder \(folder) is full (\(error)): free space there and upload again; nothing was published")
         } catch {
             throw UploadError(.serviceUnavailable, .storage, "could not store the upload in \(folder): \(error)")
         }
@@ -109,7 +113,8 @@ enum UploadReceiver {
             case "archive" where !parts.sawArchive: parts.current = .archive
             case "manifest" where !parts.sawManifest: parts.current = .manifest
             case let other:
-                parts.failure = UploadError(.badRequest, .invalidMultipart, "unexpected part '\(other ?? "")': send the archive in one part named 'archive' and, optionally, the manifest JSON in one named 'manifest'")
+                parts.failure = UploadError(
+                    .badRequest, .invalidMultipart, "unexpected part '\(other ?? "")': send the archive in one part named 'archive' and, optionally, the manifest JSON in one named 'manifest'")
             }
         }
         parser.onBody = { buffer in

@@ -76,8 +76,9 @@ public struct GrantKeyRing: Sendable {
     }
 
     public func mint(_ grant: Grant) -> String {
-        let payload = Base64URL.encode([grant.transactionId, grant.productId, grant.contentVersion, grant.sha256, String(grant.expiresAt)]
-            .joined(separator: "|").utf8)
+        let payload = Base64URL.encode(
+            [grant.transactionId, grant.productId, grant.contentVersion, grant.sha256, String(grant.expiresAt)]
+                .joined(separator: "|").utf8)
         let prefix = activeKeyId + "." + payload
         var hmac = keyed[activeKeyId]!
         hmac.update(data: Data(prefix.utf8))
@@ -104,9 +105,11 @@ public struct GrantKeyRing: Sendable {
         let fields = payload.split(separator: UInt8(ascii: "|"), maxSplits: 5, omittingEmptySubsequences: false)
         guard fields.count == 5, let expires = Int64(String(decoding: fields[4], as: UTF8.self)) else { return .failure(.malformed) }
         guard Int64(now.timeIntervalSince1970) < expires else { return .failure(.expired(at: expires)) }
-        return .success(Grant(transactionId: String(decoding: fields[0], as: UTF8.self), productId: String(decoding: fields[1], as: UTF8.self),
-                              contentVersion: String(decoding: fields[2], as: UTF8.self), sha256: String(decoding: fields[3], as: UTF8.self),
-                              expiresAt: expires))
+        return .success(
+            Grant(
+                transactionId: String(decoding: fields[0], as: UTF8.self), productId: String(decoding: fields[1], as: UTF8.self),
+                contentVersion: String(decoding: fields[2], as: UTF8.self), sha256: String(decoding: fields[3], as: UTF8.self),
+                expiresAt: expires))
     }
 
     /// Loads the key file, creating it (mode 0600) with one fresh key when missing. Format:
@@ -118,12 +121,14 @@ public struct GrantKeyRing: Sendable {
                 let keys: [String: String]
             }
             guard let file = try? JSONDecoder().decode(File.self, from: data) else {
-                throw GrantKeyFileError(.invalid, "\(path) is not a grant key file ({\"active\": id, \"keys\": {id: base64}}): fix it or remove it to generate a new key (outstanding grants then stop working)")
+                throw GrantKeyFileError(
+                    .invalid, "\(path) is not a grant key file ({\"active\": id, \"keys\": {id: base64}}): fix it or remove it to generate a new key (outstanding grants then stop working)")
             }
             var keys: [String: SymmetricKey] = [:]
             for (id, secret) in file.keys {
                 guard let bytes = Data(base64Encoded: secret), bytes.count >= 32,
-                      id.utf8.allSatisfy({ ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x61 && $0 <= 0x7A) || $0 == 0x2D }) else {
+                    id.utf8.allSatisfy({ ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x61 && $0 <= 0x7A) || $0 == 0x2D })
+                else {
                     throw GrantKeyFileError(.invalid, "key '\(id)' in \(path) must be at least 32 bytes of base64 under an id of lowercase letters, digits and '-'")
                 }
                 keys[id] = SymmetricKey(data: bytes)
@@ -138,7 +143,7 @@ public struct GrantKeyRing: Sendable {
         let json = "{\"active\": \"\(ring.activeKeyId)\", \"keys\": {\"\(ring.activeKeyId)\": \"\(secret)\"}}\n"
         do {
             try AtomicFile.create(Data(json.utf8), at: path, permissions: 0o600)
-        } catch where error.code == .exists {
+        } catch  where error.code == .exists {
             // Another replica sharing the folder created it first: use its key.
             return try loadOrCreate(path: path)
         } catch {

@@ -1,9 +1,10 @@
 import Foundation
 import IAPProtocol
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Darwin)
-import Darwin
+    import Darwin
 #endif
 
 /// How far a replaced file must survive.
@@ -21,8 +22,10 @@ public enum Durability: Sendable {
 public enum AtomicFile {
     /// Replaces (or creates) `path` with `data`: a temporary sibling, written, synced when
     /// `durability` asks for it, and renamed over `path`.
-    public static func write(_ data: Data, to path: String, permissions: mode_t = 0o600,
-                             durability: Durability = .powerLoss) throws(DurableFileError) {
+    public static func write(
+        _ data: Data, to path: String, permissions: mode_t = 0o600,
+        durability: Durability = .powerLoss
+    ) throws(DurableFileError) {
         let temp = try writeTemporary(data, beside: path, permissions: permissions, sync: durability == .powerLoss)
         guard rename(temp, path) == 0 else {
             let code = errno

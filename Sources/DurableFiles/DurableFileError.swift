@@ -1,8 +1,9 @@
 import IAPProtocol
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Darwin)
-import Darwin
+    import Darwin
 #endif
 
 /// Why a durable file operation failed.

@@ -1,8 +1,9 @@
 import IAPProtocol
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Darwin)
-import Darwin
+    import Darwin
 #endif
 
 /// An advisory `flock` on a file, held until ``release()`` or deinit. It never continues

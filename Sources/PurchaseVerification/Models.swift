@@ -122,8 +122,10 @@ public struct Transaction: Codable, Sendable, Equatable {
     public var appTransactionId: String?
     public var offerPeriod: String?
 
-    public init(transactionId: String? = nil, originalTransactionId: String? = nil, bundleId: String? = nil, productId: String? = nil,
-                purchaseDate: Date? = nil, type: ProductType? = nil, environment: AppStoreEnvironment? = nil, signedDate: Date? = nil) {
+    public init(
+        transactionId: String? = nil, originalTransactionId: String? = nil, bundleId: String? = nil, productId: String? = nil,
+        purchaseDate: Date? = nil, type: ProductType? = nil, environment: AppStoreEnvironment? = nil, signedDate: Date? = nil
+    ) {
         self.transactionId = transactionId
         self.originalTransactionId = originalTransactionId
         self.bundleId = bundleId

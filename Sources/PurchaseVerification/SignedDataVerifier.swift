@@ -58,8 +58,9 @@ public enum AppleRoots {
     public static let rootCAG3: Certificate = {
         // The resource ships inside this module; failing to load it is a packaging bug.
         guard let url = Bundle.module.url(forResource: "AppleRootCA-G3", withExtension: "cer"),
-              let data = try? Data(contentsOf: url),
-              let certificate = try? Certificate(derEncoded: Array(data)) else {
+            let data = try? Data(contentsOf: url),
+            let certificate = try? Certificate(derEncoded: Array(data))
+        else {
             fatalError("Apple Root CA - G3 is missing from the PurchaseVerification bundle")
         }
         return certificate
@@ -71,7 +72,8 @@ public enum AppleRoots {
             throw VerificationError(.untrustedChain, "cannot read the trust root \(path): check the path and its permissions")
         }
         if let text = String(data: data, encoding: .utf8), text.contains("-----BEGIN CERTIFICATE-----"),
-           let certificate = try? Certificate(pemEncoded: text) {
+            let certificate = try? Certificate(pemEncoded: text)
+        {
             return certificate
         }
         guard let certificate = try? Certificate(derEncoded: Array(data)) else {
@@ -189,7 +191,10 @@ public final class SignedDataVerifier: Sendable {
             throw VerificationError(.wrongBundleId, "the payload is for bundle id '\(bundleId)', not the configured '\(configuration.bundleId)'")
         }
         guard let environment, configuration.environments.accepted.contains(environment) else {
-            throw VerificationError(.wrongEnvironment, "the payload's environment '\(environment?.rawValue ?? "none")' is not accepted (accepted: \(configuration.environments)); a server that must accept App Review's sandbox purchases sets the environment to both")
+            throw VerificationError(
+                .wrongEnvironment,
+                "the payload's environment '\(environment?.rawValue ?? "none")' is not accepted (accepted: \(configuration.environments)); a server that must accept App Review's sandbox purchases sets the environment to both"
+            )
         }
     }
 
@@ -263,7 +268,9 @@ public final class SignedDataVerifier: Sendable {
             if reasons.contains(where: { $0.contains("expired") || $0.contains("not yet valid") }) {
                 throw VerificationError(.untrustedChain, "a certificate of the chain is not valid at the payload's signedDate (\(date)): expired or not yet valid")
             }
-            throw VerificationError(.untrustedChain, "the certificate chain does not lead to a configured trust root (configured: \(configuration.trustRoots.count)); add the signer's root with --trust-root if it should be trusted")
+            throw VerificationError(
+                .untrustedChain,
+                "the certificate chain does not lead to a configured trust root (configured: \(configuration.trustRoots.count)); add the signer's root with --trust-root if it should be trusted")
         }
     }
 }

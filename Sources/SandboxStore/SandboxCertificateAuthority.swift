@@ -29,8 +29,10 @@ public struct SandboxCertificateAuthority: Sendable {
     public let leafKey: P256.Signing.PrivateKey
     public let leaf: Certificate
 
-    public init(rootKey: P256.Signing.PrivateKey, root: Certificate, intermediateKey: P256.Signing.PrivateKey,
-                intermediate: Certificate, leafKey: P256.Signing.PrivateKey, leaf: Certificate) {
+    public init(
+        rootKey: P256.Signing.PrivateKey, root: Certificate, intermediateKey: P256.Signing.PrivateKey,
+        intermediate: Certificate, leafKey: P256.Signing.PrivateKey, leaf: Certificate
+    ) {
         self.rootKey = rootKey
         self.root = root
         self.intermediateKey = intermediateKey
@@ -94,8 +96,9 @@ public struct SandboxCertificateAuthority: Sendable {
             notValidBefore: profile.leafNotBefore, notValidAfter: profile.leafNotAfter,
             issuer: intermediateName, subject: leafName, signatureAlgorithm: .ecdsaWithSHA256,
             extensions: leafExtensions, issuerPrivateKey: .init(intermediateKey))
-        return SandboxCertificateAuthority(rootKey: rootKey, root: root, intermediateKey: intermediateKey,
-                                           intermediate: intermediate, leafKey: leafKey, leaf: leaf)
+        return SandboxCertificateAuthority(
+            rootKey: rootKey, root: root, intermediateKey: intermediateKey,
+            intermediate: intermediate, leafKey: leafKey, leaf: leaf)
     }
 
     /// The certificates as base64 DER, leaf first, as the JWS `x5c` header carries them.

@@ -6,10 +6,11 @@ import IAPProtocol
 import PurchaseVerification
 import TransactionQueue
 import X509
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Darwin)
-import Darwin
+    import Darwin
 #endif
 
 /// What went wrong in the sandbox store.
@@ -93,7 +94,8 @@ public final class SandboxStore: Sendable {
         bundleId = state.bundleId
         func key(_ name: String) throws(SandboxError) -> P256.Signing.PrivateKey {
             guard let data = FileManager.default.contents(atPath: folder + "/" + name), let pem = String(data: data, encoding: .utf8),
-                  let key = try? P256.Signing.PrivateKey(pemRepresentation: pem) else {
+                let key = try? P256.Signing.PrivateKey(pemRepresentation: pem)
+            else {
                 throw SandboxError(.damaged, "\(folder)/\(name) is missing or not a P-256 key: create a new store with iap-sandbox init")
             }
             return key
@@ -118,8 +120,10 @@ public final class SandboxStore: Sendable {
     }
 
     /// Buys a product: signs a transaction and puts it in the queue as unfinished.
-    public func purchase(productId: String, type: ProductType = .nonConsumable, environment: AppStoreEnvironment = .sandbox,
-                         expires: Date? = nil, now: Date = Date()) throws(SandboxError) -> Purchase {
+    public func purchase(
+        productId: String, type: ProductType = .nonConsumable, environment: AppStoreEnvironment = .sandbox,
+        expires: Date? = nil, now: Date = Date()
+    ) throws(SandboxError) -> Purchase {
         guard !productId.isEmpty, productId.utf8.count <= 255 else {
             throw SandboxError(.invalidInput, "'\(productId)' is not a product id: pass the product identifier of the content, such as com.example.levels1")
         }
@@ -127,8 +131,9 @@ public final class SandboxStore: Sendable {
             throw SandboxError(.invalidInput, "--expires \(expires) is in the past: an auto-renewable purchase must expire later")
         }
         let id = try nextTransactionId()
-        var transaction = Transaction(transactionId: id, originalTransactionId: id, bundleId: bundleId, productId: productId,
-                                      purchaseDate: now, type: type, environment: environment, signedDate: now)
+        var transaction = Transaction(
+            transactionId: id, originalTransactionId: id, bundleId: bundleId, productId: productId,
+            purchaseDate: now, type: type, environment: environment, signedDate: now)
         transaction.quantity = 1
         transaction.inAppOwnershipType = .purchased
         transaction.storefront = "USA"
@@ -170,9 +175,10 @@ public final class SandboxStore: Sendable {
         do { queued = try queue.all() } catch { throw SandboxError(error, or: .io) }
         return queued.map { item in
             let transaction = Self.decodeUnverified(item.signedTransaction)
-            return Record(transactionId: item.transactionId, productId: item.productId, purchaseDate: transaction?.purchaseDate,
-                          environment: transaction?.environment?.rawValue, type: transaction?.type?.rawValue,
-                          finishedAt: item.finishedAt, refundedAt: state.refunds[item.transactionId])
+            return Record(
+                transactionId: item.transactionId, productId: item.productId, purchaseDate: transaction?.purchaseDate,
+                environment: transaction?.environment?.rawValue, type: transaction?.type?.rawValue,
+                finishedAt: item.finishedAt, refundedAt: state.refunds[item.transactionId])
         }
     }
 
@@ -229,7 +235,8 @@ public final class SandboxStore: Sendable {
 
     private func loadState() throws(SandboxError) -> State {
         guard let data = FileManager.default.contents(atPath: folder + "/store.json"),
-              let state = try? Self.decoder.decode(State.self, from: data) else {
+            let state = try? Self.decoder.decode(State.self, from: data)
+        else {
             throw SandboxError(.damaged, "\(folder)/store.json is missing or damaged: create a new store with iap-sandbox init")
         }
         return state

@@ -1,30 +1,32 @@
 #if canImport(StoreKit)
-import StoreKit
+    import StoreKit
 
-/// The device's real queue on Apple platforms: StoreKit 2's unfinished transactions.
-///
-/// Compiles on Apple platforms only (it is not built or tested on Linux). An app creates a
-/// `ContentFetcher` with this source at launch, calls `start()`, and again for every element of
-/// `Transaction.updates`; the content server verifies each transaction's `jwsRepresentation`, so
-/// the local verification result is not trusted here.
-@available(iOS 15.0, macOS 12.0, tvOS 15.0, watchOS 8.0, visionOS 1.0, *)
-public struct StoreKitTransactionSource: TransactionSource {
-    public init() {}
+    /// The device's real queue on Apple platforms: StoreKit 2's unfinished transactions.
+    ///
+    /// Compiles on Apple platforms only (it is not built or tested on Linux). An app creates a
+    /// `ContentFetcher` with this source at launch, calls `start()`, and again for every element of
+    /// `Transaction.updates`; the content server verifies each transaction's `jwsRepresentation`, so
+    /// the local verification result is not trusted here.
+    @available(iOS 15.0, macOS 12.0, tvOS 15.0, watchOS 8.0, visionOS 1.0, *)
+    public struct StoreKitTransactionSource: TransactionSource {
+        public init() {}
 
-    public func unfinishedTransactions() async throws -> [QueuedTransaction] {
-        var result: [QueuedTransaction] = []
-        for await verification in StoreKit.Transaction.unfinished {
-            let transaction = verification.unsafePayloadValue
-            result.append(QueuedTransaction(transactionId: String(transaction.id), productId: transaction.productID,
-                                            signedTransaction: verification.jwsRepresentation, addedAt: transaction.purchaseDate))
+        public func unfinishedTransactions() async throws -> [QueuedTransaction] {
+            var result: [QueuedTransaction] = []
+            for await verification in StoreKit.Transaction.unfinished {
+                let transaction = verification.unsafePayloadValue
+                result.append(
+                    QueuedTransaction(
+                        transactionId: String(transaction.id), productId: transaction.productID,
+                        signedTransaction: verification.jwsRepresentation, addedAt: transaction.purchaseDate))
+            }
+            return result.sorted { $0.addedAt < $1.addedAt }
         }
-        return result.sorted { $0.addedAt < $1.addedAt }
-    }
 
-    public func finish(transactionId: String) async throws {
-        for await verification in StoreKit.Transaction.unfinished where String(verification.unsafePayloadValue.id) == transactionId {
-            await verification.unsafePayloadValue.finish()
+        public func finish(transactionId: String) async throws {
+            for await verification in StoreKit.Transaction.unfinished where String(verification.unsafePayloadValue.id) == transactionId {
+                await verification.unsafePayloadValue.finish()
+            }
         }
     }
-}
 #endif

@@ -2,10 +2,11 @@ import DurableFiles
 import Foundation
 import IAPProtocol
 import SystemPackage
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Darwin)
-import Darwin
+    import Darwin
 #endif
 
 /// A transaction waiting on the device to be processed and finished.

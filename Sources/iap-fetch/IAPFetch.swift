@@ -1,11 +1,12 @@
 import ArgumentParser
-import CommandLineReporting
 import Base64URL
+import CommandLineReporting
 import ContentFetch
 import Foundation
 import TransactionQueue
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 @main
@@ -86,7 +87,7 @@ func runFetcher(_ options: Options, source: any TransactionSource) async throws 
 
 func emitJSON(_ object: [String: Any]) {
     guard let data = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes]) else { return }
-    FileHandle.standardOutput.write(data + Data("\n".utf8))
+    Console.out(data + Data("\n".utf8))
 }
 
 /// Renders updates: NDJSON, a redrawn progress line on a terminal, or plain periodic lines.
@@ -100,13 +101,13 @@ struct Printer {
         var lastPlain: [String: (DownloadState, Date)] = [:]
         for await update in updates {
             if json {
-                if let data = try? encoder.encode(update) { FileHandle.standardOutput.write(data + Data("\n".utf8)) }
+                if let data = try? encoder.encode(update) { Console.out(data + Data("\n".utf8)) }
                 continue
             }
             let line = describe(update)
             if terminal {
                 let end = update.state == .active ? "" : "\n"
-                FileHandle.standardOutput.write(Data("\r\u{1B}[K\(line)\(end)".utf8))
+                Console.out("\r\u{1B}[K\(line)\(end)")
             } else {
                 let previous = lastPlain[update.id]
                 if previous?.0 != update.state || Date().timeIntervalSince(previous?.1 ?? .distantPast) >= 2 {
@@ -123,7 +124,8 @@ struct Printer {
         let bar = String(repeating: "#", count: filled) + String(repeating: ".", count: width - filled)
         let mb = { (b: Int64) in b < 1_000_000 ? String(format: "%.1f KB", Double(b) / 1e3) : String(format: "%.1f MB", Double(b) / 1e6) }
         let eta = u.timeRemaining < 0 ? "--" : String(format: "%.0fs", u.timeRemaining)
-        var text = "\(u.productId) \(u.contentVersion ?? "") [\(bar)] \(String(format: "%3.0f%%", u.progress * 100)) "
+        var text =
+            "\(u.productId) \(u.contentVersion ?? "") [\(bar)] \(String(format: "%3.0f%%", u.progress * 100)) "
             + "\(mb(u.bytesReceived))/\(u.expectedContentLength < 0 ? "?" : mb(u.expectedContentLength)) "
             + "\(String(format: "%.1f MB/s", u.bytesPerSecond / 1e6)) eta \(eta) \(u.state.rawValue)"
         if let error = u.error { text += ": \(error.message)" }
@@ -165,8 +167,9 @@ struct Get: AsyncParsableCommand {
         // Only the ids are read here; the server verifies the signature.
         let parts = text.split(separator: ".")
         guard parts.count == 3, let payload = Base64URL.decode(parts[1].utf8),
-              let object = try? JSONSerialization.jsonObject(with: Data(payload)) as? [String: Any],
-              let id = object["transactionId"] as? String, let product = object["productId"] as? String else {
+            let object = try? JSONSerialization.jsonObject(with: Data(payload)) as? [String: Any],
+            let id = object["transactionId"] as? String, let product = object["productId"] as? String
+        else {
             throw ValidationError("\(transaction) does not hold a signed transaction (a JWS with transactionId and productId)")
         }
         try await runFetcher(options, source: SingleTransaction(transaction: QueuedTransaction(transactionId: id, productId: product, signedTransaction: text)))
@@ -190,7 +193,9 @@ struct Status: ParsableCommand {
         if records.isEmpty { print("no downloads yet") }
         for r in records {
             let progress = r.expectedLength > 0 ? Double(r.recordedLength) / Double(r.expectedLength) * 100 : 0
-            print("\(r.id)  \(r.productId) \(r.contentVersion)  \(r.state.rawValue)  \(String(format: "%.0f%%", r.state == .finished ? 100.0 : progress))\(r.error.map { "  \($0.message)" } ?? "")\(r.contentPath.map { "  \($0)" } ?? "")")
+            print(
+                "\(r.id)  \(r.productId) \(r.contentVersion)  \(r.state.rawValue)  \(String(format: "%.0f%%", r.state == .finished ? 100.0 : progress))\(r.error.map { "  \($0.message)" } ?? "")\(r.contentPath.map { "  \($0)" } ?? "")"
+            )
         }
     }
 }

@@ -2,10 +2,11 @@ import ArgumentParser
 import CommandLineReporting
 import ContentArchive
 import Foundation
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Darwin)
-import Darwin
+    import Darwin
 #endif
 
 /// Exit codes, documented in the README.
@@ -103,12 +104,15 @@ struct Build: ParsableCommand, Reporting {
         let m = result.manifest
         let seconds = Date().timeIntervalSince(started)
         if json {
-            printJSON(BuildOutput(archive: result.archivePath, manifest: result.manifestPath, productId: m.productId.rawValue,
-                                  contentVersion: m.contentVersion.string, archiveSize: m.archiveSize, sha256: m.archiveSHA256,
-                                  contentLength: m.contentLength, entries: m.entries.count, seconds: seconds))
+            printJSON(
+                BuildOutput(
+                    archive: result.archivePath, manifest: result.manifestPath, productId: m.productId.rawValue,
+                    contentVersion: m.contentVersion.string, archiveSize: m.archiveSize, sha256: m.archiveSHA256,
+                    contentLength: m.contentLength, entries: m.entries.count, seconds: seconds))
         } else {
             let percent = m.contentLength == 0 ? 100 : Double(m.archiveSize) * 100 / Double(m.contentLength)
-            print("""
+            print(
+                """
                 packed \(m.productId) \(m.contentVersion)
                   archive   \(result.archivePath) (\(humanBytes(m.archiveSize)), \(m.entries.count) entries)
                   manifest  \(result.manifestPath)
@@ -142,10 +146,10 @@ final class ProgressLine: @unchecked Sendable {
         last = now
         let fraction = progress.bytesTotal == 0 ? 1 : Double(progress.bytesDone) / Double(progress.bytesTotal)
         let line = "\rpacking " + String(format: "%3.0f%%", fraction * 100) + "  \(humanBytes(progress.bytesDone)) of \(humanBytes(progress.bytesTotal))   "
-        FileHandle.standardError.write(Data(line.utf8))
+        Console.err(line)
     }
 
-    func finish() { FileHandle.standardError.write(Data("\r\u{1B}[K".utf8)) }
+    func finish() { Console.err("\r\u{1B}[K") }
 }
 
 struct Verify: ParsableCommand, Reporting {
@@ -167,7 +171,8 @@ struct Verify: ParsableCommand, Reporting {
             if json {
                 printJSON(report)
             } else {
-                print("""
+                print(
+                    """
                     ok: \(report.archive) holds \(report.productId) \(report.contentVersion)
                       \(report.entryCount) entries, \(humanBytes(report.contentLength)) uncompressed, every CRC-32 correct
                       sha256 \(report.archiveSHA256)
@@ -210,13 +215,15 @@ struct Inspect: ParsableCommand, Reporting {
             let reader = try ArchiveReader(path: archive)
             let info = try reader.contentInfo()
             let entries = reader.entries.map {
-                Output.Entry(path: $0.path, method: $0.method.rawValue, uncompressedSize: $0.uncompressedSize,
-                             compressedSize: $0.compressedSize, crc32: $0.crc32,
-                             localHeaderOffset: $0.localHeaderOffset, dataOffset: $0.dataOffset)
+                Output.Entry(
+                    path: $0.path, method: $0.method.rawValue, uncompressedSize: $0.uncompressedSize,
+                    compressedSize: $0.compressedSize, crc32: $0.crc32,
+                    localHeaderOffset: $0.localHeaderOffset, dataOffset: $0.dataOffset)
             }
-            let output = Output(archive: archive, productId: info.productIdentifier.rawValue,
-                                contentVersion: info.contentVersion.string, archiveSize: reader.size,
-                                contentLength: entries.reduce(0) { $0 + $1.uncompressedSize }, entries: entries)
+            let output = Output(
+                archive: archive, productId: info.productIdentifier.rawValue,
+                contentVersion: info.contentVersion.string, archiveSize: reader.size,
+                contentLength: entries.reduce(0) { $0 + $1.uncompressedSize }, entries: entries)
             if json {
                 printJSON(output)
                 return
@@ -252,8 +259,9 @@ struct Extract: ParsableCommand, Reporting {
         var expected: ContentInfo?
         if productId != nil || contentVersion != nil {
             let info = try ArchiveReader(path: archive).contentInfo()
-            expected = ContentInfo(productIdentifier: try productId.map { id throws(ArchiveError) in try ProductIdentifier(id) } ?? info.productIdentifier,
-                                   contentVersion: try contentVersion.map { v throws(ArchiveError) in try ContentVersion(v) } ?? info.contentVersion)
+            expected = ContentInfo(
+                productIdentifier: try productId.map { id throws(ArchiveError) in try ProductIdentifier(id) } ?? info.productIdentifier,
+                contentVersion: try contentVersion.map { v throws(ArchiveError) in try ContentVersion(v) } ?? info.contentVersion)
         }
         let info = try SafeExtractor.extract(archive: archive, to: destination, expecting: expected)
         if json {

@@ -1,12 +1,13 @@
 import ArgumentParser
 import CommandLineReporting
-import IAPProtocol
 import Foundation
+import IAPProtocol
 import PurchaseVerification
 import SandboxStore
 import TransactionQueue
+
 #if canImport(FoundationNetworking)
-import FoundationNetworking
+    import FoundationNetworking
 #endif
 
 @main
@@ -33,7 +34,8 @@ struct Init: ParsableCommand {
     func run() throws {
         do {
             let store = try SandboxStore.initialize(folder: dir, bundleId: bundleId)
-            print("""
+            print(
+                """
                 created a sandbox store for \(store.bundleId) in \(dir)
                   trust root  \(store.rootCertificatePath)   (pass it to iap-server with --trust-root)
                   keys        \(dir)/*.key (mode 0600)
@@ -89,8 +91,10 @@ struct Purchase: ParsableCommand {
             let store = try SandboxStore(folder: dir)
             let purchase = try store.purchase(productId: productId, type: type.type, environment: environment.value, expires: expiry)
             if json {
-                let object: [String: Any] = ["transactionId": purchase.transaction.transactionId ?? "", "productId": productId,
-                                             "signedTransaction": purchase.signedTransaction]
+                let object: [String: Any] = [
+                    "transactionId": purchase.transaction.transactionId ?? "", "productId": productId,
+                    "signedTransaction": purchase.signedTransaction,
+                ]
                 let data = try JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes])
                 print(String(decoding: data, as: UTF8.self))
             } else {
@@ -158,7 +162,7 @@ struct Refund: AsyncParsableCommand {
             guard (200...206).contains(status) else {
                 throw reporter.failure("notify-failed", "the server at \(notify) answered \(status) to the REFUND notification: \(String(decoding: data.prefix(500), as: UTF8.self))")
             }
-            FileHandle.standardError.write(Data("notified \(notify): \(status)\n".utf8))
+            Console.err("notified \(notify): \(status)\n")
         } catch let error as ExitCode {
             throw error
         } catch {

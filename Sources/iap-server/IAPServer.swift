@@ -97,7 +97,7 @@ struct Serve: AsyncParsableCommand {
         let host = configuration.host
         do {
             try await ContentServerApp.run(configuration: configuration, logger: logger) { port in
-                FileHandle.standardOutput.write(Data("iap-server listening on http://\(host):\(port)\n".utf8))
+                Console.out("iap-server listening on http://\(host):\(port)\n")
                 if let portFile { try? String(port).write(toFile: portFile, atomically: true, encoding: .utf8) }
             }
         } catch let error as CatalogError {
@@ -105,7 +105,6 @@ struct Serve: AsyncParsableCommand {
         }
     }
 }
-
 
 struct Publish: ParsableCommand {
     static let configuration = CommandConfiguration(
@@ -131,11 +130,12 @@ struct Publish: ParsableCommand {
             case .unchanged(let v): print("unchanged: \(v.productId) \(v.contentVersion) is already published with these bytes")
             }
         } catch let error as CatalogError {
-            let code: Int32 = switch error.code {
-            case .invalidArchive, .notFound: 1
-            case .conflict: 2
-            case .storage: 3
-            }
+            let code: Int32 =
+                switch error.code {
+                case .invalidArchive, .notFound: 1
+                case .conflict: 2
+                case .storage: 3
+                }
             throw reporter.failure(error, exitCode: code)
         }
     }
@@ -205,8 +205,10 @@ struct Verify: AsyncParsableCommand {
             let output: [String: Any]
             switch try await verifier.verifyAny(token) {
             case .transaction(let transaction):
-                output = ["kind": "transaction", "payload": try jsonObject(transaction),
-                          "entitlement": describe(entitlement(for: transaction, configuration: verifier.configuration))]
+                output = [
+                    "kind": "transaction", "payload": try jsonObject(transaction),
+                    "entitlement": describe(entitlement(for: transaction, configuration: verifier.configuration)),
+                ]
             case .renewalInfo(let info):
                 output = ["kind": "renewalInfo", "payload": try jsonObject(info)]
             case .notification(let notification, let transaction):
@@ -231,7 +233,8 @@ struct Verify: AsyncParsableCommand {
         guard let data else { throw ValidationError("cannot read \(file): check the path") }
         let text = String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
         if text.hasPrefix("{"), let object = try? JSONSerialization.jsonObject(with: data) as? [String: Any],
-           let payload = object["signedPayload"] as? String {
+            let payload = object["signedPayload"] as? String
+        {
             return payload
         }
         return text

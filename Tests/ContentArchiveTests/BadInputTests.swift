@@ -1,13 +1,16 @@
 import Foundation
 import IAPTestSupport
 import Testing
+
 @testable import ContentArchive
 
 @Suite("Bad input to iap-pack")
 struct BadInputTests {
     /// Runs `iap-pack build` and checks it failed with `status`, said `message`, and wrote nothing.
-    func expectRefusal(_ arguments: [String], status: Int32, message: String, output: String,
-                       sourceLocation: SourceLocation = #_sourceLocation) throws {
+    func expectRefusal(
+        _ arguments: [String], status: Int32, message: String, output: String,
+        sourceLocation: SourceLocation = #_sourceLocation
+    ) throws {
         let result = try iapPack(["build"] + arguments + ["-o", output])
         #expect(result.status == status, "exit \(result.status): \(result.stderr)", sourceLocation: sourceLocation)
         #expect(result.stderr.contains(message), "stderr: \(result.stderr)", sourceLocation: sourceLocation)
@@ -21,17 +24,21 @@ struct BadInputTests {
         let tmp = try TemporaryFolder()
         try tmp.write("plain/a.txt", "a")
         let out = tmp.sub("out")
-        try expectRefusal([tmp.sub("plain"), "--product-id", "com.example/x", "--content-version", "1.0"], status: 1,
-                          message: "product identifier 'com.example/x' has a character that is not allowed", output: out)
-        try expectRefusal([tmp.sub("plain"), "--product-id", "com.example.x", "--content-version", "1.0-beta"], status: 1,
-                          message: "content version '1.0-beta' is not valid", output: out)
+        try expectRefusal(
+            [tmp.sub("plain"), "--product-id", "com.example/x", "--content-version", "1.0"], status: 1,
+            message: "product identifier 'com.example/x' has a character that is not allowed", output: out)
+        try expectRefusal(
+            [tmp.sub("plain"), "--product-id", "com.example.x", "--content-version", "1.0-beta"], status: 1,
+            message: "content version '1.0-beta' is not valid", output: out)
         try expectRefusal([tmp.sub("plain"), "--content-version", "1.0"], status: 1, message: "--product-id is required", output: out)
-        try expectRefusal([tmp.sub("missing"), "--product-id", "com.example.x", "--content-version", "1.0"], status: 1,
-                          message: "does not exist", output: out)
+        try expectRefusal(
+            [tmp.sub("missing"), "--product-id", "com.example.x", "--content-version", "1.0"], status: 1,
+            message: "does not exist", output: out)
 
         try FileManager.default.createDirectory(atPath: tmp.sub("empty/sub/deeper"), withIntermediateDirectories: true)
-        try expectRefusal([tmp.sub("empty"), "--product-id", "com.example.x", "--content-version", "1.0"], status: 1,
-                          message: "holds no files", output: out)
+        try expectRefusal(
+            [tmp.sub("empty"), "--product-id", "com.example.x", "--content-version", "1.0"], status: 1,
+            message: "holds no files", output: out)
 
         try tmp.write("bad-plist/ContentInfo.plist", "not a plist")
         try tmp.write("bad-plist/Contents/a.txt", "a")
@@ -89,8 +96,12 @@ struct BadInputTests {
             chmod(tmp.path, 0o755)
             let shared = tmp.sub("shared-out")
             try FileManager.default.createDirectory(atPath: shared, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o777])
-            let result = try run("setpriv", ["--reuid=65534", "--regid=65534", "--clear-groups", productsDirectory() + "/iap-pack",
-                                             "build", tmp.sub("locked")] + args + ["-o", shared])
+            let result = try run(
+                "setpriv",
+                [
+                    "--reuid=65534", "--regid=65534", "--clear-groups", productsDirectory() + "/iap-pack",
+                    "build", tmp.sub("locked"),
+                ] + args + ["-o", shared])
             #expect(result.status == 3, "\(result.stderr)")
             #expect(result.stderr.contains("secret.bin") && result.stderr.contains("permission"))
             #expect(tmp.files(in: "shared-out").isEmpty)
@@ -124,8 +135,9 @@ struct BadInputTests {
         let tmp = try TemporaryFolder()
         try tmp.write("src/noise.bin", pseudoRandomBytes(300_000, seed: 1))
         try tmp.write("src/text.txt", logText(lines: 1000, seed: 1))
-        var options = PackOptions(productId: try ProductIdentifier("com.example.capped"), contentVersion: try ContentVersion("1.0"),
-                                  outputDirectory: tmp.sub("out"))
+        var options = PackOptions(
+            productId: try ProductIdentifier("com.example.capped"), contentVersion: try ContentVersion("1.0"),
+            outputDirectory: tmp.sub("out"))
         options.sizeCap = 200_000
         let error = try #require(throws: ArchiveError.self) { try ArchivePacker.pack(folder: tmp.sub("src"), options: options) }
         #expect(error.code == .capExceeded)

@@ -1,7 +1,8 @@
+import CZlib
 import Foundation
 import Testing
+
 @testable import ContentArchive
-import CZlib
 
 @Suite("Joining DEFLATE streams")
 struct DeflateJoinTests {
@@ -18,9 +19,12 @@ struct DeflateJoinTests {
             ("noise", noise),
             ("text", text),
             ("text, noise, text", Array(text.prefix(200_000)) + noise + Array(text.suffix(200_000))),
-            ("floats", (0..<200_000).flatMap { i -> [UInt8] in
-                withUnsafeBytes(of: Float(sin(Double(i) * 0.001) * 100).bitPattern.littleEndian, Array.init)
-            }),
+            (
+                "floats",
+                (0..<200_000).flatMap { i -> [UInt8] in
+                    withUnsafeBytes(of: Float(sin(Double(i) * 0.001) * 100).bitPattern.littleEndian, Array.init)
+                }
+            ),
         ]
     }()
 
@@ -47,7 +51,7 @@ struct DeflateJoinTests {
             #expect(truncated.withUnsafeBytes { DeflateBlockWalker.finalBlock(of: $0) } == nil, "cut at \(cut)")
         }
         var reserved = stream
-        reserved[0] |= 0b110   // block type 3 is reserved
+        reserved[0] |= 0b110  // block type 3 is reserved
         #expect(reserved.withUnsafeBytes { DeflateBlockWalker.finalBlock(of: $0) } == nil)
         #expect([UInt8]().withUnsafeBytes { DeflateBlockWalker.finalBlock(of: $0) } == nil)
     }
@@ -154,7 +158,8 @@ struct LevelBudgetTests {
     @Test("levels are chosen over the whole archive: what one kind saves pays for another")
     func budgetOverTheArchive() {
         let groups: [(weight: UInt64, sample: LevelSample)] = [
-            (8 << 20, sample(Self.floats, 6)), (8 << 20, sample(Self.logs, 6)), (8 << 20, sample(Self.prose, 6))]
+            (8 << 20, sample(Self.floats, 6)), (8 << 20, sample(Self.logs, 6)), (8 << 20, sample(Self.prose, 6)),
+        ]
         let levels = LevelBudget.choose(groups, requested: 6)
         expectTightWithinBudget(groups, levels, requested: 6, "floats, logs, prose")
         // Each kind held to zlib's size on its own spends at least as much time.

@@ -1,58 +1,59 @@
 import Foundation
 import IAPTestSupport
 import Testing
+
 @testable import ContentArchive
 
 /// Builds hostile archives with Python's zipfile, an independent writer.
 let pythonHostileZip = #"""
-import sys, zipfile, struct
-kind, path = sys.argv[1], sys.argv[2]
-plist = open(sys.argv[3], 'rb').read()
-def base(z):
-    z.writestr('ContentInfo.plist', plist)
-    z.writestr('Contents/ok.txt', b'fine\n')
-with zipfile.ZipFile(path, 'w', zipfile.ZIP_DEFLATED) as z:
-    base(z)
-    if kind == 'traversal':
-        z.writestr('Contents/../../evil.txt', b'escaped')
-    elif kind == 'absolute':
-        z.writestr(zipfile.ZipInfo('/tmp/evil-absolute.txt'), b'escaped')
-    elif kind == 'backslash':
-        z.writestr('Contents\\..\\evil.txt', b'escaped')
-    elif kind == 'symlink':
-        info = zipfile.ZipInfo('Contents/link')
-        info.create_system = 3
-        info.external_attr = (0o120777 << 16)
-        z.writestr(info, '/etc/passwd')
-    elif kind == 'duplicate':
-        import warnings; warnings.simplefilter('ignore')
-        z.writestr('Contents/ok.txt', b'other\n')
-    elif kind == 'bomb':
-        z.writestr('Contents/zeros.bin', b'\0' * (50 << 20))
-    elif kind == 'outside':
-        z.writestr('Other/readme.txt', b'not under Contents')
-    elif kind == 'noplist':
-        pass
-if kind == 'noplist':
-    with zipfile.ZipFile(path, 'w') as z:
+    import sys, zipfile, struct
+    kind, path = sys.argv[1], sys.argv[2]
+    plist = open(sys.argv[3], 'rb').read()
+    def base(z):
+        z.writestr('ContentInfo.plist', plist)
         z.writestr('Contents/ok.txt', b'fine\n')
-if kind == 'lying-size':
-    # Shrink the declared uncompressed size of Contents/ok.txt in both headers.
-    data = bytearray(open(path, 'rb').read())
-    name = b'Contents/ok.txt'
-    for sig, off in ((b'PK\x03\x04', 22), (b'PK\x01\x02', 24)):
-        i = 0
-        while True:
-            i = data.find(sig, i)
-            if i < 0: break
-            name_len_at = 26 if sig == b'PK\x03\x04' else 28
-            start = 30 if sig == b'PK\x03\x04' else 46
-            n = struct.unpack_from('<H', data, i + name_len_at)[0]
-            if bytes(data[i + start:i + start + n]) == name:
-                struct.pack_into('<I', data, i + off, 2)
-            i += 4
-    open(path, 'wb').write(data)
-"""#
+    with zipfile.ZipFile(path, 'w', zipfile.ZIP_DEFLATED) as z:
+        base(z)
+        if kind == 'traversal':
+            z.writestr('Contents/../../evil.txt', b'escaped')
+        elif kind == 'absolute':
+            z.writestr(zipfile.ZipInfo('/tmp/evil-absolute.txt'), b'escaped')
+        elif kind == 'backslash':
+            z.writestr('Contents\\..\\evil.txt', b'escaped')
+        elif kind == 'symlink':
+            info = zipfile.ZipInfo('Contents/link')
+            info.create_system = 3
+            info.external_attr = (0o120777 << 16)
+            z.writestr(info, '/etc/passwd')
+        elif kind == 'duplicate':
+            import warnings; warnings.simplefilter('ignore')
+            z.writestr('Contents/ok.txt', b'other\n')
+        elif kind == 'bomb':
+            z.writestr('Contents/zeros.bin', b'\0' * (50 << 20))
+        elif kind == 'outside':
+            z.writestr('Other/readme.txt', b'not under Contents')
+        elif kind == 'noplist':
+            pass
+    if kind == 'noplist':
+        with zipfile.ZipFile(path, 'w') as z:
+            z.writestr('Contents/ok.txt', b'fine\n')
+    if kind == 'lying-size':
+        # Shrink the declared uncompressed size of Contents/ok.txt in both headers.
+        data = bytearray(open(path, 'rb').read())
+        name = b'Contents/ok.txt'
+        for sig, off in ((b'PK\x03\x04', 22), (b'PK\x01\x02', 24)):
+            i = 0
+            while True:
+                i = data.find(sig, i)
+                if i < 0: break
+                name_len_at = 26 if sig == b'PK\x03\x04' else 28
+                start = 30 if sig == b'PK\x03\x04' else 46
+                n = struct.unpack_from('<H', data, i + name_len_at)[0]
+                if bytes(data[i + start:i + start + n]) == name:
+                    struct.pack_into('<I', data, i + off, 2)
+                i += 4
+        open(path, 'wb').write(data)
+    """#
 
 @Suite("Safe extraction and verification")
 struct ExtractionTests {
@@ -64,8 +65,9 @@ struct ExtractionTests {
     func extracts() throws {
         let tmp = try TemporaryFolder()
         let packed = try packSample(tmp)
-        let info = try SafeExtractor.extract(archive: packed.archivePath, to: tmp.sub("installed/1.0"),
-                                             expecting: ContentInfo(productIdentifier: packed.manifest.productId, contentVersion: packed.manifest.contentVersion))
+        let info = try SafeExtractor.extract(
+            archive: packed.archivePath, to: tmp.sub("installed/1.0"),
+            expecting: ContentInfo(productIdentifier: packed.manifest.productId, contentVersion: packed.manifest.contentVersion))
         #expect(info.productIdentifier.rawValue == "com.example.cosmos.levels1")
         let diff = try run("diff", ["-r", repositoryContent("com.example.cosmos.levels1"), tmp.sub("installed/1.0")])
         #expect(diff.status == 0, "\(diff.stdout)")
@@ -75,18 +77,21 @@ struct ExtractionTests {
         #expect(again.message.contains("already exists"))
 
         let wrong = try #require(throws: ArchiveError.self) {
-            try SafeExtractor.extract(archive: packed.archivePath, to: tmp.sub("installed/2.0"),
-                                      expecting: ContentInfo(productIdentifier: packed.manifest.productId, contentVersion: try ContentVersion("2.0")))
+            try SafeExtractor.extract(
+                archive: packed.archivePath, to: tmp.sub("installed/2.0"),
+                expecting: ContentInfo(productIdentifier: packed.manifest.productId, contentVersion: try ContentVersion("2.0")))
         }
         #expect(wrong.message.contains("not the expected com.example.cosmos.levels1 2.0"))
         #expect(tmp.files(in: "installed") == ["1.0"])
     }
 
-    @Test("hostile archives are refused and nothing is written", arguments: [
-        ("traversal", "unsafe path"), ("absolute", "unsafe path"), ("backslash", "unsafe path"),
-        ("symlink", "symbolic link"), ("duplicate", "twice"), ("bomb", "zip bombs"),
-        ("outside", "outside Contents/"), ("noplist", "no ContentInfo.plist"), ("lying-size", "more than its declared"),
-    ])
+    @Test(
+        "hostile archives are refused and nothing is written",
+        arguments: [
+            ("traversal", "unsafe path"), ("absolute", "unsafe path"), ("backslash", "unsafe path"),
+            ("symlink", "symbolic link"), ("duplicate", "twice"), ("bomb", "zip bombs"),
+            ("outside", "outside Contents/"), ("noplist", "no ContentInfo.plist"), ("lying-size", "more than its declared"),
+        ])
     func hostile(kind: String, message: String) throws {
         let tmp = try TemporaryFolder()
         try tmp.write("make.py", pythonHostileZip)

@@ -1,6 +1,7 @@
 import Foundation
-import Testing
 import IAPTestSupport
+import Testing
+
 @testable import ContentArchive
 
 @Suite("Archive file writer")

@@ -1,37 +1,38 @@
 import Foundation
 import IAPTestSupport
 import Testing
+
 @testable import ContentArchive
 
 /// Checks an archive with Python's zipfile and the manifest's offsets and hashes independently of
 /// our reader: each entry's bytes are taken at `dataOffset` and inflated with Python's zlib.
 let pythonManifestCheck = #"""
-import hashlib, json, sys, zipfile, zlib
-archive, manifest_path, source = sys.argv[1], sys.argv[2], sys.argv[3]
-manifest = json.load(open(manifest_path))
-data = open(archive, 'rb').read()
-assert manifest['archiveSize'] == len(data), 'size'
-assert manifest['archiveSHA256'] == hashlib.sha256(data).hexdigest(), 'archive sha'
-z = zipfile.ZipFile(archive)
-assert z.testzip() is None, 'testzip'
-infos = {i.filename: i for i in z.infolist()}
-assert [e['path'] for e in manifest['entries']] == [i.filename for i in z.infolist()], 'order'
-assert [e['path'] for e in manifest['entries']] == sorted(infos, key=lambda p: p.encode()), 'sorted'
-for e in manifest['entries']:
-    info = infos[e['path']]
-    assert info.header_offset == e['localHeaderOffset'], ('offset', e['path'])
-    raw = data[e['dataOffset']:e['dataOffset'] + e['compressedSize']]
-    body = zlib.decompressobj(-15).decompress(raw) if e['method'] == 'deflate' else raw
-    assert len(body) == e['uncompressedSize'], ('size', e['path'])
-    assert hashlib.sha256(body).hexdigest() == e['sha256'], ('sha', e['path'])
-    assert zlib.crc32(body) == e['crc32'] == info.CRC, ('crc', e['path'])
-    assert info.date_time == (1980, 1, 1, 0, 0, 0), ('time', info.date_time)
-    if e['kind'] == 'file' and e['path'] != 'ContentInfo.plist':
-        original = open(source + '/' + e['path'][len('Contents/'):], 'rb').read()
-        assert original == body, ('content', e['path'])
-        assert (info.external_attr >> 16) == 0o100644, ('mode', oct(info.external_attr >> 16))
-print('ok', len(manifest['entries']))
-"""#
+    import hashlib, json, sys, zipfile, zlib
+    archive, manifest_path, source = sys.argv[1], sys.argv[2], sys.argv[3]
+    manifest = json.load(open(manifest_path))
+    data = open(archive, 'rb').read()
+    assert manifest['archiveSize'] == len(data), 'size'
+    assert manifest['archiveSHA256'] == hashlib.sha256(data).hexdigest(), 'archive sha'
+    z = zipfile.ZipFile(archive)
+    assert z.testzip() is None, 'testzip'
+    infos = {i.filename: i for i in z.infolist()}
+    assert [e['path'] for e in manifest['entries']] == [i.filename for i in z.infolist()], 'order'
+    assert [e['path'] for e in manifest['entries']] == sorted(infos, key=lambda p: p.encode()), 'sorted'
+    for e in manifest['entries']:
+        info = infos[e['path']]
+        assert info.header_offset == e['localHeaderOffset'], ('offset', e['path'])
+        raw = data[e['dataOffset']:e['dataOffset'] + e['compressedSize']]
+        body = zlib.decompressobj(-15).decompress(raw) if e['method'] == 'deflate' else raw
+        assert len(body) == e['uncompressedSize'], ('size', e['path'])
+        assert hashlib.sha256(body).hexdigest() == e['sha256'], ('sha', e['path'])
+        assert zlib.crc32(body) == e['crc32'] == info.CRC, ('crc', e['path'])
+        assert info.date_time == (1980, 1, 1, 0, 0, 0), ('time', info.date_time)
+        if e['kind'] == 'file' and e['path'] != 'ContentInfo.plist':
+            original = open(source + '/' + e['path'][len('Contents/'):], 'rb').read()
+            assert original == body, ('content', e['path'])
+            assert (info.external_attr >> 16) == 0o100644, ('mode', oct(info.external_attr >> 16))
+    print('ok', len(manifest['entries']))
+    """#
 
 @Suite("Packing")
 struct PackingTests {
@@ -51,9 +52,12 @@ struct PackingTests {
     func standardReaders() throws {
         let tmp = try TemporaryFolder()
         let source = try makeMixedFolder(tmp)
-        let result = try ArchivePacker.pack(folder: source, options: PackOptions(
-            productId: try ProductIdentifier("com.example.mixed"), contentVersion: try ContentVersion("1.2.3"),
-            outputDirectory: tmp.sub("out")).inSmallChunks)
+        let result = try ArchivePacker.pack(
+            folder: source,
+            options: PackOptions(
+                productId: try ProductIdentifier("com.example.mixed"), contentVersion: try ContentVersion("1.2.3"),
+                outputDirectory: tmp.sub("out")
+            ).inSmallChunks)
         #expect(result.archivePath.hasSuffix("/com.example.mixed-1.2.3.zip"))
         #expect(result.manifestPath.hasSuffix("/com.example.mixed-1.2.3.manifest.json"))
 

@@ -1,7 +1,7 @@
 import Foundation
 import IAPTestSupport
-
 import Testing
+
 @testable import ContentArchive
 
 func iapPack(_ arguments: [String], environment: [String: String]? = nil) throws -> ProcessResult {

@@ -19,8 +19,9 @@ final class OneFileResolver: ContentResolver {
         var generator = SystemRandomNumberGenerator()
         bytes = (0..<size).map { _ in UInt8.random(in: 0...255, using: &generator) }
         guard FileManager.default.createFile(atPath: path, contents: Data(bytes)) else { throw CocoaError(.fileWriteUnknown) }
-        file = ServedFile(handle: try NIOFileHandle(_deprecatedPath: path), size: UInt64(size), etag: "\"abc\"",
-                          modified: Date(timeIntervalSince1970: 784_111_777))
+        file = ServedFile(
+            handle: try NIOFileHandle(_deprecatedPath: path), size: UInt64(size), etag: "\"abc\"",
+            modified: Date(timeIntervalSince1970: 784_111_777))
     }
 
     deinit {

@@ -23,8 +23,11 @@ import Testing
         let parsed = try #require(request(text))
         #expect(parsed.length == text.utf8.count)
         #expect(parsed.head.http10 == false)
-        #expect(parsed.head.content == ContentRequest(method: .GET, uri: "/v1/content/tok/p-1.0.zip", keepAlive: true,
-                                                      range: "bytes=0-9", ifRange: "\"abc\"", ifNoneMatch: nil))
+        #expect(
+            parsed.head.content
+                == ContentRequest(
+                    method: .GET, uri: "/v1/content/tok/p-1.0.zip", keepAlive: true,
+                    range: "bytes=0-9", ifRange: "\"abc\"", ifNoneMatch: nil))
     }
 
     @Test func fieldNamesAnyCaseValuesTrimmed() throws {

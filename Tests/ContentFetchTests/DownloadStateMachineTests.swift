@@ -7,8 +7,9 @@ import TransactionQueue
 
 /// The download's rules, driven without a network, a journal or a clock.
 @Suite struct DownloadStateMachineTests {
-    let grant = GrantedDownload(productId: "com.example.levels", contentVersion: "1.0", contentLength: 1000, sha256: String(repeating: "a", count: 64),
-                                url: "http://127.0.0.1:1/v1/content/t/x.zip", expiresAt: Date(timeIntervalSince1970: 2_000_000_000))
+    let grant = GrantedDownload(
+        productId: "com.example.levels", contentVersion: "1.0", contentLength: 1000, sha256: String(repeating: "a", count: 64),
+        url: "http://127.0.0.1:1/v1/content/t/x.zip", expiresAt: Date(timeIntervalSince1970: 2_000_000_000))
     let now = Date(timeIntervalSince1970: 1_800_000_000)
 
     func granted() throws -> DownloadStateMachine {
@@ -55,7 +56,9 @@ import TransactionQueue
 
     @Test func cancelForgetsTheBytesAndRemovesThePartialFile() throws {
         var machine = try granted()
-        machine.updateBytes { $0.recordedLength = 600; $0.etag = "\"e\""; $0.segments = [Segment(start: 0, end: 1000, done: 600)] }
+        machine.updateBytes {
+            $0.recordedLength = 600; $0.etag = "\"e\""; $0.segments = [Segment(start: 0, end: 1000, done: 600)]
+        }
         #expect(try machine.handle(.cancel, now: now) == .saveAndEmit(removePartial: true))
         #expect(machine.state == .cancelled)
         #expect(machine.record.recordedLength == 0 && machine.record.etag == nil && machine.record.segments == nil)
@@ -129,28 +132,31 @@ import TransactionQueue
     @Test func triesUntilSuccessOrTheLimitAndStopsAtOnceOnWhatIsNotRetryable() async throws {
         let policy = RetryPolicy(maxAttempts: 3, base: .zero)
         var attempts: [Int] = []
-        let value = try await policy.run({ attempt -> Int in
-            attempts.append(attempt)
-            if attempt < 3 { throw FetchError(.network, "down") }
-            return 7
-        }, retryable: { _ in true }, willRetry: { _, _ in false })
+        let value = try await policy.run(
+            { attempt -> Int in
+                attempts.append(attempt)
+                if attempt < 3 { throw FetchError(.network, "down") }
+                return 7
+            }, retryable: { _ in true }, willRetry: { _, _ in false })
         #expect(value == 7 && attempts == [1, 2, 3])
 
         attempts = []
         await #expect(throws: FetchError(.network, "down 3")) {
-            try await policy.run({ attempt -> Int in
-                attempts.append(attempt)
-                throw FetchError(.network, "down \(attempt)")
-            }, retryable: { _ in true }, willRetry: { _, _ in false })
+            try await policy.run(
+                { attempt -> Int in
+                    attempts.append(attempt)
+                    throw FetchError(.network, "down \(attempt)")
+                }, retryable: { _ in true }, willRetry: { _, _ in false })
         }
         #expect(attempts == [1, 2, 3])
 
         attempts = []
         await #expect(throws: FetchError(.revoked, "refunded")) {
-            try await policy.run({ attempt -> Int in
-                attempts.append(attempt)
-                throw FetchError(.revoked, "refunded")
-            }, retryable: { ($0 as? FetchError)?.code == .network }, willRetry: { _, _ in false })
+            try await policy.run(
+                { attempt -> Int in
+                    attempts.append(attempt)
+                    throw FetchError(.revoked, "refunded")
+                }, retryable: { ($0 as? FetchError)?.code == .network }, willRetry: { _, _ in false })
         }
         #expect(attempts == [1])
     }

@@ -31,8 +31,11 @@ struct EndToEndTests {
             let published = try tool("iap-server", ["publish", "--data", tmp.sub("data"), tmp.sub("archives/\(product)-1.0.zip")])
             #expect(published.stdout.hasPrefix("published \(product) 1.0"))
         }
-        let server = try ServerProcess(data: tmp.sub("data"), arguments: [
-            "--bundle-id", "com.example.demo", "--trust-root", tmp.sub("sandbox/root.cer"), "--environment", "sandbox"], folder: tmp)
+        let server = try ServerProcess(
+            data: tmp.sub("data"),
+            arguments: [
+                "--bundle-id", "com.example.demo", "--trust-root", tmp.sub("sandbox/root.cer"), "--environment", "sandbox",
+            ], folder: tmp)
         let catalog = try curl([server.base + "/v1/products/\(products[0])"], folder: tmp)
         #expect(catalog.status == 200 && catalog.json["contentVersion"] as? String == "1.0")
 

@@ -20,14 +20,10 @@ struct FaultScheduleTests {
     }
 
     func client(_ base: String, queue: String, content: String, killAt: String? = nil, limit: Bool = true) throws -> Process {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: productsDirectory() + "/iap-fetch")
-        process.arguments = ["run", "--server", base, "--queue", queue, "--content-dir", content] + (limit ? ["--limit-rate", "8M"] : [])
-        if let killAt { process.environment = ProcessInfo.processInfo.environment.merging(["IAP_FETCH_KILL_AT": killAt]) { $1 } }
-        process.standardOutput = FileHandle.nullDevice
-        process.standardError = FileHandle.nullDevice
-        try process.run()
-        return process
+        try launch(
+            productsDirectory() + "/iap-fetch",
+            ["run", "--server", base, "--queue", queue, "--content-dir", content] + (limit ? ["--limit-rate", "8M"] : []),
+            environment: killAt.map { ["IAP_FETCH_KILL_AT": $0] })
     }
 
     @Test("the client killed at ten points and the server twice: identical content, finished exactly once")
@@ -38,8 +34,10 @@ struct FaultScheduleTests {
         try tmp.write("src/payload.bin", payload)
         for i in 0..<800 { try tmp.write("src/notes/note-\(i).txt", "note \(i)\n") }
         let store = try SandboxStore.initialize(folder: tmp.sub("sandbox"), bundleId: "com.example.app")
-        let packed = try ArchivePacker.pack(folder: tmp.sub("src"), options: .init(
-            productId: try ProductIdentifier("com.example.faults"), contentVersion: try ContentVersion("1.0"), outputDirectory: tmp.sub("out"), level: 0))
+        let packed = try ArchivePacker.pack(
+            folder: tmp.sub("src"),
+            options: .init(
+                productId: try ProductIdentifier("com.example.faults"), contentVersion: try ContentVersion("1.0"), outputDirectory: tmp.sub("out"), level: 0))
         #expect(try run(productsDirectory() + "/iap-server", ["publish", "--data", tmp.sub("data"), packed.archivePath]).status == 0)
         let serverArguments = ["--bundle-id", "com.example.app", "--trust-root", store.rootCertificatePath, "--environment", "sandbox"]
         var server = try ServerProcess(data: tmp.sub("data"), arguments: serverArguments, folder: tmp)

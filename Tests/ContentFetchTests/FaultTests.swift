@@ -11,39 +11,25 @@ import TransactionQueue
 struct FaultTests {
     let product = "com.example.big"
 
+    /// A shop with one 12 MiB product, bought.
     struct Setup {
-        let tmp: TemporaryFolder
-        let store: SandboxStore
-        let server: ServerProcess
-        let payload: Data
+        let shop: Shop
         let transactionId: String
-        var content: String { tmp.sub("device") }
-        var queue: String { tmp.sub("sandbox/queue") }
+        var tmp: TemporaryFolder { shop.tmp }
+        var store: SandboxStore { shop.store }
+        var server: ServerProcess { shop.server }
+        var payload: Data { shop.payloads["com.example.big"]! }
+        var content: String { shop.content }
+        var queue: String { shop.queue }
         var downloadId: String { "\(transactionId)-com.example.big" }
     }
 
     /// A 12 MiB product bought and half-downloaded: the client was stopped with `signal` once
-    /// 4 MiB were durable (SIGKILL by default).
+    /// 4 MiB were recorded (SIGKILL by default).
     func halfDownloaded(signal: Int32 = SIGKILL, serverArguments: [String] = [], exitStatus: UnsafeMutablePointer<Int32>? = nil) throws -> Setup {
-        let tmp = try TemporaryFolder()
-        try FileManager.default.createDirectory(atPath: tmp.sub("src"), withIntermediateDirectories: true)
-        var generator = SystemRandomNumberGenerator()
-        let payload = Data((0..<(12 << 20)).map { _ in UInt8.random(in: 0...255, using: &generator) })
-        try payload.write(to: URL(fileURLWithPath: tmp.sub("src/payload.bin")))
-        let store = try SandboxStore.initialize(folder: tmp.sub("sandbox"), bundleId: "com.example.app")
-        let packed = try ArchivePacker.pack(folder: tmp.sub("src"), options: .init(
-            productId: try ProductIdentifier(product), contentVersion: try ContentVersion("1.0"), outputDirectory: tmp.sub("archives"), level: 0))
-        #expect(try run(productsDirectory() + "/iap-server", ["publish", "--data", tmp.sub("data"), packed.archivePath]).status == 0)
-        let server = try ServerProcess(data: tmp.sub("data"), arguments: [
-            "--bundle-id", "com.example.app", "--trust-root", store.rootCertificatePath, "--environment", "sandbox"] + serverArguments, folder: tmp)
-        let purchase = try store.purchase(productId: product)
-        let setup = Setup(tmp: tmp, store: store, server: server, payload: payload, transactionId: purchase.transaction.transactionId!)
-        let client = Process()
-        client.executableURL = URL(fileURLWithPath: productsDirectory() + "/iap-fetch")
-        client.arguments = ["run", "--server", server.base, "--queue", setup.queue, "--content-dir", setup.content, "--limit-rate", "4M"]
-        client.standardOutput = FileHandle.nullDevice
-        client.standardError = FileHandle.nullDevice
-        try client.run()
+        let shop = try Shop(products: [product: .random(12 << 20)], serverArguments: serverArguments)
+        let setup = Setup(shop: shop, transactionId: try shop.store.purchase(productId: product).transaction.transactionId!)
+        let (client, _) = try shop.startClient(["--limit-rate", "4M"])
         let journal = try DownloadJournal(contentDirectory: setup.content)
         let deadline = Date().addingTimeInterval(60)
         while client.isRunning, Date() < deadline, (journal.load(setup.downloadId)?.recordedLength ?? 0) < 4 << 20 { usleep(2_000) }
@@ -55,16 +41,12 @@ struct FaultTests {
     }
 
     func fetch(_ s: Setup, prefix: [String] = []) throws -> ProcessResult {
-        let args = ["run", "--server", s.server.base, "--queue", s.queue, "--content-dir", s.content, "--json"]
-        if prefix.isEmpty { return try run(productsDirectory() + "/iap-fetch", args) }
-        return try run("sh", ["-c", prefix.joined(separator: " ") + "; exec \"$0\" \"$@\"", productsDirectory() + "/iap-fetch"] + args)
+        try s.shop.fetch(prefix: prefix)
     }
 
     func finishedAt(_ s: Setup) throws -> Date? { try FileTransactionQueue(folder: s.queue).transaction(s.transactionId)?.finishedAt }
 
-    func installedPayload(_ s: Setup) -> Data? {
-        FileManager.default.contents(atPath: s.content + "/com.example.big/1.0/Contents/payload.bin")
-    }
+    func installedPayload(_ s: Setup) -> Data? { s.shop.installed(product) }
 
     @Test("a grant that expired while the client was away is renewed, and the download continues")
     func expiredGrant() throws {
@@ -72,8 +54,10 @@ struct FaultTests {
         let journal = try DownloadJournal(contentDirectory: s.content)
         var record = try #require(journal.load(s.downloadId))
         let keys = try GrantKeyRing.loadOrCreate(path: s.tmp.sub("data/grant-keys.json"))
-        let expired = keys.mint(Grant(transactionId: s.transactionId, productId: product, contentVersion: "1.0", sha256: record.sha256,
-                                      expiresAt: Int64(Date().timeIntervalSince1970) - 60))
+        let expired = keys.mint(
+            Grant(
+                transactionId: s.transactionId, productId: product, contentVersion: "1.0", sha256: record.sha256,
+                expiresAt: Int64(Date().timeIntervalSince1970) - 60))
         record.url = s.server.base + "/v1/content/\(expired)/x.zip"
         try journal.save(record)
         let result = try fetch(s)
@@ -127,21 +111,16 @@ struct FaultTests {
     @Test("the server restarting mid-download: the client retries and completes with identical bytes")
     func serverRestart() throws {
         let s = try halfDownloaded()
-        let client = Process()
-        client.executableURL = URL(fileURLWithPath: productsDirectory() + "/iap-fetch")
-        client.arguments = ["run", "--server", s.server.base, "--queue", s.queue, "--content-dir", s.content, "--limit-rate", "4M"]
-        client.standardOutput = FileHandle.nullDevice
-        client.standardError = FileHandle.nullDevice
-        try client.run()
+        let (client, _) = try s.shop.startClient(["--limit-rate", "4M"])
         let journal = try DownloadJournal(contentDirectory: s.content)
         let deadline = Date().addingTimeInterval(60)
         while client.isRunning, Date() < deadline, (journal.load(s.downloadId)?.recordedLength ?? 0) < 8 << 20 { usleep(2_000) }
         // Kill the server without warning and start it again on the same port.
         kill(s.server.process.processIdentifier, SIGKILL)
         s.server.process.waitUntilExit()
-        let again = try ServerProcess(data: s.tmp.sub("data"), arguments: [
-            "--bundle-id", "com.example.app", "--trust-root", s.store.rootCertificatePath, "--environment", "sandbox",
-            "--port", String(s.server.port)], folder: s.tmp, fixedPort: true)
+        let again = try ServerProcess(
+            data: s.tmp.sub("data"), arguments: s.shop.serverArguments + ["--port", String(s.server.port)],
+            folder: s.tmp, fixedPort: true)
         #expect(again.port == s.server.port)
         client.waitUntilExit()
         #expect(client.terminationStatus == 0)

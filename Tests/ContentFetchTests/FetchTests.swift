@@ -10,31 +10,13 @@ import TransactionQueue
 struct FetchTests {
     let bundleId = "com.example.app"
 
-    struct World {
-        let tmp: TemporaryFolder
-        let store: SandboxStore
-        let server: ServerProcess
-        var content: String { tmp.sub("device") }
-        var queue: String { tmp.sub("sandbox/queue") }
+    /// A shop with the given folders packed (level 1) and published.
+    func world(products: [String: String]) throws -> Shop {
+        try Shop(products: products.mapValues { .folder($0) }, level: 1)
     }
 
-    /// A server with the given folders packed and published, and a sandbox store it trusts.
-    func world(products: [String: String]) throws -> World {
-        let tmp = try TemporaryFolder()
-        let store = try SandboxStore.initialize(folder: tmp.sub("sandbox"), bundleId: bundleId)
-        for (product, folder) in products {
-            let packed = try ArchivePacker.pack(folder: folder, options: .init(
-                productId: try ProductIdentifier(product), contentVersion: try ContentVersion("1.0"), outputDirectory: tmp.sub("archives"), level: 1))
-            let published = try run(productsDirectory() + "/iap-server", ["publish", "--data", tmp.sub("data"), packed.archivePath])
-            #expect(published.status == 0, "\(published.stderr)")
-        }
-        let server = try ServerProcess(data: tmp.sub("data"), arguments: [
-            "--bundle-id", bundleId, "--trust-root", store.rootCertificatePath, "--environment", "sandbox"], folder: tmp)
-        return World(tmp: tmp, store: store, server: server)
-    }
-
-    func fetch(_ w: World, _ extra: [String] = []) throws -> ProcessResult {
-        try run(productsDirectory() + "/iap-fetch", ["run", "--server", w.server.base, "--queue", w.queue, "--content-dir", w.content, "--json"] + extra)
+    func fetch(_ w: Shop, _ extra: [String] = []) throws -> ProcessResult {
+        try w.fetch(extra)
     }
 
     func repositoryContent(_ product: String) -> String {
@@ -48,8 +30,10 @@ struct FetchTests {
 
     @Test("run installs every purchase, verified and atomically, and finishes each transaction only after its install")
     func installsAndFinishes() throws {
-        let w = try world(products: ["com.example.cosmos.levels1": repositoryContent("com.example.cosmos.levels1"),
-                                     "com.example.magazine.issue42": repositoryContent("com.example.magazine.issue42")])
+        let w = try world(products: [
+            "com.example.cosmos.levels1": repositoryContent("com.example.cosmos.levels1"),
+            "com.example.magazine.issue42": repositoryContent("com.example.magazine.issue42"),
+        ])
         let a = try w.store.purchase(productId: "com.example.cosmos.levels1")
         let b = try w.store.purchase(productId: "com.example.magazine.issue42")
         let result = try fetch(w)
@@ -183,9 +167,7 @@ struct FetchTests {
         let updated = w.tmp.sub("updated")
         try FileManager.default.copyItem(atPath: repositoryContent("com.example.cosmos.levels1"), toPath: updated)
         try Data("{\"id\": \"ring-11\"}\n".utf8).write(to: URL(fileURLWithPath: updated + "/levels/ring-11.json"))
-        let packed = try ArchivePacker.pack(folder: updated, options: .init(
-            productId: try ProductIdentifier("com.example.cosmos.levels1"), contentVersion: try ContentVersion("1.1"), outputDirectory: w.tmp.sub("v11")))
-        #expect(try run(productsDirectory() + "/iap-server", ["publish", "--data", w.tmp.sub("data"), packed.archivePath]).status == 0)
+        try w.publish(folder: updated, product: "com.example.cosmos.levels1", version: "1.1")
         try purchase.signedTransaction.write(toFile: w.tmp.sub("tx.jws"), atomically: true, encoding: .utf8)
         let got = try run(productsDirectory() + "/iap-fetch", ["get", "--server", w.server.base, "--transaction", w.tmp.sub("tx.jws"), "--content-dir", w.content, "--json"])
         #expect(got.status == 0, "\(got.stderr)")
@@ -209,9 +191,7 @@ struct FetchTests {
         #expect(try queue.transaction(pending.transaction.transactionId!)?.finishedAt == nil)
 
         // The content is published later; the next run completes the unfinished transaction.
-        let packed = try ArchivePacker.pack(folder: repositoryContent("com.example.magazine.issue42"), options: .init(
-            productId: try ProductIdentifier("com.example.magazine.issue42"), contentVersion: try ContentVersion("1.0"), outputDirectory: w.tmp.sub("late")))
-        #expect(try run(productsDirectory() + "/iap-server", ["publish", "--data", w.tmp.sub("data"), packed.archivePath]).status == 0)
+        try w.publish(folder: repositoryContent("com.example.magazine.issue42"), product: "com.example.magazine.issue42", version: "1.0")
         #expect(try fetch(w).status == 0)
         #expect(try queue.transaction(pending.transaction.transactionId!)?.finishedAt != nil)
         #expect(try run("diff", ["-r", repositoryContent("com.example.magazine.issue42"), w.content + "/com.example.magazine.issue42/1.0/Contents"]).status == 0)

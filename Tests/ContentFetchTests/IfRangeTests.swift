@@ -21,11 +21,16 @@ struct IfRangeTests {
         let payload = Data((0..<(8 << 20)).map { _ in UInt8.random(in: 0...255, using: &generator) })
         try tmp.write("src/payload.bin", payload)
         let store = try SandboxStore.initialize(folder: tmp.sub("sandbox"), bundleId: "com.example.app")
-        let packed = try ArchivePacker.pack(folder: tmp.sub("src"), options: .init(
-            productId: try ProductIdentifier("com.example.changing"), contentVersion: try ContentVersion("1.0"), outputDirectory: tmp.sub("out"), level: 0))
+        let packed = try ArchivePacker.pack(
+            folder: tmp.sub("src"),
+            options: .init(
+                productId: try ProductIdentifier("com.example.changing"), contentVersion: try ContentVersion("1.0"), outputDirectory: tmp.sub("out"), level: 0))
         #expect(try run(productsDirectory() + "/iap-server", ["publish", "--data", tmp.sub("data"), packed.archivePath]).status == 0)
-        let server = try ServerProcess(data: tmp.sub("data"), arguments: [
-            "--bundle-id", "com.example.app", "--trust-root", store.rootCertificatePath, "--environment", "sandbox"], folder: tmp)
+        let server = try ServerProcess(
+            data: tmp.sub("data"),
+            arguments: [
+                "--bundle-id", "com.example.app", "--trust-root", store.rootCertificatePath, "--environment", "sandbox",
+            ], folder: tmp)
         let purchase = try store.purchase(productId: "com.example.changing")
         let id = "\(purchase.transaction.transactionId!)-com.example.changing"
         let content = tmp.sub("device"), queue = tmp.sub("sandbox/queue")

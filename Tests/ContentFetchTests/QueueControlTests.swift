@@ -1,8 +1,9 @@
-@testable import ContentFetch
 import Foundation
 import IAPTestSupport
 import Testing
 import TransactionQueue
+
+@testable import ContentFetch
 
 @Suite("Download queue: pause, resume, cancel and parallel ranges", .serialized)
 struct QueueControlTests {
@@ -15,8 +16,10 @@ struct QueueControlTests {
     }
 
     /// Collects every update; calls `act` once for the first update that matches `when`.
-    func observe(_ fetcher: ContentFetcher, when: @escaping @Sendable (DownloadUpdate) -> Bool,
-                 act: @escaping @Sendable (DownloadUpdate) async -> Void) -> Task<[DownloadUpdate], Never> {
+    func observe(
+        _ fetcher: ContentFetcher, when: @escaping @Sendable (DownloadUpdate) -> Bool,
+        act: @escaping @Sendable (DownloadUpdate) async -> Void
+    ) -> Task<[DownloadUpdate], Never> {
         Task {
             var seen: [DownloadUpdate] = []
             var acted = false
@@ -33,16 +36,18 @@ struct QueueControlTests {
 
     @Test("pause(id) over 4 connections saves every segment while the queue goes on; resume(id) continues from disk to identical bytes")
     func pauseAndResume() async throws {
-        let shop = try Shop(randomProducts: ["com.example.big": 32 << 20, "com.example.small": 64 << 10])
+        let shop = try Shop(products: ["com.example.big": .random(32 << 20), "com.example.small": .random(64 << 10)])
         let big = try shop.store.purchase(productId: "com.example.big").transaction.transactionId!
         let small = try shop.store.purchase(productId: "com.example.small").transaction.transactionId!
         let bigId = "\(big)-com.example.big"
         let fetcher = try fetcher(shop, connections: 4, rate: 8 << 20)
         // Paused as soon as it is active: the rate limit (applied to the socket) keeps it from
         // finishing first even when the test process is busy with other suites.
-        let observer = observe(fetcher, when: { $0.id == bigId && $0.state == .active }) {
-            #expect(await fetcher.pause($0.id))
-        }
+        let observer = observe(
+            fetcher, when: { $0.id == bigId && $0.state == .active },
+            act: {
+                #expect(await fetcher.pause($0.id))
+            })
         let first = await fetcher.start()
         #expect(first.paused == [bigId])
         #expect(first.finished == [small], "the queue goes on past a paused download")
@@ -74,19 +79,22 @@ struct QueueControlTests {
 
     @Test("after a reboot (another boot id in the journal) a transfer continues from the last fsynced bytes, not the 1 MiB mark")
     func resumeAfterPowerCut() async throws {
-        let shop = try Shop(randomProducts: ["com.example.big": 24 << 20])
+        let shop = try Shop(products: ["com.example.big": .random(24 << 20)])
         let big = try shop.store.purchase(productId: "com.example.big").transaction.transactionId!
         let id = "\(big)-com.example.big"
         let fetcher = try fetcher(shop, rate: 8 << 20)
-        let observer = observe(fetcher, when: { $0.id == id && $0.state == .active && $0.bytesReceived >= 6 << 20 }) {
-            #expect(await fetcher.pause($0.id))
-        }
+        let observer = observe(
+            fetcher, when: { $0.id == id && $0.state == .active && $0.bytesReceived >= 6 << 20 },
+            act: {
+                #expect(await fetcher.pause($0.id))
+            })
         #expect(await fetcher.start().paused == [id])
         let journal = try DownloadJournal(contentDirectory: shop.content)
         var record = try #require(journal.load(id))
         #expect(record.recordedLength >= 6 << 20)
-        #expect(record.durable == [Segment(start: 0, end: record.expectedLength, done: record.recordedLength)],
-                "a pause fsyncs what it keeps")
+        #expect(
+            record.durable == [Segment(start: 0, end: record.expectedLength, done: record.recordedLength)],
+            "a pause fsyncs what it keeps")
 
         // A power cut after only 2 MiB had been fsynced: the pages past them are lost (zeros
         // here), and the journal names the boot that wrote them.
@@ -112,13 +120,15 @@ struct QueueControlTests {
 
     @Test("cancel(id) deletes the partial file and leaves the transaction unfinished; the next start downloads it again")
     func cancelRunning() async throws {
-        let shop = try Shop(randomProducts: ["com.example.big": 12 << 20])
+        let shop = try Shop(products: ["com.example.big": .random(12 << 20)])
         let big = try shop.store.purchase(productId: "com.example.big").transaction.transactionId!
         let id = "\(big)-com.example.big"
         let fetcher = try fetcher(shop, rate: 4 << 20)
-        let observer = observe(fetcher, when: { $0.state == .active }) {
-            #expect(await fetcher.cancel($0.id))
-        }
+        let observer = observe(
+            fetcher, when: { $0.state == .active },
+            act: {
+                #expect(await fetcher.cancel($0.id))
+            })
         let first = await fetcher.start()
         #expect(first.cancelled == [id])
         #expect(first.finished.isEmpty)
@@ -140,7 +150,7 @@ struct QueueControlTests {
 
     @Test("iap-fetch --connections 3 killed mid-way resumes every range from its journal, even on one connection")
     func parallelRangesSurviveKill() throws {
-        let shop = try Shop(randomProducts: ["com.example.big": 48 << 20])
+        let shop = try Shop(products: ["com.example.big": .random(48 << 20)])
         let big = try shop.store.purchase(productId: "com.example.big").transaction.transactionId!
         let id = "\(big)-com.example.big"
         let journal = try DownloadJournal(contentDirectory: shop.content)
@@ -155,8 +165,12 @@ struct QueueControlTests {
         #expect(segments.allSatisfy { $0.done > 0 }, "all three ranges were in flight: \(segments)")
         #expect(try FileTransactionQueue(folder: shop.queue).transaction(big)?.finishedAt == nil)
 
-        let again = try run(productsDirectory() + "/iap-fetch", ["run", "--server", shop.server.base, "--queue", shop.queue,
-                                                                 "--content-dir", shop.content, "--json"])
+        let again = try run(
+            productsDirectory() + "/iap-fetch",
+            [
+                "run", "--server", shop.server.base, "--queue", shop.queue,
+                "--content-dir", shop.content, "--json",
+            ])
         #expect(again.status == 0, "\(again.stderr)")
         let firstActive = again.stdout.split(separator: "\n").compactMap { try? JSONDecoder().decode(DownloadUpdate.self, from: Data($0.utf8)) }
             .first { $0.state == .active }
@@ -167,7 +181,7 @@ struct QueueControlTests {
 
     @Test("iap-fetch cancel while another process downloads: that process stops, deletes the partial file, exits 1")
     func cancelAcrossProcesses() throws {
-        let shop = try Shop(randomProducts: ["com.example.big": 12 << 20])
+        let shop = try Shop(products: ["com.example.big": .random(12 << 20)])
         let big = try shop.store.purchase(productId: "com.example.big").transaction.transactionId!
         let id = "\(big)-com.example.big"
         let journal = try DownloadJournal(contentDirectory: shop.content)
@@ -191,7 +205,7 @@ struct QueueControlTests {
 
     @Test("a second iap-fetch on the same content folder is refused and leaves the running download alone")
     func secondProcessRefused() throws {
-        let shop = try Shop(randomProducts: ["com.example.big": 12 << 20])
+        let shop = try Shop(products: ["com.example.big": .random(12 << 20)])
         let big = try shop.store.purchase(productId: "com.example.big").transaction.transactionId!
         let journal = try DownloadJournal(contentDirectory: shop.content)
         let (client, _) = try shop.startClient(["--limit-rate", "4M"])

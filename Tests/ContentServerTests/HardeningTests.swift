@@ -14,25 +14,31 @@ struct HardeningTests {
     func pack(_ tmp: TemporaryFolder, version: String) throws -> PackResult {
         let content = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
             .appendingPathComponent("content/\(product)/Contents").path
-        return try ArchivePacker.pack(folder: content, options: .init(
-            productId: try ProductIdentifier(product), contentVersion: try ContentVersion(version), outputDirectory: tmp.sub("out-\(version)")))
+        return try ArchivePacker.pack(
+            folder: content,
+            options: .init(
+                productId: try ProductIdentifier(product), contentVersion: try ContentVersion(version), outputDirectory: tmp.sub("out-\(version)")))
     }
 
     func start(_ tmp: TemporaryFolder, extra: [String] = [], launcher: [String] = []) throws -> (SandboxStore, ServerProcess) {
         let sandbox = tmp.sub("sandbox")
-        let store = FileManager.default.fileExists(atPath: sandbox + "/store.json")
+        let store =
+            FileManager.default.fileExists(atPath: sandbox + "/store.json")
             ? try SandboxStore(folder: sandbox) : try SandboxStore.initialize(folder: sandbox, bundleId: bundleId)
         try adminToken.write(toFile: tmp.sub("admin-token"), atomically: true, encoding: .utf8)
-        let server = try ServerProcess(data: tmp.sub("data"), arguments: [
-            "--bundle-id", bundleId, "--trust-root", store.rootCertificatePath, "--environment", "sandbox",
-            "--admin-token-file", tmp.sub("admin-token"),
-        ] + extra, folder: tmp, launcher: launcher)
+        let server = try ServerProcess(
+            data: tmp.sub("data"),
+            arguments: [
+                "--bundle-id", bundleId, "--trust-root", store.rootCertificatePath, "--environment", "sandbox",
+                "--admin-token-file", tmp.sub("admin-token"),
+            ] + extra, folder: tmp, launcher: launcher)
         return (store, server)
     }
 
     func multipart(_ server: ServerProcess, _ tmp: TemporaryFolder, _ parts: [String], headers: [String] = []) throws -> HTTPResult {
-        try curl(["-X", "PUT", "-H", "Authorization: Bearer \(adminToken)"] + headers + parts.flatMap { ["-F", $0] }
-                 + [server.base + "/v1/admin/archives"], folder: tmp)
+        try curl(
+            ["-X", "PUT", "-H", "Authorization: Bearer \(adminToken)"] + headers + parts.flatMap { ["-F", $0] }
+                + [server.base + "/v1/admin/archives"], folder: tmp)
     }
 
     /// A client that sends `requestLine` and one header, then one byte every 0.25 s for up to 20 s,
@@ -84,18 +90,25 @@ struct HardeningTests {
             .replacingOccurrences(of: "/", with: "_").replacingOccurrences(of: "=", with: "")
         let twice = try multipart(server, tmp, ["archive=@\(v2.archivePath)", "manifest=@\(v2.manifestPath)"], headers: ["-H", "IAP-Manifest: \(encoded)"])
         #expect(twice.status == 400 && twice.errorCode == "invalid-manifest")
-        let mixed = try curl(["-X", "PUT", "-H", "Authorization: Bearer \(adminToken)", "-H", "Content-Type: multipart/mixed; boundary=x",
-                              "--data-binary", "--x\r\n\r\nhi\r\n--x--\r\n", server.base + "/v1/admin/archives"], folder: tmp)
+        let mixed = try curl(
+            [
+                "-X", "PUT", "-H", "Authorization: Bearer \(adminToken)", "-H", "Content-Type: multipart/mixed; boundary=x",
+                "--data-binary", "--x\r\n\r\nhi\r\n--x--\r\n", server.base + "/v1/admin/archives",
+            ], folder: tmp)
         #expect(mixed.status == 400 && mixed.errorCode == "invalid-multipart")
         // A body cut off inside the archive part, and one whose part headers never end.
         let archiveBytes = try Data(contentsOf: URL(fileURLWithPath: v2.archivePath))
         let cut = "--b\r\nContent-Disposition: form-data; name=\"archive\"\r\n\r\n" + String(decoding: archiveBytes.prefix(1000), as: UTF8.self)
-        let truncated = try rawExchange(port: server.port, "PUT /v1/admin/archives HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \(adminToken)\r\n"
-            + "Content-Type: multipart/form-data; boundary=b\r\nContent-Length: \(cut.utf8.count)\r\nConnection: close\r\n\r\n" + cut, folder: tmp)
+        let truncated = try rawExchange(
+            port: server.port,
+            "PUT /v1/admin/archives HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \(adminToken)\r\n"
+                + "Content-Type: multipart/form-data; boundary=b\r\nContent-Length: \(cut.utf8.count)\r\nConnection: close\r\n\r\n" + cut, folder: tmp)
         #expect(truncated.hasPrefix("HTTP/1.1 400") && truncated.contains("no complete part named 'archive'"), "\(truncated.prefix(300))")
         let endless = "--b\r\nX-Padding: " + String(repeating: "p", count: 100_000)
-        let headerFlood = try rawExchange(port: server.port, "PUT /v1/admin/archives HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \(adminToken)\r\n"
-            + "Content-Type: multipart/form-data; boundary=b\r\nContent-Length: \(endless.utf8.count)\r\nConnection: close\r\n\r\n" + endless, folder: tmp)
+        let headerFlood = try rawExchange(
+            port: server.port,
+            "PUT /v1/admin/archives HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \(adminToken)\r\n"
+                + "Content-Type: multipart/form-data; boundary=b\r\nContent-Length: \(endless.utf8.count)\r\nConnection: close\r\n\r\n" + endless, folder: tmp)
         #expect(headerFlood.hasPrefix("HTTP/1.1 400") && headerFlood.contains("64 KiB"), "\(headerFlood.prefix(300))")
 
         #expect(leftovers(tmp).isEmpty, "uploads that failed left files: \(leftovers(tmp))")
@@ -196,9 +209,11 @@ extension HardeningTests {
         // when it is told to stop.
         let noise = try #require(FileHandle(forReadingAtPath: "/dev/urandom")?.readData(ofLength: 24 << 20))
         _ = try tmp.write("big/noise.bin", noise)
-        let big = try ArchivePacker.pack(folder: tmp.sub("big"), options: .init(
-            productId: try ProductIdentifier("com.example.big"), contentVersion: try ContentVersion("1.0"),
-            outputDirectory: tmp.sub("out-big"), level: 0))
+        let big = try ArchivePacker.pack(
+            folder: tmp.sub("big"),
+            options: .init(
+                productId: try ProductIdentifier("com.example.big"), contentVersion: try ContentVersion("1.0"),
+                outputDirectory: tmp.sub("out-big"), level: 0))
         let upload = ["-X", "PUT", "-T", big.archivePath, "-H", "Authorization: Bearer \(adminToken)", server.base + "/v1/admin/archives"]
         #expect(try curl(upload, folder: tmp).status == 201)
         let purchase = try store.purchase(productId: "com.example.big")
@@ -208,16 +223,10 @@ extension HardeningTests {
         // One download answered by the fast path, one by the HTTP/1 pipeline behind it (the
         // connection is handed over by a first, non-content request).
         let outputs = [tmp.sub("fast.zip"), tmp.sub("pipeline.zip")]
-        let clients = [
+        let clients = try [
             ["-o", outputs[0], url],
             ["-o", "/dev/null", server.base + "/healthz", "-o", outputs[1], url],
-        ].map { arguments in
-            let client = Process()
-            client.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-            client.arguments = ["curl", "-sS", "--fail", "--limit-rate", "8M"] + arguments
-            return client
-        }
-        for client in clients { try client.run() }
+        ].map { arguments in try launch("curl", ["-sS", "--fail", "--limit-rate", "8M"] + arguments) }
         // Told to stop once both have their first megabyte.
         func size(_ path: String) -> Int { ((try? FileManager.default.attributesOfItem(atPath: path)[.size]) as? Int) ?? 0 }
         let deadline = Date().addingTimeInterval(20)

@@ -23,22 +23,27 @@ struct ServerTests {
 
     func start(_ tmp: TemporaryFolder, data: String? = nil) throws -> (SandboxStore, ServerProcess, String) {
         let sandboxDir = tmp.sub("sandbox")
-        let store = FileManager.default.fileExists(atPath: sandboxDir + "/store.json")
+        let store =
+            FileManager.default.fileExists(atPath: sandboxDir + "/store.json")
             ? try SandboxStore(folder: sandboxDir) : try SandboxStore.initialize(folder: sandboxDir, bundleId: bundleId)
         try adminToken.write(toFile: tmp.sub("admin-token"), atomically: true, encoding: .utf8)
         let dataDir = data ?? tmp.sub("data")
-        let server = try ServerProcess(data: dataDir, arguments: [
-            "--bundle-id", bundleId, "--trust-root", store.rootCertificatePath, "--environment", "sandbox",
-            "--admin-token-file", tmp.sub("admin-token"),
-        ], folder: tmp)
+        let server = try ServerProcess(
+            data: dataDir,
+            arguments: [
+                "--bundle-id", bundleId, "--trust-root", store.rootCertificatePath, "--environment", "sandbox",
+                "--admin-token-file", tmp.sub("admin-token"),
+            ], folder: tmp)
         return (store, server, dataDir)
     }
 
     func packSample(_ tmp: TemporaryFolder, version: String = "1.0") throws -> PackResult {
         let content = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
             .appendingPathComponent("content/com.example.cosmos.levels1/Contents").path
-        return try ArchivePacker.pack(folder: content, options: .init(
-            productId: try ProductIdentifier(product), contentVersion: try ContentVersion(version), outputDirectory: tmp.sub("out-\(version)")))
+        return try ArchivePacker.pack(
+            folder: content,
+            options: .init(
+                productId: try ProductIdentifier(product), contentVersion: try ContentVersion(version), outputDirectory: tmp.sub("out-\(version)")))
     }
 
     func upload(_ archive: String, server: ServerProcess, tmp: TemporaryFolder, token: String? = nil, manifest: ArchiveManifest? = nil) throws -> HTTPResult {
@@ -124,26 +129,15 @@ struct ServerTests {
         #expect(try curl(["-H", "If-None-Match: \(etag)", url], folder: tmp).status == 304)
 
         // Many transfers of the same archive at once, spread over the event loops, all succeed.
-        let parallel = Process()
-        parallel.executableURL = URL(fileURLWithPath: "/usr/bin/env")
         let requests = (0..<48).flatMap { i in ["-r", "\(i * 100)-\(i * 100 + 4095)", "-o", "/dev/null", url] }
-        parallel.arguments = ["curl", "-s", "--parallel", "--parallel-max", "16", "-w", "%{http_code} %{size_download}\n"] + requests
-        let parallelOut = tmp.sub("parallel.txt")
-        _ = FileManager.default.createFile(atPath: parallelOut, contents: nil)
-        parallel.standardOutput = FileHandle(forWritingAtPath: parallelOut)
-        try parallel.run()
-        parallel.waitUntilExit()
-        let lines = try String(contentsOfFile: parallelOut, encoding: .utf8).split(separator: "\n")
+        let parallel = try run("curl", ["-s", "--parallel", "--parallel-max", "16", "-w", "%{http_code} %{size_download}\n"] + requests)
+        let lines = parallel.stdout.split(separator: "\n")
         #expect(lines.count == 48 && lines.allSatisfy { $0 == "206 4096" }, "\(lines)")
 
         // curl -C - resumes a partial file.
         let partial = tmp.sub("partial.zip")
         try archiveBytes.prefix(1234).write(to: URL(fileURLWithPath: partial))
-        let resume = Process()
-        resume.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        resume.arguments = ["curl", "-s", "-C", "-", "-o", partial, url]
-        try resume.run()
-        resume.waitUntilExit()
+        try run("curl", ["-s", "-C", "-", "-o", partial, url])
         #expect(try Data(contentsOf: URL(fileURLWithPath: partial)) == archiveBytes)
 
         // A refund after the grant: the content URL and new grants are refused at once.
@@ -201,8 +195,9 @@ struct ServerTests {
         try Data(("{\"signedTransaction\": \"" + String(repeating: "A", count: 400_000) + "\"}").utf8).write(to: URL(fileURLWithPath: big))
         #expect(try curl(["-X", "POST", "--data-binary", "@" + big, server.base + "/v1/downloads"], folder: tmp).status == 413)
         let stranger = try SandboxCertificateAuthority.generate()
-        var foreign = Transaction(transactionId: "1", originalTransactionId: "1", bundleId: bundleId, productId: product,
-                                  purchaseDate: Date(), type: .nonConsumable, environment: .sandbox, signedDate: Date())
+        var foreign = Transaction(
+            transactionId: "1", originalTransactionId: "1", bundleId: bundleId, productId: product,
+            purchaseDate: Date(), type: .nonConsumable, environment: .sandbox, signedDate: Date())
         let untrusted = try grant(try stranger.sign(foreign), server: server, tmp: tmp)
         #expect(untrusted.status == 401 && untrusted.errorCode == "untrusted-chain")
         foreign.bundleId = "com.example.other"
@@ -218,8 +213,10 @@ struct ServerTests {
         forgedBytes[forgedBytes.count - 3] = forgedBytes[forgedBytes.count - 3] == UInt8(ascii: "A") ? UInt8(ascii: "B") : UInt8(ascii: "A")
         #expect(try curl([server.base + "/v1/content/" + String(decoding: forgedBytes, as: UTF8.self) + "/x.zip"], folder: tmp).status == 401)
         let keys = try GrantKeyRing.loadOrCreate(path: data + "/grant-keys.json")
-        let expired = keys.mint(Grant(transactionId: purchase.transaction.transactionId!, productId: product, contentVersion: "1.1",
-                                      sha256: v2.manifest.archiveSHA256, expiresAt: Int64(Date().timeIntervalSince1970) - 5))
+        let expired = keys.mint(
+            Grant(
+                transactionId: purchase.transaction.transactionId!, productId: product, contentVersion: "1.1",
+                sha256: v2.manifest.archiveSHA256, expiresAt: Int64(Date().timeIntervalSince1970) - 5))
         let expiredResult = try curl([server.base + "/v1/content/\(expired)/x.zip"], folder: tmp)
         #expect(expiredResult.status == 401 && expiredResult.errorCode == "grant-expired")
         #expect(try curl(["--path-as-is", server.base + "/v1/content/../../catalog.sqlite"], folder: tmp).status == 401)

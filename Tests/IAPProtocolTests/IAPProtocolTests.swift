@@ -42,10 +42,13 @@ import Testing
 
 @Suite struct ContractTests {
     @Test func grantsDecodeWithDatesAsTheServerWritesThem() throws {
-        let grants = DownloadGrants(transactionId: "1", downloads: [
-            GrantedDownload(productId: "p", contentVersion: "1.0", contentLength: 10, sha256: "ab", url: "http://h/v1/content/t/p-1.0.zip",
-                            expiresAt: Date(timeIntervalSince1970: 1_800_000_000)),
-        ])
+        let grants = DownloadGrants(
+            transactionId: "1",
+            downloads: [
+                GrantedDownload(
+                    productId: "p", contentVersion: "1.0", contentLength: 10, sha256: "ab", url: "http://h/v1/content/t/p-1.0.zip",
+                    expiresAt: Date(timeIntervalSince1970: 1_800_000_000))
+            ])
         let data = WireJSON.line(grants)
         #expect(String(decoding: data, as: UTF8.self).contains(#""expiresAt":"2027-01-15T08:00:00Z""#))
         #expect(try WireJSON.decoder().decode(DownloadGrants.self, from: data) == grants)

@@ -1,7 +1,6 @@
 import Crypto
 import Foundation
 import IAPTestSupport
-
 import PurchaseVerification
 import SandboxStore
 import X509
@@ -19,10 +18,13 @@ struct Fixture {
         SignedDataVerifier(configuration: .init(bundleId: bundleId, trustRoots: roots ?? [AppleRoots.rootCAG3, authority.root], environments: environments))
     }
 
-    func transaction(id: String = "2000000000000001", product: String = "com.example.levels1", environment: AppStoreEnvironment = .sandbox,
-                     signed: Date = Date(timeIntervalSince1970: Date().timeIntervalSince1970.rounded(.down)), bundle: String? = nil) -> Transaction {
-        var t = Transaction(transactionId: id, originalTransactionId: id, bundleId: bundle ?? bundleId, productId: product,
-                            purchaseDate: signed, type: .nonConsumable, environment: environment, signedDate: signed)
+    func transaction(
+        id: String = "2000000000000001", product: String = "com.example.levels1", environment: AppStoreEnvironment = .sandbox,
+        signed: Date = Date(timeIntervalSince1970: Date().timeIntervalSince1970.rounded(.down)), bundle: String? = nil
+    ) -> Transaction {
+        var t = Transaction(
+            transactionId: id, originalTransactionId: id, bundleId: bundle ?? bundleId, productId: product,
+            purchaseDate: signed, type: .nonConsumable, environment: environment, signedDate: signed)
         t.quantity = 1
         t.inAppOwnershipType = .purchased
         return t

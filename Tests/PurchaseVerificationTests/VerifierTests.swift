@@ -1,10 +1,11 @@
 import Crypto
 import Foundation
 import IAPTestSupport
-@testable import PurchaseVerification
 import SandboxStore
 import Testing
 import X509
+
+@testable import PurchaseVerification
 
 @Suite("Signed data verification")
 struct VerifierTests {

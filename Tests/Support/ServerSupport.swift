@@ -170,6 +170,24 @@ public func rawExchange(port: Int, _ request: String, folder: TemporaryFolder) t
     return (try? String(contentsOfFile: output, encoding: .isoLatin1)) ?? ""
 }
 
+/// Starts a program in the background (a bare name is looked up on the PATH); its output is
+/// discarded unless a `FileHandle` or a `Pipe` is given (a `Pipe`'s write end is then closed in
+/// this process, so its reader sees the end). The caller waits for it or kills it.
+public func launch(
+    _ executable: String, _ arguments: [String], environment: [String: String]? = nil,
+    stdout: Any? = nil, stderr: Any? = nil, stdin: Any? = nil
+) throws -> Process {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: executable.hasPrefix("/") ? executable : "/usr/bin/env")
+    process.arguments = executable.hasPrefix("/") ? arguments : [executable] + arguments
+    if let environment { process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 } }
+    process.standardOutput = stdout ?? FileHandle.nullDevice
+    process.standardError = stderr ?? FileHandle.nullDevice
+    if let stdin { process.standardInput = stdin }
+    try process.run()
+    return process
+}
+
 public struct ProcessResult: Sendable {
     public let status: Int32
     public let stdout: String
@@ -179,23 +197,19 @@ public struct ProcessResult: Sendable {
 /// Runs a program to completion; output goes through files, so a chatty child never blocks.
 @discardableResult
 public func run(_ executable: String, _ arguments: [String], stdin: String? = nil, environment: [String: String]? = nil) throws -> ProcessResult {
-    let process = Process()
-    process.executableURL = URL(fileURLWithPath: executable.hasPrefix("/") ? executable : "/usr/bin/env")
-    process.arguments = executable.hasPrefix("/") ? arguments : [executable] + arguments
-    if let environment { process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 } }
     let base = FileManager.default.temporaryDirectory.path + "/iap-run-" + UUID().uuidString
     for ext in [".out", ".err"] { _ = FileManager.default.createFile(atPath: base + ext, contents: nil) }
     _ = FileManager.default.createFile(atPath: base + ".in", contents: Data((stdin ?? "").utf8))
     defer { for ext in [".out", ".err", ".in"] { try? FileManager.default.removeItem(atPath: base + ext) } }
     let out = FileHandle(forWritingAtPath: base + ".out")!, err = FileHandle(forWritingAtPath: base + ".err")!
-    process.standardOutput = out
-    process.standardError = err
-    process.standardInput = FileHandle(forReadingAtPath: base + ".in")
-    try process.run()
+    let process = try launch(
+        executable, arguments, environment: environment, stdout: out, stderr: err,
+        stdin: FileHandle(forReadingAtPath: base + ".in"))
     process.waitUntilExit()
     try? out.close()
     try? err.close()
-    return ProcessResult(status: process.terminationStatus,
-                         stdout: (try? String(contentsOfFile: base + ".out", encoding: .utf8)) ?? "",
-                         stderr: (try? String(contentsOfFile: base + ".err", encoding: .utf8)) ?? "")
+    return ProcessResult(
+        status: process.terminationStatus,
+        stdout: (try? String(contentsOfFile: base + ".out", encoding: .utf8)) ?? "",
+        stderr: (try? String(contentsOfFile: base + ".err", encoding: .utf8)) ?? "")
 }

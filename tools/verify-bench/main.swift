@@ -11,8 +11,9 @@ let configuration = VerifierConfiguration(bundleId: "com.example.app", trustRoot
 let now = Date()
 var tokens: [String] = []
 for i in 0..<count {
-    var t = Transaction(transactionId: String(2_000_000_000_000_001 + i), originalTransactionId: nil, bundleId: "com.example.app",
-                        productId: "com.example.levels\(i % 10)", purchaseDate: now, type: .nonConsumable, environment: .sandbox, signedDate: now)
+    var t = Transaction(
+        transactionId: String(2_000_000_000_000_001 + i), originalTransactionId: nil, bundleId: "com.example.app",
+        productId: "com.example.levels\(i % 10)", purchaseDate: now, type: .nonConsumable, environment: .sandbox, signedDate: now)
     t.quantity = 1
     tokens.append(try authority.sign(t))
 }

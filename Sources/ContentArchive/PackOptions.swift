@@ -1,0 +1,57 @@
+import Foundation
+
+/// Size limits of the format.
+public enum ArchiveLimits {
+    /// 2 GiB: the most a product's archive may weigh, as Apple's hosted content allowed
+    /// (read as 2,147,483,648 bytes).
+    public static let maxArchiveSize: UInt64 = 2_147_483_648
+}
+
+/// How to pack a content folder.
+public struct PackOptions: Sendable {
+    /// Required for a plain folder; optional (and checked) for an Xcode content folder.
+    public var productId: ProductIdentifier?
+    public var contentVersion: ContentVersion?
+    /// Where the archive and manifest go; created if missing.
+    public var outputDirectory: String
+    /// 0 stores every entry. 1 to 9 aim at `zip -<level>`'s size for the whole archive at the
+    /// least CPU: each kind of file (extension) gets a libdeflate level from 1 to `level`, chosen
+    /// from samples so that the kinds together come out no larger than zlib at `level` would
+    /// make them (``LevelBudget``). 10 to 12 are libdeflate's slow near-optimal levels.
+    public var level: Int
+    /// The largest archive allowed, in bytes.
+    public var sizeCap: UInt64
+    public var timestamp: ArchiveTimestamp
+    /// Compression threads; the output does not depend on it.
+    public var threads: Int
+    /// How files are cut into pieces of work (tests make the pieces small).
+    var chunking = Chunking.standard
+
+    public init(
+        productId: ProductIdentifier? = nil, contentVersion: ContentVersion? = nil,
+        outputDirectory: String = ".", level: Int = 6,
+        sizeCap: UInt64 = ArchiveLimits.maxArchiveSize, timestamp: ArchiveTimestamp = .standard,
+        threads: Int = ProcessInfo.processInfo.activeProcessorCount
+    ) {
+        self.productId = productId
+        self.contentVersion = contentVersion
+        self.outputDirectory = outputDirectory
+        self.level = level
+        self.sizeCap = sizeCap
+        self.timestamp = timestamp
+        self.threads = threads
+    }
+}
+
+/// What a pack produced.
+public struct PackResult: Sendable {
+    public let archivePath: String
+    public let manifestPath: String
+    public let manifest: ArchiveManifest
+}
+
+/// How far a pack has got, in uncompressed bytes.
+public struct PackProgress: Sendable {
+    public let bytesDone: UInt64
+    public let bytesTotal: UInt64
+}

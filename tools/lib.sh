@@ -1,0 +1,37 @@
+# Shared steps of the demo and the benchmarks: source it (`. tools/lib.sh`) from the repository root.
+
+# Builds the given products in release mode and sets $bin to where they are.
+build_release() {
+  for product in "$@"; do swift build -c release --product "$product" 2>&1 | tail -1 >&2; done
+  bin=$(swift build -c release --show-bin-path)
+}
+
+# Packs <size> random bytes as payload.bin of <product> 1.0, stored (level 0), into <out>; prints the archive's path.
+random_archive() { # product size work out
+  mkdir -p "$3/content-$1"
+  head -c "$2" /dev/urandom > "$3/content-$1/payload.bin"
+  "$bin/iap-pack" build "$3/content-$1" --product-id "$1" --content-version 1.0 --level 0 -o "$4" >/dev/null
+  echo "$4/$1-1.0.zip"
+}
+
+# Creates a sandbox store in <work>/sandbox for <bundle>, publishes <archive>s into <work>/data,
+# starts iap-server on a free port trusting the sandbox, and sets $server_pid and $base.
+start_sandbox_server() { # work bundle archive...
+  local work=$1 bundle=$2; shift 2
+  "$bin/iap-sandbox" init --dir "$work/sandbox" --bundle-id "$bundle" >/dev/null
+  for archive in "$@"; do "$bin/iap-server" publish --data "$work/data" "$archive" >/dev/null; done
+  LOG_LEVEL=${LOG_LEVEL:-error} "$bin/iap-server" serve --data "$work/data" --bundle-id "$bundle" --trust-root "$work/sandbox/root.cer" \
+    --environment sandbox --port 0 --port-file "$work/port" --token-ttl 86400 > "$work/server.log" 2>&1 &
+  server_pid=$!
+  for _ in $(seq 200); do [ -s "$work/port" ] && break; sleep 0.05; done
+  [ -s "$work/port" ] || { echo "iap-server did not start: $(cat "$work/server.log")" >&2; return 1; }
+  base="http://127.0.0.1:$(cat "$work/port")"
+}
+
+# Buys <product> in the sandbox of <work> and prints the download URL the server grants for it.
+grant_url() { # work product
+  local tx
+  tx=$("$bin/iap-sandbox" purchase --dir "$1/sandbox" --product-id "$2")
+  curl -s -X POST "$base/v1/downloads" -d "{\"signedTransaction\":\"$tx\"}" |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["downloads"][0]["url"])'
+}
