@@ -177,7 +177,10 @@ let package = Package(
         .testTarget(name: "DownloadGrantsTests", dependencies: ["DownloadGrants"]),
         .testTarget(name: "ContentCatalogTests", dependencies: ["ContentCatalog", "ContentArchive"]),
         .testTarget(name: "TransactionQueueTests", dependencies: ["TransactionQueue", "IAPTestSupport"]),
-        .testTarget(name: "SandboxStoreTests", dependencies: ["SandboxStore", "TransactionQueue", "IAPTestSupport"]),
+        .testTarget(
+            name: "SandboxStoreTests",
+            dependencies: ["SandboxStore", "TransactionQueue", "IAPTestSupport", .product(name: "X509", package: "swift-certificates")]
+        ),
         .testTarget(
             name: "ContentDeliveryTests",
             dependencies: [

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the project needs, only those missing (run as root, or with sudo).
 set -euo pipefail
-packages=(libdeflate-dev zlib1g-dev libsqlite3-dev curl unzip zip python3 util-linux)
+packages=(libdeflate-dev zlib1g-dev libsqlite3-dev curl unzip zip python3 util-linux openssl)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -12,8 +12,13 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
-# The interoperability tests check our JWS against Python's `cryptography`.
+# The interoperability tests check our JWS against Python's `cryptography`, and our verifier
+# against Apple's own App Store Server Library.
 if ! python3 -c 'import cryptography' 2>/dev/null; then
   echo "installing: cryptography (PyPI)" >&2
   python3 -m pip install -q cryptography
+fi
+if ! python3 -c 'import appstoreserverlibrary' 2>/dev/null; then
+  echo "installing: app-store-server-library (PyPI)" >&2
+  python3 -m pip install -q app-store-server-library
 fi

@@ -120,7 +120,8 @@ struct APIRoutes: Sendable {
     func status(for code: VerificationErrorCode) -> HTTPResponse.Status {
         switch code {
         case .malformed, .tooLarge: .badRequest
-        case .unsupportedAlgorithm, .invalidCertificateList, .untrustedChain, .missingMarkerOID, .invalidSignature: .unauthorized
+        case .unsupportedAlgorithm, .unsupportedCriticalHeader, .invalidCertificateList, .untrustedChain, .missingMarkerOID, .invalidSignature:
+            .unauthorized
         case .wrongBundleId, .wrongEnvironment: .forbidden
         }
     }

@@ -6,6 +6,9 @@ struct CompactJWS {
     struct Header: Decodable {
         let alg: String?
         let x5c: [String]?
+        /// RFC 7515 §4.1.11: extensions the recipient must understand. This verifier implements
+        /// none, so any `crit` refuses the token.
+        let crit: [String]?
     }
 
     let header: Header
@@ -31,14 +34,34 @@ struct CompactJWS {
         guard let signature = base64URLDecode(parts[2]) else {
             throw VerificationError(.malformed, "the JWS signature is not valid base64url")
         }
+        try Self.refuseDuplicates(in: headerBytes, what: "JWS header")
         do {
             header = try JSONDecoder().decode(Header.self, from: headerBytes)
         } catch {
             throw VerificationError(.malformed, "the JWS header is not a JSON object with string 'alg' and an 'x5c' array of strings")
         }
+        if let crit = header.crit {
+            throw VerificationError(
+                .unsupportedCriticalHeader,
+                "the JWS header marks \(crit.isEmpty ? "an empty list" : crit.joined(separator: ", ")) as critical ('crit'); this verifier implements no JWS extensions")
+        }
+        try Self.refuseDuplicates(in: payload, what: "payload")
         self.payload = payload
         self.signature = signature
         signingInput = Data(token.utf8.prefix(parts[0].utf8.count + 1 + parts[1].utf8.count))
+    }
+}
+
+extension CompactJWS {
+    /// Refuses JSON in which one object names a member twice (see ``DuplicateMembers``).
+    static func refuseDuplicates(in bytes: Data, what: String) throws(VerificationError) {
+        do {
+            try DuplicateMembers.check(bytes)
+        } catch .duplicate(let name) {
+            throw VerificationError(.malformed, "the \(what) names '\(name.prefix(64))' twice in one object; readers disagree on such JSON, so it is refused")
+        } catch {
+            throw VerificationError(.malformed, "the \(what) is not valid JSON (RFC 8259)")
+        }
     }
 }
 

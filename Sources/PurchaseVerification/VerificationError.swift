@@ -8,6 +8,8 @@ public enum VerificationErrorCode: String, ErrorCode, CaseIterable {
     case tooLarge = "too-large"
     /// `alg` is not ES256.
     case unsupportedAlgorithm = "unsupported-algorithm"
+    /// The header marks extensions as critical (`crit`); none is implemented here.
+    case unsupportedCriticalHeader = "unsupported-critical-header"
     /// `x5c` is missing or does not hold exactly three certificates.
     case invalidCertificateList = "invalid-certificate-list"
     /// The chain does not lead to a configured root, or a certificate is expired or invalid at `signedDate`.

@@ -63,6 +63,11 @@ public struct SandboxCertificateAuthority: Sendable {
         }
         // DER NULL, the value Apple's marker extensions carry.
         let null: ArraySlice<UInt8> = [0x05, 0x00]
+        // Key identifiers as in Apple's chain (and as RFC 5280 §4.2.1.1-2 and OpenSSL's strict
+        // mode expect): each certificate names its own key and, below the root, its issuer's.
+        let rootKeyId = SubjectKeyIdentifier(hash: Certificate.PublicKey(rootKey.publicKey))
+        let intermediateKeyId = SubjectKeyIdentifier(hash: Certificate.PublicKey(intermediateKey.publicKey))
+        let leafKeyId = SubjectKeyIdentifier(hash: Certificate.PublicKey(leafKey.publicKey))
         let root = try Certificate(
             version: .v3, serialNumber: .init(), publicKey: .init(rootKey.publicKey),
             notValidBefore: caNotBefore, notValidAfter: now.addingTimeInterval(20 * 365 * 86_400),
@@ -70,11 +75,14 @@ public struct SandboxCertificateAuthority: Sendable {
             extensions: try Certificate.Extensions {
                 Critical(BasicConstraints.isCertificateAuthority(maxPathLength: nil))
                 Critical(KeyUsage(keyCertSign: true, cRLSign: true))
+                rootKeyId
             },
             issuerPrivateKey: .init(rootKey))
         var intermediateExtensions = try Certificate.Extensions {
             Critical(BasicConstraints.isCertificateAuthority(maxPathLength: 0))
             Critical(KeyUsage(keyCertSign: true, cRLSign: true))
+            AuthorityKeyIdentifier(keyIdentifier: rootKeyId.keyIdentifier)
+            intermediateKeyId
         }
         if profile.intermediateHasMarker {
             try intermediateExtensions.append(Certificate.Extension(oid: AppleMarkerOID.intermediate, critical: false, value: null))
@@ -87,6 +95,8 @@ public struct SandboxCertificateAuthority: Sendable {
         var leafExtensions = try Certificate.Extensions {
             Critical(BasicConstraints.notCertificateAuthority)
             Critical(KeyUsage(digitalSignature: true))
+            AuthorityKeyIdentifier(keyIdentifier: intermediateKeyId.keyIdentifier)
+            leafKeyId
         }
         if profile.leafHasMarker {
             try leafExtensions.append(Certificate.Extension(oid: AppleMarkerOID.leaf, critical: false, value: null))
