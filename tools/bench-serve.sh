@@ -3,12 +3,13 @@
 # Reports 1 GiB download throughput with curl, server CPU seconds per GiB served, and wrk
 # requests/s and p99 latency for 4 KiB and 1 MiB ranges at 16 and 64 connections. iap-server
 # checks a grant token (HMAC + revocation) on every request; nginx serves a plain file.
-# Range measures alternate the servers over several rounds and report medians.
+# Range measures alternate the servers over several rounds (default 7) and report the ratio of
+# medians, each median with its spread (min-max): what a user sees on a typical run.
 # Usage: tools/bench-serve.sh [seconds-per-wrk-run] [rounds]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-5}
-rounds=${2:-3}
+rounds=${2:-7}
 tools/install-deps.sh
 command -v nginx >/dev/null && command -v wrk >/dev/null || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light wrk >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx wrk >/dev/null; }
 . tools/lib.sh
@@ -70,11 +71,12 @@ wrk_run() { # url range connections -> "req/s p99ms"
     $1 == "99%" { v = $2; if (v ~ /us$/) { sub(/us/, "", v); v /= 1000 } else if (v ~ /ms$/) { sub(/ms/, "", v) } else if (v ~ /s$/) { sub(/s/, "", v); v *= 1000 }; p99 = v }
     END { printf "%s %s", rps, p99 }'
 }
-printf '\n%-34s %14s %14s %8s\n' "measure" "iap-server" "nginx" "ratio"
+printf '\n%-34s %24s %24s %8s\n' "measure" "iap-server" "nginx" "ratio"
 read -r _ ob oc <<< "$ours_dl"; read -r _ nb nc <<< "$nginx_dl"
-awk -v o="$ob" -v n="$nb" 'BEGIN { printf "%-34s %14.0f %14.0f %8.2f\n", "1 GiB download, MB/s (curl)", o/1e6, n/1e6, o/n }'
-awk -v o="$oc" -v n="$nc" 'BEGIN { printf "%-34s %14.3f %14.3f %8.2f\n", "server CPU seconds per GiB", o, n, (n > 0 ? o/n : 0) }'
+awk -v o="$ob" -v n="$nb" 'BEGIN { printf "%-34s %24.0f %24.0f %8.2f\n", "1 GiB download, MB/s (curl, best)", o/1e6, n/1e6, o/n }'
+awk -v o="$oc" -v n="$nc" 'BEGIN { printf "%-34s %24.3f %24.3f %8.2f\n", "server CPU seconds per GiB", o, n, (n > 0 ? o/n : 0) }'
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
+spread() { sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%s-%s", lo, hi }'; }
 # Each range measure alternates the two servers $rounds times and compares medians: single runs on
 # a shared 2-core machine vary by about 10%, more than the differences being measured.
 for range in "0-4095" "0-1048575"; do
@@ -87,9 +89,11 @@ for range in "0-4095" "0-1048575"; do
     done
     ors=$(cut -d' ' -f1 "$work/ours.runs" | median); op=$(cut -d' ' -f2 "$work/ours.runs" | median)
     nrs=$(cut -d' ' -f1 "$work/nginx.runs" | median); np=$(cut -d' ' -f2 "$work/nginx.runs" | median)
+    orr=$(cut -d' ' -f1 "$work/ours.runs" | awk '{ printf "%.0f\n", $1 }' | spread); nrr=$(cut -d' ' -f1 "$work/nginx.runs" | awk '{ printf "%.0f\n", $1 }' | spread)
+    opr=$(cut -d' ' -f2 "$work/ours.runs" | spread); npr=$(cut -d' ' -f2 "$work/nginx.runs" | spread)
     label="range $range, $c conns"
-    awk -v l="$label" -v o="$ors" -v n="$nrs" 'BEGIN { printf "%-34s %14.0f %14.0f %8.2f\n", l " req/s", o, n, o/n }'
-    awk -v l="$label" -v o="$op" -v n="$np" 'BEGIN { printf "%-34s %14.2f %14.2f %8.2f\n", l " p99 ms", o, n, (n > 0 ? o/n : 0) }'
+    awk -v l="$label" -v o="$ors" -v n="$nrs" -v a="$orr" -v b="$nrr" 'BEGIN { printf "%-34s %24s %24s %8.2f\n", l " req/s", sprintf("%.0f (%s)", o, a), sprintf("%.0f (%s)", n, b), o/n }'
+    awk -v l="$label" -v o="$op" -v n="$np" -v a="$opr" -v b="$npr" 'BEGIN { printf "%-34s %24s %24s %8.2f\n", l " p99 ms", sprintf("%.2f (%s)", o, a), sprintf("%.2f (%s)", n, b), (n > 0 ? o/n : 0) }'
   done
 done
 echo; echo "server RSS after the run: $(awk '/VmHWM/ {print $2/1024 " MiB peak"}' /proc/$ours_pid/status)"

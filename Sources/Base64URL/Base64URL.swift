@@ -1,8 +1,8 @@
 /// base64url (RFC 4648 §5) without padding, as JWS and download grants use.
 ///
 /// Hand-written because Foundation decodes only the standard alphabet, and translating the
-/// alphabet with string replacement costs more than the HMAC or signature it feeds (it showed at
-/// the top of the content server's profile).
+/// alphabet with string replacement costs more than the HMAC or signature it feeds, on every
+/// content request.
 public enum Base64URL {
     /// Decodes strict base64url; trailing `=` padding is tolerated. Nil for any other byte, an
     /// impossible length or non-zero leftover bits.

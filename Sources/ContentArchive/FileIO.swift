@@ -11,9 +11,9 @@ import SystemPackage
 /// A write-only file with a user-space buffer: thousands of small headers become few syscalls.
 ///
 /// With `direct`, whole aligned blocks go to the disk with `O_DIRECT`, from a buffer that stays
-/// the same, instead of being copied into the page cache: that copy was 4-10% of the packer's CPU
-/// (more when the kernel had to find fresh pages for it), and the final fsync then has almost
-/// nothing left to write. A second, ordinary descriptor writes what is not a whole aligned block
+/// the same, instead of being copied into the page cache: the copy takes CPU the compressors need
+/// (docs/performance.md has the figures), and the final fsync then has almost nothing left to
+/// write. A second, ordinary descriptor writes what is not a whole aligned block
 /// (the end of a flush, a patch); those bytes stay in the buffer, and the next direct write of
 /// their block replaces them (the kernel keeps the two paths coherent). File systems without
 /// direct I/O (tmpfs) get buffered writes.

@@ -52,7 +52,7 @@ public protocol ContentObserver: Sendable {
 ///
 /// It sits right after NIO's HTTP/1 codec and pipelining handler, ahead of any framework's codec,
 /// because a framework's body type (a `ByteBuffer`) cannot carry a `FileRegion`: copying archive
-/// bytes through user-space buffers costs about ten times the CPU of sendfile. Pipelined requests
+/// bytes through user-space buffers costs many times the CPU of sendfile. Pipelined requests
 /// stay in order because NIO's pipelining handler releases the next request only after this
 /// handler (or the framework behind it) has written the previous response's end.
 public final class ContentChannelHandler: ChannelDuplexHandler, RemovableChannelHandler {

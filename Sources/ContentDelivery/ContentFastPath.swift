@@ -3,8 +3,7 @@ import NIOHTTP1
 
 /// Told of the requests `ContentFastPath` answers, so that a request-head deadline behind it
 /// (which sees only what NIO's decoder parses) covers them too. Called on the channel's event loop.
-/// A direct call rather than a user event: an event crosses four handlers per request, which
-/// showed in the profile of small range requests.
+/// A direct call rather than a user event: an event would cross four handlers per request.
 public protocol RequestHeadObserver: AnyObject {
     /// A complete request head was read: its deadline is met.
     func requestHeadReceived()
@@ -19,8 +18,8 @@ public protocol RequestHeadObserver: AnyObject {
 /// the bytes it holds, so everything unusual meets NIO's parser and the handlers behind it.
 ///
 /// Why it exists: small range requests are bound by per-request CPU, and NIO's HTTP/1 path
-/// (llhttp, `HTTPHeaders`, the pipelining handler, the encoder, three more handlers) was about
-/// 40% of the server's CPU on 4 KiB ranges, against nginx's 15%. The answer itself is decided by
+/// (llhttp, `HTTPHeaders`, the pipelining handler, the encoder, three more handlers) costs far
+/// more per request than nginx spends on the whole request (docs/performance.md). The answer itself is decided by
 /// the same `ContentResponse` as for requests that come through the decoder.
 ///
 /// Responses leave in request order: they are written as the requests are parsed, and after a
@@ -40,7 +39,7 @@ public final class ContentFastPath: ChannelDuplexHandler {
     private let parser: RequestHeadParser
 
     // The state is touched only on the channel's event loop, one call at a time; unchecked
-    // exclusivity drops the runtime access checks, which showed in the profile of small ranges.
+    // exclusivity drops runtime access checks that every request would pay for.
 
     /// Bytes read and not yet answered (a head split over reads, or pipelined requests).
     @exclusivity(unchecked) private var pending: ByteBuffer?

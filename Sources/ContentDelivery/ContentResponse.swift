@@ -152,8 +152,8 @@ struct ContentResponse {
 
 extension Substring {
     /// Where `byte` first occurs, in UTF-8 code units from the start. Searches the contiguous
-    /// bytes: `utf8.firstIndex(of:)` goes through String's index machinery byte by byte, which was
-    /// 4% of the server's CPU on small range requests.
+    /// bytes: `utf8.firstIndex(of:)` goes through String's index machinery byte by byte, on a path
+    /// every small range request takes.
     func utf8Offset(of byte: UInt8) -> Int? {
         if let offset = utf8.withContiguousStorageIfAvailable({ $0.firstIndex(of: byte) }) { return offset }
         return utf8.firstIndex(of: byte).map { utf8.distance(from: utf8.startIndex, to: $0) }

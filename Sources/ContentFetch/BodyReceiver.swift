@@ -9,8 +9,8 @@ import SystemPackage
 /// already on disk, for hashing and bookkeeping.
 ///
 /// This exists because AsyncHTTPClient's async body sequence stops reading the socket after every
-/// part until the consumer asks for the next one (its high watermark is a single part); measured
-/// here, that ran at a third of curl's throughput on one connection. With this delegate the
+/// part until the consumer asks for the next one (its high watermark is a single part), so the
+/// transfer waited on the consumer at every part (docs/performance.md has the figures). With this delegate the
 /// socket keeps being read while up to `window` bytes wait for the fetcher, which is the
 /// backpressure bound on memory.
 final class BodyReceiver: HTTPClientResponseDelegate, Sendable {

@@ -17,8 +17,8 @@ public struct FetchConfiguration: Sendable {
     /// The partial file is synced to disk at most this often while bytes arrive (and whenever a
     /// transfer pauses or stops): what a power cut can lose, in transfer time. A timer rather than
     /// a byte count because each fsync makes the disk write back what the page cache holds while
-    /// the transfer goes on; measured here, syncing every 64 MiB slowed a 1 GiB transfer by a
-    /// quarter, and a download shorter than this interval now never waits for the disk.
+    /// the transfer goes on (docs/performance.md), and a download shorter than this interval
+    /// never waits for the disk.
     public var durableInterval: Duration = .seconds(10)
     /// Connections per download: more than one fetches parallel ranges into the same file and
     /// journal. Archives are split only into parts of at least `minimumSegment` bytes.

@@ -4,8 +4,8 @@
 /// of their own choosing, so they run without waiting. (Hummingbird tests its connection state
 /// machine the same way.)
 ///
-/// One timer at a time, moved forward lazily when it fires early: re-arming a timer for every
-/// request showed in the profile of small range requests.
+/// One timer at a time, moved forward lazily when it fires early, rather than one re-armed for
+/// every request.
 struct HeadDeadline<Instant: InstantProtocol>: Sendable where Instant.Duration == Duration {
     enum Action: Sendable, Equatable {
         case none

@@ -10,8 +10,8 @@ final class ServerMetrics: ContentObserver, Sendable {
     let activeTransfers: Gauge
     let transferDuration: DurationHistogram
     let verificationDuration: DurationHistogram
-    /// The content path's statuses, made once: looking a counter up in the registry takes a lock
-    /// and showed in the profile of small range requests.
+    /// The content path's statuses, made once: looking a counter up in the registry takes a lock,
+    /// on every content request.
     private let responses: [UInt: Counter]
 
     init() {

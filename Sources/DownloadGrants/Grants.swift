@@ -59,8 +59,8 @@ public enum GrantError: Error, Sendable, Equatable, CustomStringConvertible {
 public struct GrantKeyRing: Sendable {
     public let activeKeyId: String
     private let keys: [String: SymmetricKey]
-    /// An HMAC already keyed for each key, copied for each check: keying hashes two blocks,
-    /// which showed in the profile of small range requests.
+    /// An HMAC already keyed for each key, copied for each check: keying hashes two blocks, on
+    /// every content request.
     private let keyed: [String: HMAC<SHA256>]
 
     public init(activeKeyId: String, keys: [String: SymmetricKey]) {
@@ -90,7 +90,7 @@ public struct GrantKeyRing: Sendable {
     /// bytes throughout: it runs on every content request.
     public func verify(_ token: Substring, now: Date = Date()) -> Result<Grant, GrantError> {
         guard token.utf8.count <= 2048 else { return .failure(.malformed) }
-        // One copy into an array: generic code over Substring's UTF-8 view showed in the profile.
+        // One copy into an array: generic code over Substring's UTF-8 view is slow byte by byte.
         let bytes = Array(token.utf8)
         let parts = bytes.split(separator: UInt8(ascii: "."), maxSplits: 3, omittingEmptySubsequences: false)
         guard parts.count == 3 else { return .failure(.malformed) }

@@ -21,27 +21,40 @@ struct IAPFetch: AsyncParsableCommand {
         subcommands: [Run.self, Get.self, Status.self, Cancel.self])
 }
 
+/// `--limit-rate`: bytes per second, with an optional K, M or G (binary) suffix.
+struct Rate: ExpressibleByArgument {
+    let bytesPerSecond: Int
+
+    init?(argument: String) {
+        let units: [Character: Int] = ["K": 1 << 10, "M": 1 << 20, "G": 1 << 30]
+        let multiplier = argument.last.flatMap { units[Character($0.uppercased())] } ?? 1
+        guard let number = Int(multiplier == 1 ? argument : String(argument.dropLast())), number > 0,
+            number <= Int.max / multiplier
+        else { return nil }
+        bytesPerSecond = number * multiplier
+    }
+}
+
 struct Options: ParsableArguments {
     @Option(help: "The content server, e.g. http://127.0.0.1:8080.") var server: String
     @Option(name: .customLong("content-dir"), help: "Where content is installed: <dir>/<productId>/<contentVersion>/.") var contentDir: String
     @Flag(help: "One JSON object per line for every update and every finished transaction.") var json = false
-    @Option(name: .customLong("limit-rate"), help: "Cap the bandwidth, e.g. 500K or 20M bytes per second.") var limitRate: String?
+    @Option(name: .customLong("limit-rate"), help: "Cap the bandwidth, e.g. 500K or 20M bytes per second.") var limitRate: Rate?
     @Option(help: "Connections per download (1-16): parallel ranges for archives of 32 MiB and more.") var connections = 1
 
-    func configuration() throws -> FetchConfiguration {
-        var configuration = FetchConfiguration(server: server, contentDirectory: contentDir)
+    func validate() throws {
         guard (1...16).contains(connections) else {
             throw ValidationError("--connections \(connections) is out of range: use 1 to 16")
         }
-        configuration.connections = connections
-        if let limitRate {
-            let units: [Character: Int] = ["K": 1 << 10, "M": 1 << 20, "G": 1 << 30]
-            let multiplier = limitRate.last.flatMap { units[Character($0.uppercased())] } ?? 1
-            guard let number = Int(multiplier == 1 ? limitRate : String(limitRate.dropLast())), number > 0 else {
-                throw ValidationError("--limit-rate \(limitRate) is not a rate such as 500K or 20M")
-            }
-            configuration.rateLimit = number * multiplier
+        guard let url = URL(string: server), url.scheme == "http" || url.scheme == "https", url.host != nil else {
+            throw ValidationError("--server \(server) is not an http(s) URL such as http://127.0.0.1:8080")
         }
+    }
+
+    func configuration() -> FetchConfiguration {
+        var configuration = FetchConfiguration(server: server, contentDirectory: contentDir)
+        configuration.connections = connections
+        configuration.rateLimit = limitRate?.bytesPerSecond
         return configuration
     }
 }
@@ -52,7 +65,7 @@ let reporter = Reporter(tool: "iap-fetch")
 /// Runs a fetcher over a source, printing its updates, and exits with the documented code.
 func runFetcher(_ options: Options, source: any TransactionSource) async throws {
     let fetcher: ContentFetcher
-    do { fetcher = try ContentFetcher(configuration: try options.configuration(), source: source) } catch let error as FetchError {
+    do { fetcher = try ContentFetcher(configuration: options.configuration(), source: source) } catch {
         throw reporter.failure(error)
     }
     // Ctrl-C pauses: the journal is saved and the next run resumes.

@@ -28,23 +28,17 @@ struct FaultScheduleTests {
 
     @Test("the client killed at ten points and the server twice: identical content, finished exactly once")
     func schedule() throws {
-        let tmp = try TemporaryFolder()
-        var generator = SystemRandomNumberGenerator()
-        let payload = Data((0..<(16 << 20)).map { _ in UInt8.random(in: 0...255, using: &generator) })
-        try tmp.write("src/payload.bin", payload)
-        for i in 0..<800 { try tmp.write("src/notes/note-\(i).txt", "note \(i)\n") }
-        let store = try SandboxStore.initialize(folder: tmp.sub("sandbox"), bundleId: "com.example.app")
-        let packed = try ArchivePacker.pack(
-            folder: tmp.sub("src"),
-            options: .init(
-                productId: try ProductIdentifier("com.example.faults"), contentVersion: try ContentVersion("1.0"), outputDirectory: tmp.sub("out"), level: 0))
-        #expect(try run(productsDirectory() + "/iap-server", ["publish", "--data", tmp.sub("data"), packed.archivePath]).status == 0)
-        let serverArguments = ["--bundle-id", "com.example.app", "--trust-root", store.rootCertificatePath, "--environment", "sandbox"]
-        var server = try ServerProcess(data: tmp.sub("data"), arguments: serverArguments, folder: tmp)
+        let source = try TemporaryFolder()
+        let payload = try #require(FileHandle(forReadingAtPath: "/dev/urandom")).readData(ofLength: 16 << 20)
+        try source.write("src/payload.bin", payload)
+        for i in 0..<800 { try source.write("src/notes/note-\(i).txt", "note \(i)\n") }
+        let shop = try Shop(products: ["com.example.faults": .folder(source.sub("src"))])
+        let (tmp, store, serverArguments) = (shop.tmp, shop.store, shop.serverArguments)
+        var server = shop.server
         let port = server.port
         let purchase = try store.purchase(productId: "com.example.faults")
         let id = purchase.transaction.transactionId!
-        let queue = tmp.sub("sandbox/queue"), content = tmp.sub("device")
+        let (queue, content) = (shop.queue, shop.content)
         let installed = content + "/com.example.faults/1.0"
         let journal = try DownloadJournal(contentDirectory: content)
         func durable() -> Int64 { journal.load("\(id)-com.example.faults")?.recordedLength ?? 0 }
@@ -99,7 +93,7 @@ struct FaultScheduleTests {
         let last = try run(productsDirectory() + "/iap-fetch", ["run", "--server", server.base, "--queue", queue, "--content-dir", content])
         #expect(last.status == 0, "\(last.stderr)")
         #expect(try Data(contentsOf: URL(fileURLWithPath: installed + "/Contents/payload.bin")) == payload)
-        #expect(try run("diff", ["-r", tmp.sub("src"), installed + "/Contents"]).status == 0)
+        #expect(try run("diff", ["-r", source.sub("src"), installed + "/Contents"]).status == 0)
         let finishedAt = try #require(try finished())
         #expect(try run(productsDirectory() + "/iap-fetch", ["run", "--server", server.base, "--queue", queue, "--content-dir", content]).status == 0)
         #expect(try finished() == finishedAt)

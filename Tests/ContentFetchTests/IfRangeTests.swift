@@ -16,31 +16,12 @@ struct IfRangeTests {
 
     @Test("bytes on disk from another representation (a stale ETag): If-Range gets 200, the client starts over and installs the right bytes")
     func staleValidator() throws {
-        let tmp = try TemporaryFolder()
-        var generator = SystemRandomNumberGenerator()
-        let payload = Data((0..<(8 << 20)).map { _ in UInt8.random(in: 0...255, using: &generator) })
-        try tmp.write("src/payload.bin", payload)
-        let store = try SandboxStore.initialize(folder: tmp.sub("sandbox"), bundleId: "com.example.app")
-        let packed = try ArchivePacker.pack(
-            folder: tmp.sub("src"),
-            options: .init(
-                productId: try ProductIdentifier("com.example.changing"), contentVersion: try ContentVersion("1.0"), outputDirectory: tmp.sub("out"), level: 0))
-        #expect(try run(productsDirectory() + "/iap-server", ["publish", "--data", tmp.sub("data"), packed.archivePath]).status == 0)
-        let server = try ServerProcess(
-            data: tmp.sub("data"),
-            arguments: [
-                "--bundle-id", "com.example.app", "--trust-root", store.rootCertificatePath, "--environment", "sandbox",
-            ], folder: tmp)
-        let purchase = try store.purchase(productId: "com.example.changing")
+        let shop = try Shop(products: ["com.example.changing": .random(8 << 20)])
+        let (tmp, server, queue, content) = (shop.tmp, shop.server, shop.queue, shop.content)
+        let payload = shop.payloads["com.example.changing"]!
+        let purchase = try shop.store.purchase(productId: "com.example.changing")
         let id = "\(purchase.transaction.transactionId!)-com.example.changing"
-        let content = tmp.sub("device"), queue = tmp.sub("sandbox/queue")
-
-        let client = Process()
-        client.executableURL = URL(fileURLWithPath: productsDirectory() + "/iap-fetch")
-        client.arguments = ["run", "--server", server.base, "--queue", queue, "--content-dir", content, "--limit-rate", "4M"]
-        client.standardOutput = FileHandle.nullDevice
-        client.standardError = FileHandle.nullDevice
-        try client.run()
+        let (client, _) = try shop.startClient(["--limit-rate", "4M"])
         let journal = try DownloadJournal(contentDirectory: content)
         let deadline = Date().addingTimeInterval(60)
         while client.isRunning, Date() < deadline, (journal.load(id)?.recordedLength ?? 0) < 4 << 20 { usleep(2_000) }
@@ -49,7 +30,7 @@ struct IfRangeTests {
 
         // The partial bytes now claim to come from another representation, and are garbage.
         var record = try #require(journal.load(id))
-        #expect(record.etag == "\"\(packed.manifest.archiveSHA256)\"")
+        #expect(record.etag == "\"\(shop.manifests["com.example.changing"]!.archiveSHA256)\"")
         record.etag = "\"" + String(repeating: "0", count: 64) + "\""
         try journal.save(record)
         let partial = try #require(FileHandle(forUpdatingAtPath: journal.partialPath(id)))
@@ -57,7 +38,7 @@ struct IfRangeTests {
         try partial.close()
         let fullResponsesBefore = try okResponses(server, tmp)
 
-        let result = try run(productsDirectory() + "/iap-fetch", ["run", "--server", server.base, "--queue", queue, "--content-dir", content, "--json"])
+        let result = try shop.fetch()
         #expect(result.status == 0, "\(result.stderr)")
         // The resumed request was answered with the whole file (200), not a range appended to stale bytes.
         #expect(try okResponses(server, tmp) == fullResponsesBefore + 1)

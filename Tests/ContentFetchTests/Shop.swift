@@ -21,6 +21,8 @@ struct Shop {
     let server: ServerProcess
     /// The payload of each random product, as installed under `Contents/payload.bin`.
     let payloads: [String: Data]
+    /// The manifest of each product's archive, as packed.
+    let manifests: [String: ArchiveManifest]
     var content: String { tmp.sub("device") }
     var queue: String { tmp.sub("sandbox/queue") }
     /// The server's flags, for restarting it on the same data.
@@ -31,6 +33,7 @@ struct Shop {
         tmp = try TemporaryFolder()
         store = try SandboxStore.initialize(folder: tmp.sub("sandbox"), bundleId: Self.bundleId)
         var payloads: [String: Data] = [:]
+        var manifests: [String: ArchiveManifest] = [:]
         for (product, source) in products {
             let folder: String
             switch source {
@@ -43,9 +46,11 @@ struct Shop {
                 try payload.write(to: URL(fileURLWithPath: folder + "/payload.bin"))
                 payloads[product] = payload
             }
-            try Self.publish(folder: folder, product: product, version: "1.0", level: level, data: tmp.sub("data"), scratch: tmp.sub("archives"))
+            manifests[product] = try Self.publish(
+                folder: folder, product: product, version: "1.0", level: level, data: tmp.sub("data"), scratch: tmp.sub("archives"))
         }
         self.payloads = payloads
+        self.manifests = manifests
         server = try ServerProcess(
             data: tmp.sub("data"),
             arguments: [
@@ -54,13 +59,15 @@ struct Shop {
     }
 
     /// Packs `folder` as `product` `version` and publishes it with `iap-server publish`.
-    static func publish(folder: String, product: String, version: String, level: Int = 0, data: String, scratch: String) throws {
+    @discardableResult
+    static func publish(folder: String, product: String, version: String, level: Int = 0, data: String, scratch: String) throws -> ArchiveManifest {
         let packed = try ArchivePacker.pack(
             folder: folder,
             options: .init(
                 productId: try ProductIdentifier(product), contentVersion: try ContentVersion(version), outputDirectory: scratch, level: level))
         let published = try run(productsDirectory() + "/iap-server", ["publish", "--data", data, packed.archivePath])
         #expect(published.status == 0, "\(published.stderr)")
+        return packed.manifest
     }
 
     /// Publishes another version of a product on this shop's server.
