@@ -49,7 +49,7 @@ struct DuplicateMembers {
         switch byte {
         case UInt8(ascii: "{"): try object(depth: depth + 1)
         case UInt8(ascii: "["): try array(depth: depth + 1)
-        case UInt8(ascii: "\""): _ = try string()
+        case UInt8(ascii: "\""): try skipString()
         case UInt8(ascii: "t"): try literal("true")
         case UInt8(ascii: "f"): try literal("false")
         case UInt8(ascii: "n"): try literal("null")
@@ -103,8 +103,43 @@ struct DuplicateMembers {
         }
     }
 
-    /// A string, unescaped (names are compared as text, not as their spelling).
+    /// Passes over a string value: only names need decoding, and values (the `x5c` certificates
+    /// are most of a header) are skipped without building anything.
+    private mutating func skipString() throws(Failure) {
+        try expect(UInt8(ascii: "\""))
+        while index < bytes.count {
+            let byte = bytes[index]
+            index += 1
+            if byte == UInt8(ascii: "\"") { return }
+            if byte < 0x20 { throw .malformed }
+            if byte == UInt8(ascii: "\\") {
+                guard index < bytes.count else { throw .malformed }
+                let escaped = bytes[index]
+                index += 1
+                if escaped == UInt8(ascii: "u") {
+                    _ = try unicodeEscape()
+                } else if !Self.simpleEscapes.contains(escaped) {
+                    throw .malformed
+                }
+            }
+        }
+        throw .malformed
+    }
+
+    private static let simpleEscapes: Set<UInt8> = Set("\"\\/bfnrt".utf8)
+
+    /// A name, unescaped (names are compared as text, not as their spelling).
     private mutating func string() throws(Failure) -> String {
+        // Most names have no escapes: one validated copy of their bytes.
+        if current == UInt8(ascii: "\"") {
+            var end = index + 1
+            while end < bytes.count, bytes[end] != UInt8(ascii: "\""), bytes[end] != UInt8(ascii: "\\"), bytes[end] >= 0x20 { end += 1 }
+            if end < bytes.count, bytes[end] == UInt8(ascii: "\"") {
+                guard let name = String(validating: bytes[(index + 1)..<end], as: UTF8.self) else { throw .malformed }
+                index = end + 1
+                return name
+            }
+        }
         try expect(UInt8(ascii: "\""))
         var scalars = String.UnicodeScalarView()
         var raw: [UInt8] = []
