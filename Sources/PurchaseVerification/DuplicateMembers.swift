@@ -59,46 +59,38 @@ struct DuplicateMembers {
 
     private mutating func object(depth: Int) throws(Failure) {
         try expect(UInt8(ascii: "{"))
-        skipSpace()
-        if current == UInt8(ascii: "}") {
-            index += 1
-            return
-        }
         var names = Set<String>()
-        while true {
-            skipSpace()
-            let name = try string()
+        try list(until: UInt8(ascii: "}")) { (scanner: inout DuplicateMembers) throws(Failure) in
+            let name = try scanner.string()
             guard names.insert(name).inserted else { throw .duplicate(name) }
-            skipSpace()
-            try expect(UInt8(ascii: ":"))
-            skipSpace()
-            try value(depth: depth)
-            skipSpace()
-            if current == UInt8(ascii: ",") {
-                index += 1
-                continue
-            }
-            try expect(UInt8(ascii: "}"))
-            return
+            scanner.skipSpace()
+            try scanner.expect(UInt8(ascii: ":"))
+            scanner.skipSpace()
+            try scanner.value(depth: depth)
         }
     }
 
     private mutating func array(depth: Int) throws(Failure) {
         try expect(UInt8(ascii: "["))
+        try list(until: UInt8(ascii: "]")) { (scanner: inout DuplicateMembers) throws(Failure) in try scanner.value(depth: depth) }
+    }
+
+    /// Elements separated by commas up to `close`, which ends the list; the opening bracket is read.
+    private mutating func list(until close: UInt8, _ element: (inout DuplicateMembers) throws(Failure) -> Void) throws(Failure) {
         skipSpace()
-        if current == UInt8(ascii: "]") {
+        if current == close {
             index += 1
             return
         }
         while true {
             skipSpace()
-            try value(depth: depth)
+            try element(&self)
             skipSpace()
             if current == UInt8(ascii: ",") {
                 index += 1
                 continue
             }
-            try expect(UInt8(ascii: "]"))
+            try expect(close)
             return
         }
     }
