@@ -22,7 +22,11 @@ struct AppleLibraryDifferentialTests {
         verdicts = {}
         for item in corpus['items']:
             try:
-                if item['kind'] == 'notification':
+                if item['kind'] == 'renewal':
+                    decoded = verifier.verify_and_decode_renewal_info(item['token'])
+                    fields = {'originalTransactionId': decoded.originalTransactionId, 'productId': decoded.productId,
+                              'environment': decoded.rawEnvironment, 'renewalDate': decoded.renewalDate}
+                elif item['kind'] == 'notification':
                     decoded = verifier.verify_and_decode_notification(item['token'])
                     fields = {'notificationUUID': decoded.notificationUUID, 'bundleId': decoded.data.bundleId if decoded.data else None}
                 else:
@@ -45,7 +49,7 @@ struct AppleLibraryDifferentialTests {
     }
 
     /// Where we refuse and Apple's library accepts, on purpose (the README lists them with the reason).
-    static let deliberatelyStricter: Set<String> = ["duplicate-bundle-id", "duplicate-header-alg", "duplicate-escaped-name"]
+    static let deliberatelyStricter: Set<String> = ["duplicate-bundle-id", "duplicate-header-alg", "duplicate-escaped-name", "duplicate-renewal-product"]
 
     func base64URL(_ json: String) -> String { base64URLEncode(Data(json.utf8)) }
 
@@ -99,6 +103,16 @@ struct AppleLibraryDifferentialTests {
             Item(name: "not-json-payload", kind: "transaction", token: try resigned(authority, payload: Data("not json".utf8))),
             Item(name: "array-payload", kind: "transaction", token: try resigned(authority, payload: Data("[1,2]".utf8))),
         ]
+        // Renewal info, as StoreKit signs it for an auto-renewable subscription.
+        let now = Int64(Date().timeIntervalSince1970 * 1000)
+        let renewal =
+            #"{"autoRenewProductId":"com.example.pass","autoRenewStatus":1,"environment":"Sandbox","originalTransactionId":"\#(renewable.transaction.transactionId!)","productId":"com.example.pass","recentSubscriptionStartDate":\#(now - 86_400_000),"renewalDate":\#(now + 86_400_000),"signedDate":\#(now)}"#
+        items += [
+            Item(name: "valid-renewal-info", kind: "renewal", token: try resigned(authority, payload: Data(renewal.utf8))),
+            Item(name: "renewal-info-wrong-environment", kind: "renewal", token: try resigned(authority, payload: Data(renewal.replacingOccurrences(of: "\"Sandbox\"", with: "\"Production\"").utf8))),
+            Item(name: "renewal-info-foreign-chain", kind: "renewal", token: try resigned(foreign, payload: Data(renewal.utf8))),
+            Item(name: "duplicate-renewal-product", kind: "renewal", token: try resigned(authority, payload: Data(("{\"productId\":\"com.example.other\"," + renewal.dropFirst()).utf8))),
+        ]
         // A header naming alg twice: the second spelling is what a last-wins reader uses.
         let header = "{\"alg\":\"ES256\",\"alg\":\"ES256\",\"x5c\":[" + authority.x5c.map { "\"\($0)\"" }.joined(separator: ",") + "]}"
         items.append(Item(name: "duplicate-header-alg", kind: "transaction", token: try authority.signCompact(header: Data(header.utf8), payload: payload)))
@@ -141,7 +155,7 @@ struct AppleLibraryDifferentialTests {
             }
         }
         // The valid items must be valid for Apple, or the comparison proves nothing.
-        #expect(acceptedByApple >= 4, "Apple's library accepted only \(acceptedByApple) items: \(verdicts)")
+        #expect(acceptedByApple >= 5, "Apple's library accepted only \(acceptedByApple) items: \(verdicts)")
     }
 }
 
@@ -149,6 +163,14 @@ extension AppleLibraryDifferentialTests {
     /// Our verifier's verdict on one item: the decoded fields compared with Apple's ("" for none).
     static func ourVerdict(_ item: Item, verifier: SignedDataVerifier) async -> Result<[String: String], VerificationError> {
         do {
+            if item.kind == "renewal" {
+                let info = try await verifier.verifyRenewalInfo(item.token)
+                let renews = info.renewalDate.map { String(Int64(($0.timeIntervalSince1970 * 1000).rounded())) } ?? ""
+                return .success([
+                    "originalTransactionId": info.originalTransactionId ?? "", "productId": info.productId ?? "",
+                    "environment": info.environment?.rawValue ?? "", "renewalDate": renews,
+                ])
+            }
             if item.kind == "notification" {
                 let (notification, transaction) = try await verifier.verifyNotification(item.token)
                 return .success(["notificationUUID": notification.notificationUUID ?? "", "bundleId": transaction?.bundleId ?? ""])
