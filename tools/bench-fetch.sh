@@ -7,13 +7,17 @@
 # - peak memory of each;
 # - bytes fetched twice after a SIGKILL at about 50% (partial bytes on disk minus what the journal
 #   had recorded; the journal records every 1 MiB).
+# Each round runs every measure once, the tools alternating; the headline is the ratio of medians
+# over RUNS rounds (default 7) with each median's spread (min-max); best-of is a secondary line.
+# Usage: [RUNS=n] [SIZE=bytes] tools/bench-fetch.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/install-deps.sh
 . tools/lib.sh
 build_release iap-server iap-pack iap-sandbox iap-fetch
 work=$(mktemp -d); trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
-archive=$(random_archive bench.fetch $((1024 * 1024 * 1024 - 4096)) "$work" "$work/out")
+runs=${RUNS:-7}
+archive=$(random_archive bench.fetch "${SIZE:-$((1024 * 1024 * 1024 - 4096))}" "$work" "$work/out")
 start_sandbox_server "$work" com.example.bench "$archive"
 size=$(stat -c %s "$archive")
 
@@ -38,9 +42,10 @@ PY
 settle() { sync; sleep 1; }
 timed() { settle; /usr/bin/time -f "%e %M" -o "$work/t" "$@" >/dev/null 2>&1; cat "$work/t"; }
 best_fetch=999999; best_curl=999999; best_curl_all=999999; best_t1=999999; best_t4=999999
-all_t1=(); all_curl=()
+all_t1=(); all_t4=(); all_curl=(); all_fetch=(); all_pipeline=()
 median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-for run in 1 2 3 4 5; do
+spread() { printf '%s\n' "$@" | sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%s-%s", lo, hi }'; }
+for run in $(seq "$runs"); do
   for c in 1 4; do
     "$bin/iap-sandbox" purchase --dir "$work/sandbox" --product-id bench.fetch > "$work/tx.jws"
     rm -rf "$work/device"; settle
@@ -49,12 +54,13 @@ for run in 1 2 3 4 5; do
     echo "run $run: iap-fetch transfer only, $c connection(s): $t s" >&2
     cmp -s "$work/device/bench.fetch/1.0/Contents/payload.bin" "$work/content-bench.fetch/payload.bin" || { echo "iap-fetch installed wrong bytes" >&2; exit 1; }
     if [ $c = 1 ]; then all_t1+=("$t"); awk -v s="$t" -v b="$best_t1" 'BEGIN { exit !(s < b) }' && best_t1=$t
-    else awk -v s="$t" -v b="$best_t4" 'BEGIN { exit !(s < b) }' && best_t4=$t; fi
+    else all_t4+=("$t"); awk -v s="$t" -v b="$best_t4" 'BEGIN { exit !(s < b) }' && best_t4=$t; fi
   done
   "$bin/iap-sandbox" purchase --dir "$work/sandbox" --product-id bench.fetch > "$work/tx.jws"
   rm -rf "$work/device"
   read -r secs kb <<< "$(timed "$bin/iap-fetch" get --server "$base" --transaction "$work/tx.jws" --content-dir "$work/device")"
   cmp -s "$work/device/bench.fetch/1.0/Contents/payload.bin" "$work/content-bench.fetch/payload.bin" || { echo "iap-fetch installed wrong bytes" >&2; exit 1; }
+  all_fetch+=("$secs")
   awk -v s="$secs" -v b="$best_fetch" 'BEGIN { exit !(s < b) }' && { best_fetch=$secs; fetch_kb=$kb; }
   url=$(curl -s -X POST "$base/v1/downloads" -d "{\"signedTransaction\":\"$(cat "$work/tx.jws")\"}" |
     python3 -c 'import json,sys; print(json.load(sys.stdin)["downloads"][0]["url"])')
@@ -67,6 +73,7 @@ for run in 1 2 3 4 5; do
   start=$(date +%s.%N)
   curl -s -o "$work/c.zip" "$url" && sha256sum "$work/c.zip" >/dev/null && unzip -q "$work/c.zip" -d "$work/unzipped"
   secs=$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN { printf "%.2f", e - s }')
+  all_pipeline+=("$secs")
   awk -v s="$secs" -v b="$best_curl_all" 'BEGIN { exit !(s < b) }' && best_curl_all=$secs
 done
 
@@ -87,17 +94,24 @@ synced=$(python3 -c 'import json,glob,sys; print(json.load(open(glob.glob(sys.ar
 "$bin/iap-fetch" run --server "$base" --queue "$work/sandbox/queue" --content-dir "$work/device" >/dev/null
 cmp -s "$work/device/bench.fetch/1.0/Contents/payload.bin" "$work/content-bench.fetch/payload.bin" && resumed=identical || resumed=DIFFERENT
 
-echo "archive: $size bytes; $(nproc) cores; best of 5"
-printf '%-58s %9s %11s\n' "measure" "seconds" "peak MiB"
-awk -v s="$best_fetch" -v k="$fetch_kb" 'BEGIN { printf "%-58s %9.2f %11.1f\n", "iap-fetch get (download + SHA-256 + safe install)", s, k / 1024 }'
-awk -v s="$best_curl_all" 'BEGIN { printf "%-58s %9.2f %11s\n", "curl -o + sha256sum + unzip -q", s, "-" }'
-awk -v s="$best_curl" -v k="$curl_kb" 'BEGIN { printf "%-58s %9.2f %11.1f\n", "curl -o (transfer only)", s, k / 1024 }'
-awk -v s="$best_t1" 'BEGIN { printf "%-58s %9.2f %11s\n", "iap-fetch transfer only (bytes on disk + SHA-256), 1 conn", s, "-" }'
-awk -v s="$best_t4" 'BEGIN { printf "%-58s %9.2f %11s\n", "iap-fetch transfer only, --connections 4", s, "-" }'
-awk -v a="$best_t1" -v b="$best_curl" 'BEGIN { printf "transfer ratio, one connection, curl time / iap-fetch time: %.2f (goal >= 0.95)\n", b / a }'
+echo "archive: $size bytes; $(nproc) cores; $runs rounds, medians (min-max)"
+row() { # label values...
+  local label=$1; shift
+  printf '%-58s %8.2f  (%s)\n' "$label" "$(median "$@")" "$(spread "$@")"
+}
+printf '%-58s %8s  %s\n' "measure" "seconds" "(spread)"
+row "iap-fetch get (download + SHA-256 + safe install)" "${all_fetch[@]}"
+row "curl -o + sha256sum + unzip -q" "${all_pipeline[@]}"
+row "curl -o (transfer only)" "${all_curl[@]}"
+row "iap-fetch transfer only (bytes on disk + SHA-256), 1 conn" "${all_t1[@]}"
+row "iap-fetch transfer only, --connections 4" "${all_t4[@]}"
 awk -v a="$(median "${all_t1[@]}")" -v b="$(median "${all_curl[@]}")" \
-  'BEGIN { printf "  the same with medians of the runs (%.2f s / %.2f s): %.2f\n", b, a, b / a }'
-awk -v a="$best_t4" -v b="$best_curl" 'BEGIN { printf "transfer ratio, 4 connections, curl time / iap-fetch time: %.2f\n", b / a }'
-awk -v a="$best_fetch" -v b="$best_curl_all" 'BEGIN { printf "end-to-end ratio, curl pipeline time / iap-fetch time: %.2f (above 1: iap-fetch faster)\n", b / a }'
+  'BEGIN { printf "transfer ratio, one connection, curl time / iap-fetch time (medians): %.2f (goal >= 0.95)\n", b / a }'
+awk -v a="$(median "${all_t4[@]}")" -v b="$(median "${all_curl[@]}")" \
+  'BEGIN { printf "transfer ratio, 4 connections (medians): %.2f\n", b / a }'
+awk -v a="$(median "${all_fetch[@]}")" -v b="$(median "${all_pipeline[@]}")" \
+  'BEGIN { printf "end-to-end ratio, curl pipeline time / iap-fetch time (medians): %.2f (above 1: iap-fetch faster)\n", b / a }'
+awk -v a="$best_t1" -v b="$best_curl" -v k="$fetch_kb" -v c="$curl_kb" \
+  'BEGIN { printf "best of the rounds: one connection %.2f; peak memory iap-fetch %.1f MiB, curl %.1f MiB\n", b / a, k / 1024, c / 1024 }'
 awk -v d="$on_disk" -v s="$synced" -v z="$size" 'BEGIN { printf "SIGKILL at %.0f%%: %d bytes on disk, %d synced in the journal: %.2f MiB fetched again\n", d * 100 / z, d, s, (d - s) / 1048576 }'
 echo "resumed download installed $resumed bytes"
