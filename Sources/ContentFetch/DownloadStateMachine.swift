@@ -64,8 +64,9 @@ struct DownloadStateMachine: Sendable, Equatable {
     }
 
     private(set) var record: DownloadRecord
-    /// Whether the grant (so the archive's version and size) is known.
-    private(set) var isGranted: Bool
+    /// Whether the grant (so the archive's version and size) is known: a grant always names the
+    /// archive's SHA-256.
+    var isGranted: Bool { !record.sha256.isEmpty }
 
     var state: DownloadState { record.state }
     var id: String { record.id }
@@ -76,13 +77,11 @@ struct DownloadStateMachine: Sendable, Equatable {
             id: "\(transactionId)-\(productId)", transactionId: transactionId, productId: productId, contentVersion: "",
             sha256: "", expectedLength: -1, url: "", etag: nil, recordedLength: 0, state: .waiting, error: nil,
             updatedAt: now, installedAt: nil, contentPath: nil)
-        isGranted = false
     }
 
     /// A download the journal knows.
     init(record: DownloadRecord) {
         self.record = record
-        isGranted = true
     }
 
     /// Applies `event`: the new state and the action to perform, or `InvalidTransition`.
@@ -92,8 +91,9 @@ struct DownloadStateMachine: Sendable, Equatable {
         let action: Action
         switch event {
         case .granted(let download):
+            let wasGranted = isGranted
             let startOver =
-                !isGranted || record.sha256 != download.sha256
+                !wasGranted || record.sha256 != download.sha256
                 || record.contentVersion != download.contentVersion || state == .cancelled || state == .finished
             if startOver {
                 record.sha256 = download.sha256
@@ -107,8 +107,7 @@ struct DownloadStateMachine: Sendable, Equatable {
             record.state = .waiting
             record.error = nil
             // The partial file of another archive is worthless; one granted again stays.
-            action = isGranted && startOver ? .saveAndEmit(removePartial: true) : .none
-            isGranted = true
+            action = wasGranted && startOver ? .saveAndEmit(removePartial: true) : .none
         case .accepted:
             guard isGranted, [.waiting, .active, .paused, .failed].contains(state) else { throw refuse() }
             guard state != .active else { return .none }

@@ -21,9 +21,6 @@ public struct APIErrorCode: ErrorCode, ExpressibleByStringLiteral, CustomStringC
     public static let revoked: APIErrorCode = "revoked"
     /// No content is published for the product or the asked version (404).
     public static let noContent: APIErrorCode = "no-content"
-    /// A download URL's grant is missing, malformed, forged, unknown or expired (401); the
-    /// specific `grant-*` code says which.
-    public static let grantExpired: APIErrorCode = "grant-expired"
 
     // Storage and administration
     /// The catalog or data folder cannot be written (503).

@@ -47,10 +47,6 @@ extension Reporting {
     func reporting(_ body: () throws(ArchiveError) -> Void) throws {
         try reporter.run(exitCode: Exit.code(for:), body)
     }
-
-    func printJSON<T: Encodable>(_ value: T) {
-        reporter.printJSON(value)
-    }
 }
 
 func humanBytes(_ bytes: UInt64) -> String {
@@ -104,7 +100,7 @@ struct Build: ParsableCommand, Reporting {
         let m = result.manifest
         let seconds = Date().timeIntervalSince(started)
         if json {
-            printJSON(
+            reporter.printJSON(
                 BuildOutput(
                     archive: result.archivePath, manifest: result.manifestPath, productId: m.productId.rawValue,
                     contentVersion: m.contentVersion.string, archiveSize: m.archiveSize, sha256: m.archiveSHA256,
@@ -169,7 +165,7 @@ struct Verify: ParsableCommand, Reporting {
         try reporting { () throws(ArchiveError) in
             let report = try ArchiveVerifier.verify(archive: archive, manifest: manifest)
             if json {
-                printJSON(report)
+                reporter.printJSON(report)
             } else {
                 print(
                     """
@@ -225,7 +221,7 @@ struct Inspect: ParsableCommand, Reporting {
                 contentVersion: info.contentVersion.string, archiveSize: reader.size,
                 contentLength: entries.reduce(0) { $0 + $1.uncompressedSize }, entries: entries)
             if json {
-                printJSON(output)
+                reporter.printJSON(output)
                 return
             }
             print("\(archive): \(output.productId) \(output.contentVersion), \(humanBytes(output.archiveSize)), \(entries.count) entries, \(humanBytes(output.contentLength)) uncompressed")
@@ -265,7 +261,7 @@ struct Extract: ParsableCommand, Reporting {
         }
         let info = try SafeExtractor.extract(archive: archive, to: destination, expecting: expected)
         if json {
-            printJSON(["contentURL": destination, "productId": info.productIdentifier.rawValue, "contentVersion": info.contentVersion.string])
+            reporter.printJSON(["contentURL": destination, "productId": info.productIdentifier.rawValue, "contentVersion": info.contentVersion.string])
         } else {
             print("installed \(info.productIdentifier) \(info.contentVersion) at \(destination)")
         }
