@@ -9,7 +9,10 @@ let package = Package(
         .library(name: "DurableFiles", targets: ["DurableFiles"]),
         .library(name: "ContentArchive", targets: ["ContentArchive"]),
         .library(name: "PurchaseVerification", targets: ["PurchaseVerification"]),
+        .library(name: "AppStoreServerAPI", targets: ["AppStoreServerAPI"]),
+        .library(name: "AppStoreServerClient", targets: ["AppStoreServerClient"]),
         .library(name: "SandboxStore", targets: ["SandboxStore"]),
+        .library(name: "SandboxStoreServer", targets: ["SandboxStoreServer"]),
         .library(name: "TransactionQueue", targets: ["TransactionQueue"]),
         .library(name: "ContentDelivery", targets: ["ContentDelivery"]),
         .library(name: "DownloadGrants", targets: ["DownloadGrants"]),
@@ -80,6 +83,21 @@ let package = Package(
             ],
             resources: [.copy("Resources/AppleRootCA-G3.cer")]
         ),
+        // The App Store Server API's contract: bodies, Apple's error codes, bearer tokens.
+        .target(
+            name: "AppStoreServerAPI",
+            dependencies: ["Base64URL", "IAPProtocol", .product(name: "Crypto", package: "swift-crypto")]
+        ),
+        // A client of that API (what `iap-server reconcile` asks).
+        .target(
+            name: "AppStoreServerClient",
+            dependencies: [
+                "AppStoreServerAPI", "IAPProtocol",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+            ]
+        ),
         .target(
             name: "TransactionQueue",
             dependencies: ["DurableFiles", "IAPProtocol", .product(name: "SystemPackage", package: "swift-system")]
@@ -87,17 +105,30 @@ let package = Package(
         .target(
             name: "SandboxStore",
             dependencies: [
-                "Base64URL", "DurableFiles", "IAPProtocol", "PurchaseVerification", "TransactionQueue",
+                "AppStoreServerAPI", "Base64URL", "DurableFiles", "IAPProtocol", "PurchaseVerification", "TransactionQueue",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "X509", package: "swift-certificates"),
                 .product(name: "SwiftASN1", package: "swift-asn1"),
             ]
         ),
+        // The sandbox's App Store Server API over HTTP (Hummingbird), at Apple's paths.
+        .target(
+            name: "SandboxStoreServer",
+            dependencies: [
+                "AppStoreServerAPI", "Base64URL", "PurchaseVerification", "SandboxStore",
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "HTTPTypes", package: "swift-http-types"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOCore", package: "swift-nio"),
+            ]
+        ),
         .executableTarget(
             name: "iap-sandbox",
             dependencies: [
-                "CommandLineReporting", "IAPProtocol", "SandboxStore", "TransactionQueue", "PurchaseVerification",
+                "AppStoreServerAPI", "CommandLineReporting", "DurableFiles", "IAPProtocol", "SandboxStore", "SandboxStoreServer", "TransactionQueue",
+                "PurchaseVerification",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
             ]
         ),
         // Range requests and sendfile delivery of archive bytes: one small NIO module.
@@ -124,7 +155,8 @@ let package = Package(
         .target(
             name: "ContentServer",
             dependencies: [
-                "Base64URL", "ContentArchive", "ContentCatalog", "ContentDelivery", "DownloadGrants", "IAPProtocol", "PurchaseVerification",
+                "AppStoreServerAPI", "AppStoreServerClient", "Base64URL", "ContentArchive", "ContentCatalog", "ContentDelivery",
+                "DownloadGrants", "IAPProtocol", "PurchaseVerification",
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HummingbirdCore", package: "hummingbird"),
                 .product(name: "MultipartKit", package: "multipart-kit"),
@@ -163,7 +195,8 @@ let package = Package(
         .executableTarget(
             name: "iap-server",
             dependencies: [
-                "CommandLineReporting", "ContentCatalog", "ContentServer", "IAPProtocol", "PurchaseVerification",
+                "AppStoreServerAPI", "AppStoreServerClient", "CommandLineReporting", "ContentCatalog", "ContentServer", "IAPProtocol",
+                "PurchaseVerification",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
@@ -179,7 +212,10 @@ let package = Package(
         .testTarget(name: "TransactionQueueTests", dependencies: ["TransactionQueue", "IAPTestSupport"]),
         .testTarget(
             name: "SandboxStoreTests",
-            dependencies: ["SandboxStore", "TransactionQueue", "IAPTestSupport", .product(name: "X509", package: "swift-certificates")]
+            dependencies: [
+                "SandboxStore", "SandboxStoreServer", "AppStoreServerAPI", "AppStoreServerClient", "Base64URL", "TransactionQueue", "IAPTestSupport",
+                "PurchaseVerification", .product(name: "X509", package: "swift-certificates"),
+            ]
         ),
         .testTarget(
             name: "ContentDeliveryTests",

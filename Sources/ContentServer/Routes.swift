@@ -72,7 +72,10 @@ struct APIRoutes: Sendable {
             service.metrics.grant(reason.code)
             return apiError(.forbidden, APIError(APIErrorCode(rawValue: reason.code), "no download: \(reason)"))
         }
-        for id in [transaction.transactionId, transaction.originalTransactionId].compactMap({ $0 }) where service.isRevoked(id) {
+        // The ledger, not only the in-memory set: a revocation written by `iap-server reconcile`
+        // or another replica refuses new grants at once, not at the next refresh.
+        for id in [transaction.transactionId, transaction.originalTransactionId].compactMap({ $0 })
+        where service.isRevoked(id) || (try? service.store.isRevoked(transactionId: id)) == true {
             service.metrics.grant("revoked")
             return apiError(.forbidden, APIError(.revoked, "no download: transaction \(id) was refunded or revoked"))
         }
@@ -142,17 +145,9 @@ struct APIRoutes: Sendable {
             return apiError(status(for: error.code), error.apiError)
         }
         let type = notification.notificationType ?? NotificationType(rawValue: "UNKNOWN")
-        let revoke: Bool? =
-            switch type {
-            case .refund, .revoke: true
-            case .refundReversed: false
-            default: nil
-            }
+        let revoke = NotificationLedger.revokes(type)
         do {
-            let outcome = try service.store.apply(
-                notificationUUID: notification.notificationUUID ?? "", type: type.rawValue, subtype: notification.subtype,
-                transactionId: transaction?.transactionId, revoke: revoke, revokedAt: transaction?.revocationDate ?? Date(),
-                signedPayload: body.signedPayload)
+            let outcome = try NotificationLedger(store: service.store).record(notification, transaction: transaction, signedPayload: body.signedPayload)
             // The ledger is durable now; the in-memory set makes the content path refuse at once.
             if outcome == .applied, let id = transaction?.transactionId, let revoke { service.markRevoked(id, revoke) }
             service.metrics.notification(type.rawValue, outcome == .applied ? "applied" : "duplicate")

@@ -1,3 +1,4 @@
+import AppStoreServerAPI
 import Base64URL
 import Crypto
 import DurableFiles
@@ -40,6 +41,24 @@ public final class SandboxStore: Sendable {
         var nextTransactionId: UInt64
         var appAppleId: Int64
         var refunds: [String: Date] = [:]
+        /// The team's issuer id for App Store Server API keys (made with the first key).
+        var issuerId: String?
+        /// API key id → public key (PEM): the private halves went to their owners.
+        var apiKeys: [String: String]?
+        /// Every notification the store signed, with its delivery attempts, for Get Notification History.
+        var notifications: [StoredNotification]?
+    }
+
+    /// A signed notification as the store keeps it for its history.
+    public struct StoredNotification: Codable, Sendable {
+        public let notificationUUID: String
+        public let notificationType: String
+        public let subtype: String?
+        public let transactionId: String?
+        public let environment: String?
+        public let signedDate: Date
+        public let signedPayload: String
+        public var sendAttempts: [SendAttempt]
     }
 
     public let folder: String
@@ -209,8 +228,81 @@ public final class SandboxStore: Sendable {
         var withApp = notification
         withApp.data?.appAppleId = try loadState().appAppleId
         let signedPayload = try sign(withApp)
-        try updateState { $0.refunds[transactionId] = now }
+        let stored = StoredNotification(
+            notificationUUID: notification.notificationUUID ?? "", notificationType: NotificationType.refund.rawValue, subtype: nil,
+            transactionId: transactionId, environment: transaction.environment?.rawValue, signedDate: now, signedPayload: signedPayload,
+            sendAttempts: [])
+        try updateState { state in
+            state.refunds[transactionId] = now
+            state.notifications = (state.notifications ?? []) + [stored]
+        }
         return Refund(transaction: transaction, signedTransaction: signedTransaction, notification: withApp, signedPayload: signedPayload)
+    }
+
+    /// Records an attempt to deliver a notification (`SUCCESS`, `NO_RESPONSE`, …), as Apple's
+    /// notification history shows them.
+    public func recordSendAttempt(notificationUUID: String, result: String, at date: Date = Date()) throws(SandboxError) {
+        try updateState { state in
+            guard let index = state.notifications?.firstIndex(where: { $0.notificationUUID == notificationUUID }) else { return }
+            state.notifications?[index].sendAttempts.append(SendAttempt(attemptDate: date.storeAPIMilliseconds, sendAttemptResult: result))
+        }
+    }
+
+    /// Every notification the store signed, oldest first.
+    public func notifications() throws(SandboxError) -> [StoredNotification] { try loadState().notifications ?? [] }
+
+    /// A new App Store Server API key, as App Store Connect makes one.
+    public struct APIKey: Sendable {
+        public let keyId: String
+        public let issuerId: String
+        /// PKCS#8 PEM, like the `.p8` file Apple lets you download once.
+        public let privateKeyPEM: String
+    }
+
+    /// Makes an API key for the store's App Store Server API; only its public half is kept.
+    public func createAPIKey() throws(SandboxError) -> APIKey {
+        let key = P256.Signing.PrivateKey()
+        // Apple's key ids are 10 upper-case letters and digits.
+        let alphabet = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
+        let keyId = String((0..<10).map { _ in alphabet.randomElement()! })
+        var issuer = ""
+        try updateState { state in
+            if state.issuerId == nil { state.issuerId = UUID().uuidString.lowercased() }
+            issuer = state.issuerId!
+            state.apiKeys = (state.apiKeys ?? [:]).merging([keyId: key.publicKey.pemRepresentation]) { $1 }
+        }
+        return APIKey(keyId: keyId, issuerId: issuer, privateKeyPEM: key.pemRepresentation)
+    }
+
+    /// The checker for the API's bearer tokens: this store's issuer id and keys.
+    public func tokenVerifier() throws(SandboxError) -> StoreAPIToken {
+        let state = try loadState()
+        var keys: [String: P256.Signing.PublicKey] = [:]
+        for (id, pem) in state.apiKeys ?? [:] {
+            guard let key = try? P256.Signing.PublicKey(pemRepresentation: pem) else {
+                throw SandboxError(.damaged, "\(folder)/store.json holds a damaged API key \(id): make a new one with iap-sandbox api-key")
+            }
+            keys[id] = key
+        }
+        return StoreAPIToken(issuerId: state.issuerId ?? "", bundleId: state.bundleId, keys: keys)
+    }
+
+    /// The store's app id, as notifications and histories carry it.
+    public func appAppleId() throws(SandboxError) -> Int64 { try loadState().appAppleId }
+
+    /// Every transaction as the App Store knows it now (refunds applied), oldest first, unsigned.
+    public func transactions() throws(SandboxError) -> [Transaction] {
+        let state = try loadState()
+        let queued: [QueuedTransaction]
+        do { queued = try queue.all() } catch { throw SandboxError(error, or: .io) }
+        return queued.compactMap { item in
+            guard var transaction = Self.decodeUnverified(item.signedTransaction) else { return nil }
+            if let refunded = state.refunds[item.transactionId] {
+                transaction.revocationDate = refunded
+                transaction.revocationReason = transaction.revocationReason ?? 0
+            }
+            return transaction
+        }
     }
 
     public func sign<T: Encodable>(_ payload: T) throws(SandboxError) -> String {

@@ -1,9 +1,13 @@
+import AppStoreServerAPI
 import ArgumentParser
 import CommandLineReporting
+import DurableFiles
 import Foundation
 import IAPProtocol
+import Logging
 import PurchaseVerification
 import SandboxStore
+import SandboxStoreServer
 import TransactionQueue
 
 #if canImport(FoundationNetworking)
@@ -16,7 +20,7 @@ struct IAPSandbox: AsyncParsableCommand {
         commandName: "iap-sandbox",
         abstract: "A local App Store for tests and demos: signs StoreKit 2 transactions and notifications with its own test chain.",
         discussion: "Trust its root on a test server with: iap-server serve --trust-root <dir>/root.cer --environment sandbox",
-        subcommands: [Init.self, Purchase.self, Transactions.self, Refund.self])
+        subcommands: [Init.self, Purchase.self, Transactions.self, Refund.self, APIKeyCommand.self, Serve.self])
 }
 
 /// Errors go to stderr and exit 1 (64 for usage, from ArgumentParser).
@@ -155,18 +159,92 @@ struct Refund: AsyncParsableCommand {
         request.httpMethod = "POST"
         request.setValue("application/json", forHTTPHeaderField: "Content-Type")
         request.httpBody = body
+        let store: SandboxStore
+        do { store = try SandboxStore(folder: dir) } catch { throw reporter.failure(error) }
+        let uuid = refund.notification.notificationUUID ?? ""
         do {
             let (data, response) = try await URLSession.shared.data(for: request)
             let status = (response as? HTTPURLResponse)?.statusCode ?? 0
             // Apple counts 200-206 as delivered.
             guard (200...206).contains(status) else {
-                throw reporter.failure("notify-failed", "the server at \(notify) answered \(status) to the REFUND notification: \(String(decoding: data.prefix(500), as: UTF8.self))")
+                try? store.recordSendAttempt(notificationUUID: uuid, result: "UNSUCCESSFUL_HTTP_RESPONSE_CODE")
+                throw reporter.failure(
+                    "notify-failed",
+                    "the server at \(notify) answered \(status) to the REFUND notification: \(String(decoding: data.prefix(500), as: UTF8.self)); the refund is recorded, and iap-server reconcile can fetch it from the notification history"
+                )
             }
+            try? store.recordSendAttempt(notificationUUID: uuid, result: SendAttempt.success)
             Console.err("notified \(notify): \(status)\n")
         } catch let error as ExitCode {
             throw error
         } catch {
-            throw reporter.failure("notify-failed", "could not POST the notification to \(notify): \(error.localizedDescription); is the server running?")
+            try? store.recordSendAttempt(notificationUUID: uuid, result: "NO_RESPONSE")
+            throw reporter.failure(
+                "notify-failed",
+                "could not POST the notification to \(notify): \(error.localizedDescription); the refund is recorded, and iap-server reconcile can fetch it from the notification history once the server runs"
+            )
+        }
+    }
+}
+
+struct APIKeyCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "api-key",
+        abstract: "Make an App Store Server API key for this store, as App Store Connect does: writes the .p8 and prints its key id and issuer id.",
+        discussion: "Give the three to iap-server reconcile (--key-file, --key-id, --issuer-id), or to Apple's AppStoreServerAPIClient.")
+
+    @Option(help: "The store's folder.") var dir: String
+    @Option(help: "Where to write the private key (PKCS#8 PEM, mode 0600); default <dir>/SubscriptionKey_<id>.p8.") var output: String?
+    @Flag(help: "Print one JSON object.") var json = false
+
+    func run() throws {
+        do {
+            let store = try SandboxStore(folder: dir)
+            let key = try store.createAPIKey()
+            let path = output ?? "\(dir)/SubscriptionKey_\(key.keyId).p8"
+            do { try AtomicFile.write(Data(key.privateKeyPEM.utf8), to: path, permissions: 0o600) } catch {
+                throw SandboxError(.io, error.message)
+            }
+            if json {
+                let object = ["keyId": key.keyId, "issuerId": key.issuerId, "keyFile": path, "bundleId": store.bundleId]
+                let data = try JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes])
+                print(String(decoding: data, as: UTF8.self))
+            } else {
+                print(
+                    """
+                    key id     \(key.keyId)
+                    issuer id  \(key.issuerId)
+                    key file   \(path)
+                    """)
+            }
+        } catch let error as SandboxError { throw reporter.failure(error) } catch { throw reporter.failure("io", "\(error)") }
+    }
+}
+
+struct Serve: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Serve the store's App Store Server API: Get Transaction Info, Get Transaction History (v2), Get Notification History.",
+        discussion: """
+            Requests need a bearer token signed with a key from iap-sandbox api-key, as Apple's API does. \
+            Point a client at http://<host>:<port> instead of https://api.storekit-sandbox.apple.com.
+            """)
+
+    @Option(help: "The store's folder.") var dir: String
+    @Option(help: "The address to listen on.") var host = "127.0.0.1"
+    @Option(help: "The port to listen on; 0 picks a free one.") var port = 9090
+    @Option(help: "Which environment's transactions and notifications to serve (Apple runs one host for each).")
+    var environment: Purchase.Environment = .sandbox
+    @Option(name: .customLong("port-file"), help: "Write the bound port to this file once listening (for scripts).") var portFile: String?
+
+    func run() async throws {
+        let store: SandboxStore
+        do { store = try SandboxStore(folder: dir) } catch { throw reporter.failure(error) }
+        var logger = Logger(label: "iap-sandbox")
+        logger.logLevel = .notice
+        let host = self.host, portFile = self.portFile
+        try await SandboxAPIServer.run(api: SandboxStoreAPI(store: store, environment: environment.value), host: host, port: port, logger: logger) { port in
+            Console.out("iap-sandbox App Store Server API on http://\(host):\(port)\n")
+            if let portFile { try? AtomicFile.write(Data(String(port).utf8), to: portFile, permissions: 0o644) }
         }
     }
 }

@@ -1,3 +1,5 @@
+import AppStoreServerAPI
+import AppStoreServerClient
 import ArgumentParser
 import CommandLineReporting
 import ContentArchive
@@ -12,7 +14,7 @@ struct IAPServer: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "iap-server",
         abstract: "The In-App Purchase content server: catalog, verified download grants, range delivery.",
-        subcommands: [Serve.self, Publish.self, Catalog.self, Verify.self])
+        subcommands: [Serve.self, Publish.self, Catalog.self, Verify.self, Reconcile.self])
 }
 
 /// An environment variable, nil when unset or empty.
@@ -251,5 +253,105 @@ struct Verify: AsyncParsableCommand {
         case .granted: ["granted": true]
         case .denied(let reason): ["granted": false, "reason": reason.code, "message": reason.description]
         }
+    }
+}
+
+struct Reconcile: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Apply the refunds and revocations the server missed: reads Apple's notification history since a date and applies each notification as if it had been POSTed.",
+        discussion: """
+            Run it after downtime (or on a schedule); it is safe to repeat: a notification the ledger holds is skipped. \
+            Every payload is verified like a POSTed one (chain, bundle id, environment). A running server picks up \
+            the revocations within seconds. The API key is an App Store Connect In-App Purchase key (or one from iap-sandbox api-key). \
+            Exit codes: 0 done, 1 some payloads failed verification (the rest applied), 2 the API could not be asked, 3 storage failure.
+            """)
+
+    @Option(help: "The server's data folder.") var data: String?
+    @Option(name: .customLong("bundle-id"), help: "The app's bundle identifier.") var bundleId: String?
+    @Option(help: "Start of the window: ISO 8601 (2026-11-20T00:00:00Z or 2026-11-20); Apple keeps 180 days.") var since: String
+    @Option(help: "End of the window (ISO 8601; default now).") var until: String?
+    @Option(name: .customLong("key-file"), help: "The API key's .p8 file (env IAP_API_KEY_FILE).") var keyFile: String?
+    @Option(name: .customLong("key-id"), help: "The API key's id (env IAP_API_KEY_ID).") var keyId: String?
+    @Option(name: .customLong("issuer-id"), help: "The team's issuer id (env IAP_API_ISSUER_ID).") var issuerId: String?
+    @Option(name: .customLong("api-url"), help: "The API's base URL, e.g. a sandbox's http://127.0.0.1:9090 (env IAP_API_URL; default Apple's host for --environment).")
+    var apiURL: String?
+    @Option(name: .customLong("trust-root"), help: "Another trusted root certificate (DER or PEM); repeatable.") var trustRoots: [String] = []
+    @Option(help: "Seconds one API request may take, connecting included.") var timeout = 30
+    @Option(help: "production, sandbox or both: which environments' notifications are accepted (and, without --api-url, which of Apple's hosts are asked).")
+    var environment: EnvironmentChoice?
+    @Flag(help: "Print the report as JSON.") var json = false
+
+    static func date(_ text: String, _ flag: String) throws -> Date {
+        if let date = try? Date(text, strategy: .iso8601) { return date }
+        if let date = try? Date(text, strategy: Date.ISO8601FormatStyle().year().month().day()) { return date }
+        throw ValidationError("\(flag) \(text) is not an ISO 8601 date such as 2026-11-20T00:00:00Z or 2026-11-20")
+    }
+
+    func validate() throws {
+        let start = try Self.date(since, "--since")
+        let end = try until.map { try Self.date($0, "--until") } ?? Date()
+        guard start < end else { throw ValidationError("--since must be before --until (or now)") }
+        let oldest = Date().addingTimeInterval(-Double(StoreAPIRoute.notificationHistoryDays) * 86_400)
+        guard (1...600).contains(timeout) else { throw ValidationError("--timeout must be between 1 and 600 seconds") }
+        guard start >= oldest else { throw ValidationError("--since is more than \(StoreAPIRoute.notificationHistoryDays) days ago: Apple keeps no older notification history") }
+        if let url = apiURL ?? env("IAP_API_URL"), URL(string: url).map({ $0.scheme == "http" || $0.scheme == "https" }) != true {
+            throw ValidationError("--api-url \(url) is not an http(s) URL")
+        }
+    }
+
+    func run() async throws {
+        guard let dataDirectory = data ?? env("IAP_DATA") else { throw ValidationError("--data (or IAP_DATA) is required: the server's data folder") }
+        guard let bundle = bundleId ?? env("IAP_BUNDLE_ID") else { throw ValidationError("--bundle-id (or IAP_BUNDLE_ID) is required") }
+        guard let keyFile = keyFile ?? env("IAP_API_KEY_FILE"), let keyId = keyId ?? env("IAP_API_KEY_ID"),
+            let issuerId = issuerId ?? env("IAP_API_ISSUER_ID")
+        else {
+            throw ValidationError("--key-file, --key-id and --issuer-id (or IAP_API_KEY_FILE, IAP_API_KEY_ID, IAP_API_ISSUER_ID) are required: an In-App Purchase API key")
+        }
+        let environmentName = env("IAP_ENVIRONMENT") ?? "production"
+        guard let choice = environment ?? EnvironmentChoice(argument: environmentName) else {
+            throw ValidationError("IAP_ENVIRONMENT must be production, sandbox or both, not '\(environmentName)'")
+        }
+        let start = try Self.date(since, "--since")
+        let end = try until.map { try Self.date($0, "--until") } ?? Date()
+        let key: StoreAPIKey
+        do { key = try StoreAPIKey(keyId: keyId, issuerId: issuerId, bundleId: bundle, pemFile: keyFile) } catch {
+            throw reporter.failure(error)
+        }
+        let urls: [String] =
+            if let url = apiURL ?? env("IAP_API_URL") { [url] } else {
+                switch choice {
+                case .production: [StoreAPIRoute.productionURL]
+                case .sandbox: [StoreAPIRoute.sandboxURL]
+                case .both: [StoreAPIRoute.productionURL, StoreAPIRoute.sandboxURL]
+                }
+            }
+        let report: Reconciler.Report
+        do {
+            var roots = [AppleRoots.rootCAG3]
+            for path in trustRoots + (env("IAP_TRUST_ROOTS")?.split(separator: ":").map(String.init) ?? []) { roots.append(try AppleRoots.load(path: path)) }
+            let verifier = SignedDataVerifier(configuration: .init(bundleId: bundle, trustRoots: roots, environments: choice.policy))
+            let store = try ContentStore(dataDirectory: dataDirectory)
+            let reconciler = Reconciler(store: store, verifier: verifier, clients: urls.map { StoreAPIClient(baseURL: $0, key: key, timeout: .seconds(timeout)) })
+            report = try await reconciler.run(since: start, until: end)
+        } catch let error as VerificationError {
+            throw reporter.failure(error)
+        } catch let error as CatalogError {
+            throw reporter.failure(error, exitCode: 3)
+        } catch let error as ReconcileError {
+            throw reporter.failure(error, exitCode: error.code == .api ? 2 : 3)
+        }
+        if json {
+            let encoder = JSONEncoder()
+            encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
+            print(String(decoding: try encoder.encode(report), as: UTF8.self))
+        } else {
+            print(
+                "reconciled \(start.formatted(.iso8601))...\(end.formatted(.iso8601)): \(report.fetched) notifications, \(report.applied) applied, \(report.duplicates) already known"
+            )
+            for id in report.revoked { print("  revoked   \(id)") }
+            for id in report.restored { print("  restored  \(id)") }
+            for reason in report.refused { print("  REFUSED   \(reason)") }
+        }
+        if !report.refused.isEmpty { throw ExitCode(1) }
     }
 }

@@ -44,7 +44,7 @@ public final class TemporaryFolder: @unchecked Sendable {
 
 public struct ServerError: Error, CustomStringConvertible { public let description: String }
 
-/// `iap-server serve` as a child process on a free port.
+/// `iap-server serve` (or another tool's `serve`) as a child process on a free port.
 public final class ServerProcess: @unchecked Sendable {
     public let process = Process()
     public let port: Int
@@ -52,18 +52,22 @@ public final class ServerProcess: @unchecked Sendable {
     public var base: String { "http://127.0.0.1:\(port)" }
 
     /// Starts the server on a free port, or (with `fixedPort`) on the `--port` in `arguments`;
-    /// `launcher` runs it through another program, e.g. `setpriv` to drop privileges.
-    public init(data: String, arguments: [String], folder: TemporaryFolder, fixedPort: Bool = false, launcher: [String] = []) throws {
+    /// `launcher` runs it through another program, e.g. `setpriv` to drop privileges. `tool` and
+    /// `dataFlag` start another server, e.g. `iap-sandbox serve --dir`.
+    public init(
+        data: String, arguments: [String], folder: TemporaryFolder, fixedPort: Bool = false, launcher: [String] = [],
+        tool: String = "iap-server", dataFlag: String = "--data"
+    ) throws {
         let portFile = folder.sub("port-\(UUID().uuidString)")
         log = folder.sub("server-\(UUID().uuidString).log")
         _ = FileManager.default.createFile(atPath: log, contents: nil)
-        let serve = ["serve", "--data", data] + (fixedPort ? [] : ["--port", "0"]) + ["--port-file", portFile] + arguments
+        let serve = ["serve", dataFlag, data] + (fixedPort ? [] : ["--port", "0"]) + ["--port-file", portFile] + arguments
         if launcher.isEmpty {
-            process.executableURL = URL(fileURLWithPath: productsDirectory() + "/iap-server")
+            process.executableURL = URL(fileURLWithPath: productsDirectory() + "/" + tool)
             process.arguments = serve
         } else {
             process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-            process.arguments = launcher + [productsDirectory() + "/iap-server"] + serve
+            process.arguments = launcher + [productsDirectory() + "/" + tool] + serve
         }
         process.standardOutput = FileHandle(forWritingAtPath: log)
         process.standardError = FileHandle(forWritingAtPath: log)
