@@ -11,6 +11,7 @@ let package = Package(
         .library(name: "PurchaseVerification", targets: ["PurchaseVerification"]),
         .library(name: "AppStoreServerAPI", targets: ["AppStoreServerAPI"]),
         .library(name: "AppStoreServerClient", targets: ["AppStoreServerClient"]),
+        .library(name: "ReceiptVerification", targets: ["ReceiptVerification"]),
         .library(name: "SandboxStore", targets: ["SandboxStore"]),
         .library(name: "SandboxStoreServer", targets: ["SandboxStoreServer"]),
         .library(name: "TransactionQueue", targets: ["TransactionQueue"]),
@@ -48,6 +49,8 @@ let package = Package(
         // zlib (Debian: zlib1g-dev) for streaming inflate, which libdeflate (whole-buffer only) cannot do.
         .systemLibrary(name: "CZlib", pkgConfig: "zlib", providers: [.apt(["zlib1g-dev"])]),
         .systemLibrary(name: "CLinuxWriteback"),
+        // OpenSSL's libcrypto (Debian: libssl-dev) for PKCS#7, which app receipts are and no Swift package here reads.
+        .systemLibrary(name: "COpenSSL", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
         // The HTTP contract (routes, bodies, the error envelope) and the one error shape.
         .target(name: "IAPProtocol"),
         // Atomic writes, folder syncs, advisory locks, hex: what every durable file here needs.
@@ -83,6 +86,17 @@ let package = Package(
             ],
             resources: [.copy("Resources/AppleRootCA-G3.cer")]
         ),
+        // StoreKit 1 app receipts: PKCS#7 (libcrypto) and their ASN.1 payload (swift-asn1).
+        .target(
+            name: "ReceiptVerification",
+            dependencies: [
+                "COpenSSL", "IAPProtocol", "PurchaseVerification",
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "X509", package: "swift-certificates"),
+                .product(name: "SwiftASN1", package: "swift-asn1"),
+            ],
+            resources: [.copy("Resources/AppleIncRootCertificate.cer")]
+        ),
         // The App Store Server API's contract: bodies, Apple's error codes, bearer tokens.
         .target(
             name: "AppStoreServerAPI",
@@ -105,8 +119,10 @@ let package = Package(
         .target(
             name: "SandboxStore",
             dependencies: [
-                "AppStoreServerAPI", "Base64URL", "DurableFiles", "IAPProtocol", "PurchaseVerification", "TransactionQueue",
+                "AppStoreServerAPI", "Base64URL", "COpenSSL", "DurableFiles", "IAPProtocol", "PurchaseVerification", "ReceiptVerification",
+                "TransactionQueue",
                 .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "_CryptoExtras", package: "swift-crypto"),
                 .product(name: "X509", package: "swift-certificates"),
                 .product(name: "SwiftASN1", package: "swift-asn1"),
             ]
@@ -240,6 +256,13 @@ let package = Package(
         .testTarget(
             name: "ContentFetchTests",
             dependencies: ["ContentFetch", "SandboxStore", "TransactionQueue", "ContentArchive", "DownloadGrants", "IAPTestSupport"]
+        ),
+        .testTarget(
+            name: "ReceiptVerificationTests",
+            dependencies: [
+                "ReceiptVerification", "SandboxStore", "PurchaseVerification", "IAPTestSupport",
+                .product(name: "X509", package: "swift-certificates"), .product(name: "SwiftASN1", package: "swift-asn1"),
+            ]
         ),
         .testTarget(
             name: "PurchaseVerificationTests",

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the project needs, only those missing (run as root, or with sudo).
 set -euo pipefail
-packages=(libdeflate-dev zlib1g-dev libsqlite3-dev curl unzip zip python3 util-linux openssl)
+packages=(libdeflate-dev zlib1g-dev libsqlite3-dev libssl-dev curl unzip zip python3 util-linux openssl)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

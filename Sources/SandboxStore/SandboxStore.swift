@@ -5,6 +5,7 @@ import DurableFiles
 import Foundation
 import IAPProtocol
 import PurchaseVerification
+import ReceiptVerification
 import TransactionQueue
 import X509
 
@@ -67,6 +68,8 @@ public final class SandboxStore: Sendable {
     public let queue: FileTransactionQueue
 
     public var rootCertificatePath: String { folder + "/root.cer" }
+    /// The receipt chain's root (RSA; made with the first receipt): give it to the server with `--trust-root`.
+    public var receiptRootCertificatePath: String { folder + "/receipt-root.cer" }
 
     /// The first transaction id, 16 digits like Apple's.
     static let firstTransactionId: UInt64 = 2_000_000_000_000_001
@@ -302,6 +305,73 @@ public final class SandboxStore: Sendable {
                 transaction.revocationReason = transaction.revocationReason ?? 0
             }
             return transaction
+        }
+    }
+
+    // MARK: App receipts (StoreKit 1)
+
+    /// The receipt-signing chain, made on first use (RSA key generation takes a moment, and most
+    /// stores never issue a receipt).
+    public func receiptAuthority() throws(SandboxError) -> SandboxReceiptAuthority {
+        let lock: FileLock
+        do { lock = try FileLock(exclusive: folder + "/.store.lock") } catch { throw SandboxError(.io, error.message) }
+        defer { lock.release() }
+        let names = ["receipt-root", "receipt-intermediate", "receipt-leaf"]
+        if let existing = Self.loadReceiptAuthority(folder: folder, names: names) { return existing }
+        let authority: SandboxReceiptAuthority
+        do { authority = try SandboxReceiptAuthority.generate() } catch { throw SandboxError(.io, "cannot make the receipt certificates: \(error)") }
+        try Self.write(Data(authority.rootKeyPEM.utf8), folder + "/receipt-root.key", mode: 0o600)
+        try Self.write(Data(authority.intermediateKeyPEM.utf8), folder + "/receipt-intermediate.key", mode: 0o600)
+        try Self.write(Data(authority.leafKeyPEM.utf8), folder + "/receipt-leaf.key", mode: 0o600)
+        try Self.write(Data(derBytes(authority.intermediate)), folder + "/receipt-intermediate.cer", mode: 0o644)
+        try Self.write(Data(derBytes(authority.leaf)), folder + "/receipt-leaf.cer", mode: 0o644)
+        // The root last: its presence says the chain is complete.
+        try Self.write(Data(derBytes(authority.root)), folder + "/receipt-root.cer", mode: 0o644)
+        return authority
+    }
+
+    private static func loadReceiptAuthority(folder: String, names: [String]) -> SandboxReceiptAuthority? {
+        var certificates: [Certificate] = [], keys: [String] = []
+        for name in names {
+            guard let der = FileManager.default.contents(atPath: "\(folder)/\(name).cer"), let certificate = try? Certificate(derEncoded: Array(der)),
+                let key = FileManager.default.contents(atPath: "\(folder)/\(name).key")
+            else { return nil }
+            certificates.append(certificate)
+            keys.append(String(decoding: key, as: UTF8.self))
+        }
+        return SandboxReceiptAuthority(
+            root: certificates[0], intermediate: certificates[1], leaf: certificates[2], leafKeyPEM: keys[2], rootKeyPEM: keys[0], intermediateKeyPEM: keys[1])
+    }
+
+    /// The app receipt a device holds now: every purchase of `environment` (refunded ones with
+    /// their cancellation date; consumables only until finished, as Apple's receipts), signed as
+    /// PKCS#7 by the receipt chain.
+    public func receipt(
+        environment: AppStoreEnvironment = .sandbox, appVersion: String = "1.0", sha1: Bool = false, now: Date = Date()
+    ) throws(SandboxError) -> [UInt8] {
+        let state = try loadState()
+        let queued: [QueuedTransaction]
+        do { queued = try queue.all() } catch { throw SandboxError(error, or: .io) }
+        let finished = Set(queued.filter { $0.finishedAt != nil }.map(\.transactionId))
+        let purchases = try transactions().filter { $0.environment == environment }.compactMap { t -> InAppPurchase? in
+            guard let id = t.transactionId, let productId = t.productId, let purchased = t.purchaseDate else { return nil }
+            if t.type == .consumable, finished.contains(id) { return nil }
+            return InAppPurchase(
+                quantity: t.quantity ?? 1, productId: productId, transactionId: id, originalTransactionId: t.originalTransactionId ?? id,
+                purchaseDate: purchased, originalPurchaseDate: t.originalPurchaseDate, expiresDate: t.type == .autoRenewable ? t.expiresDate : nil,
+                webOrderLineItemId: t.webOrderLineItemId.flatMap { Int64($0) }, cancellationDate: state.refunds[id])
+        }
+        let receipt = AppReceipt(
+            receiptType: environment == .production ? "Production" : "ProductionSandbox", bundleId: bundleId, appVersion: appVersion,
+            originalAppVersion: "1.0", creationDate: now, expirationDate: nil,
+            opaqueValue: (0..<16).map { _ in UInt8.random(in: 0...255) }, sha1Hash: (0..<20).map { _ in UInt8.random(in: 0...255) },
+            inAppPurchases: purchases)
+        do {
+            return try receiptAuthority().sign(payload: try ReceiptPayload.encode(receipt), sha1: sha1)
+        } catch let error as SandboxError {
+            throw error
+        } catch {
+            throw SandboxError(.io, "cannot encode the receipt: \(error)")
         }
     }
 

@@ -1,0 +1,149 @@
+import COpenSSL
+import Crypto
+import Foundation
+import PurchaseVerification
+import Synchronization
+import X509
+
+import enum SwiftASN1.DER
+
+/// Apple's app-receipt trust root.
+public enum AppleReceiptRoots {
+    /// Apple Inc. Root Certificate ("Apple Root CA", valid until 2035-02-09), SHA-256 fingerprint
+    /// B0:B1:73:0E:CB:C7:FF:45:05:14:2C:49:F1:29:5E:6E:DA:6B:CA:ED:7E:2C:68:C5:BE:91:B5:A1:10:01:F0:24.
+    public static let appleIncRoot: Certificate = {
+        // The resource ships inside this module; failing to load it is a packaging bug.
+        guard let url = Bundle.module.url(forResource: "AppleIncRootCertificate", withExtension: "cer"),
+            let data = try? Data(contentsOf: url),
+            let certificate = try? Certificate(derEncoded: Array(data))
+        else {
+            fatalError("Apple Inc. Root Certificate is missing from the ReceiptVerification bundle")
+        }
+        return certificate
+    }()
+}
+
+/// Verifies StoreKit 1 app receipts locally, as Apple's receipt validation guide does with
+/// OpenSSL: the PKCS#7 container (BER, indefinite lengths allowed), exactly one signer whose
+/// chain runs leaf → Apple Worldwide Developer Relations intermediate → a trusted root, valid at
+/// the receipt's creation date (Apple's intermediates expired and rotated; a receipt signed
+/// before a rotation stays valid), Apple's receipt-signing marker on the leaf and WWDR marker
+/// on the intermediate, the signature (SHA-1 or SHA-256) over the payload; then the payload's
+/// bundle id and environment.
+///
+/// libcrypto (the system's OpenSSL) does the PKCS#7 work because no Swift package here parses
+/// or verifies PKCS#7; swift-asn1 reads the payload. A verified chain's validity window is cached
+/// per signer certificate, so a warm verifier spends one RSA verification per receipt.
+public final class ReceiptVerifier: @unchecked Sendable {
+    // @unchecked: the X509_STORE is built in init and only read afterwards; OpenSSL locks it
+    // internally for concurrent verifications.
+    private let store: OpaquePointer
+    public let bundleId: String
+    public let environments: EnvironmentPolicy
+    /// Receipts larger than this are refused before parsing (real ones are a few KiB to ~1 MiB).
+    public static let maximumSize = 4 << 20
+    /// A real receipt carries three certificates; a few more are tolerated, hundreds are not.
+    static let maximumCertificates: Int32 = 8
+    static let leafMarker = "1.2.840.113635.100.6.11.1"
+    static let intermediateMarker = "1.2.840.113635.100.6.2.1"
+
+    private struct Window { let from: Date, until: Date }
+    private let chainCache = Mutex<[SHA256Digest: Window]>([:])
+    private static let chainCacheLimit = 64
+
+    /// - Parameter trustRoots: roots besides Apple Inc. Root Certificate (always trusted), such
+    ///   as the sandbox's `receipt-root.cer`.
+    public init(bundleId: String, trustRoots: [Certificate] = [], environments: EnvironmentPolicy = .production) throws(VerificationError) {
+        guard let store = iap_store_new() else { throw VerificationError(.untrustedChain, "cannot create a certificate store (out of memory)") }
+        self.store = store
+        self.bundleId = bundleId
+        self.environments = environments
+        for root in [AppleReceiptRoots.appleIncRoot] + trustRoots {
+            var serializer = DER.Serializer()
+            guard (try? serializer.serialize(root)) != nil else { throw VerificationError(.untrustedChain, "a trust root cannot be encoded") }
+            let der = serializer.serializedBytes
+            guard der.withUnsafeBufferPointer({ iap_store_add_der(store, $0.baseAddress, $0.count) }) == 1 else {
+                throw VerificationError(.untrustedChain, "a trust root is not an X.509 certificate OpenSSL reads")
+            }
+        }
+    }
+
+    deinit { iap_store_free(store) }
+
+    /// Verifies a receipt given as base64 (what apps send and `verifyReceipt` takes).
+    public func verify(base64 text: String, now: Date = Date()) throws(VerificationError) -> AppReceipt {
+        guard text.utf8.count <= Self.maximumSize / 3 * 4 + 4 else {
+            throw VerificationError(.tooLarge, "the receipt is larger than \(Self.maximumSize) bytes")
+        }
+        guard let data = Data(base64Encoded: text, options: .ignoreUnknownCharacters), !data.isEmpty else {
+            throw VerificationError(.malformed, "the receipt is not base64: send the bytes of Bundle.main.appStoreReceiptURL, base64-encoded")
+        }
+        return try verify(Array(data), now: now)
+    }
+
+    /// Verifies a receipt's bytes and returns its payload; does not judge the purchases (that is
+    /// `entitlement(for:configuration:)`, over ``AppReceipt/transactions``).
+    public func verify(_ bytes: [UInt8], now: Date = Date()) throws(VerificationError) -> AppReceipt {
+        guard bytes.count <= Self.maximumSize else { throw VerificationError(.tooLarge, "the receipt is larger than \(Self.maximumSize) bytes") }
+        var status: Int32 = 0
+        var content: UnsafePointer<UInt8>?
+        var contentLength = 0
+        let container = bytes.withUnsafeBufferPointer { iap_pkcs7_open($0.baseAddress, $0.count, &content, &contentLength, &status) }
+        guard let container, let content else {
+            throw VerificationError(
+                .malformed,
+                status == Int32(IAP_PKCS7_NOT_SIGNED_DATA)
+                    ? "the receipt is PKCS#7 but not SignedData with the payload attached" : "the receipt is not a PKCS#7 container (BER or DER)")
+        }
+        defer { iap_pkcs7_free(container) }
+        // The payload is read before the signature is checked only to learn the creation date
+        // the chain must be valid at; nothing from it is returned unless everything verifies.
+        let receipt = try ReceiptPayload.decode(UnsafeBufferPointer(start: content, count: contentLength)[...].map { $0 }[...])
+
+        var signerDER: UnsafeMutablePointer<UInt8>?
+        let signerLength = iap_pkcs7_signer_der(container, &signerDER)
+        guard signerLength > 0, let signerDER else {
+            throw VerificationError(.invalidCertificateList, "the receipt must have exactly one signer whose certificate it carries")
+        }
+        let fingerprint = SHA256.hash(data: UnsafeRawBufferPointer(start: signerDER, count: Int(signerLength)))
+        iap_free(signerDER)
+        let cached = chainCache.withLock { $0[fingerprint] }.map { receipt.creationDate >= $0.from && receipt.creationDate <= $0.until } ?? false
+
+        var from = 0, until = 0
+        let result = Int(
+            iap_pkcs7_verify(
+                container, store, Int(receipt.creationDate.timeIntervalSince1970), Self.leafMarker, Self.intermediateMarker,
+                Self.maximumCertificates, cached ? 1 : 0, &from, &until))
+        switch result {
+        case Int(IAP_PKCS7_OK): break
+        case Int(IAP_PKCS7_SIGNERS), Int(IAP_PKCS7_CERTIFICATES):
+            throw VerificationError(.invalidCertificateList, "the receipt's certificates do not form leaf → intermediate → root with one signer")
+        case Int(IAP_PKCS7_CHAIN):
+            throw VerificationError(
+                .untrustedChain,
+                "the receipt's signer does not chain to a trusted root at its creation date \(receipt.creationDate.formatted(.iso8601)): is it Apple's (or, in tests, the sandbox's receipt-root.cer given with --trust-root)?"
+            )
+        case Int(IAP_PKCS7_MARKER):
+            throw VerificationError(.missingMarkerOID, "the receipt's signing certificate or intermediate lacks Apple's receipt-signing marker extension")
+        case Int(IAP_PKCS7_SIGNATURE):
+            throw VerificationError(.invalidSignature, "the receipt's signature does not match its payload: it was altered")
+        default:
+            throw VerificationError(.malformed, "the receipt could not be verified (libcrypto failed)")
+        }
+        if !cached {
+            let window = Window(from: Date(timeIntervalSince1970: TimeInterval(from)), until: Date(timeIntervalSince1970: TimeInterval(until)))
+            chainCache.withLock { cache in
+                if cache.count >= Self.chainCacheLimit { cache.removeAll() }
+                cache[fingerprint] = window
+            }
+        }
+        guard receipt.bundleId == bundleId else {
+            throw VerificationError(.wrongBundleId, "the receipt is for bundle id '\(receipt.bundleId)', not \(bundleId)")
+        }
+        guard let environment = receipt.environment, environments.accepted.contains(environment) else {
+            throw VerificationError(
+                .wrongEnvironment, "the receipt's environment '\(receipt.receiptType ?? "none")' is not accepted here (\(environments))")
+        }
+        return receipt
+    }
+}
