@@ -172,7 +172,7 @@ let package = Package(
             name: "ContentServer",
             dependencies: [
                 "AppStoreServerAPI", "AppStoreServerClient", "Base64URL", "ContentArchive", "ContentCatalog", "ContentDelivery",
-                "DownloadGrants", "IAPProtocol", "PurchaseVerification",
+                "DownloadGrants", "IAPProtocol", "PurchaseVerification", "ReceiptVerification",
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HummingbirdCore", package: "hummingbird"),
                 .product(name: "MultipartKit", package: "multipart-kit"),

@@ -6,6 +6,7 @@ import Foundation
 import IAPProtocol
 import NIOCore
 import PurchaseVerification
+import ReceiptVerification
 import Synchronization
 
 /// The server's shared state: catalog and ledger, verifier, grant keys, and the in-memory views
@@ -14,6 +15,7 @@ final class ContentService: ContentResolver, Sendable {
     let configuration: ServerConfiguration
     let store: ContentStore
     let verifier: SignedDataVerifier
+    let receiptVerifier: ReceiptVerifier
     let grants: GrantKeyRing
     let metrics = ServerMetrics()
     /// The port actually bound (differs from the configuration's when that is 0).
@@ -41,6 +43,11 @@ final class ContentService: ContentResolver, Sendable {
             configuration: .init(
                 bundleId: configuration.bundleId, trustRoots: configuration.trustRoots,
                 environments: configuration.environments))
+        // Receipts chain to Apple Inc. Root (built in) or to an extra root (the sandbox's
+        // receipt-root.cer); Apple Root CA - G3 signs StoreKit 2 data only.
+        receiptVerifier = try ReceiptVerifier(
+            bundleId: configuration.bundleId, trustRoots: configuration.trustRoots.filter { $0 != AppleRoots.rootCAG3 },
+            environments: configuration.environments)
         grants = try GrantKeyRing.loadOrCreate(path: configuration.dataDirectory + "/grant-keys.json")
         revoked = Mutex(try store.revokedTransactionIds())
     }

@@ -9,6 +9,7 @@ import IAPProtocol
 import NIOCore
 import NIOPosix
 import PurchaseVerification
+import ReceiptVerification
 import SystemPackage
 
 /// The JSON API. Errors are `{"error": {"code": "...", "message": "..."}}` everywhere.
@@ -58,42 +59,114 @@ struct APIRoutes: Sendable {
         case .failure(let response): return response
         case .success(let value): body = value
         }
+        switch (body.signedTransaction, body.receipt) {
+        case (let signed?, nil): return await signedTransactionDownloads(signed, contentVersion: body.contentVersion)
+        case (nil, let receipt?): return await receiptDownloads(receipt, body)
+        case (nil, nil):
+            return apiError(.badRequest, APIError(.malformed, "send signedTransaction (StoreKit 2) or receipt (StoreKit 1): \(DownloadRequest.example)"))
+        case (_?, _?):
+            return apiError(.badRequest, APIError(.malformed, "send signedTransaction or receipt, not both"))
+        }
+    }
+
+    /// A refusal: the status and the error a client gets.
+    struct Refusal: Error {
+        let status: HTTPResponse.Status
+        let error: APIError
+    }
+
+    func signedTransactionDownloads(_ signed: String, contentVersion: String?) async -> Response {
         let started = ContinuousClock.now
         let transaction: Transaction
         do {
-            transaction = try await service.verifier.verifyTransaction(body.signedTransaction)
+            transaction = try await service.verifier.verifyTransaction(signed)
             service.metrics.verificationDuration.record(ContinuousClock.now - started)
         } catch {
             service.metrics.grant(error.code.rawValue)
             return apiError(status(for: error.code), error.apiError)
         }
+        switch grant(transaction, contentVersion: contentVersion) {
+        case .failure(let refusal): return apiError(refusal.status, refusal.error)
+        case .success(let download): return json(.ok, DownloadGrants(transactionId: transaction.transactionId ?? "", downloads: [download]))
+        }
+    }
+
+    /// StoreKit 1: the receipt is verified as a whole, then each purchase in it is judged and
+    /// granted exactly as a signed transaction would be (one entitlement function, one ledger).
+    func receiptDownloads(_ text: String, _ body: DownloadRequest) async -> Response {
+        let started = ContinuousClock.now
+        let receipt: AppReceipt
+        do {
+            receipt = try service.receiptVerifier.verify(base64: text)
+            service.metrics.verificationDuration.record(ContinuousClock.now - started)
+        } catch {
+            service.metrics.grant(error.code.rawValue)
+            return apiError(status(for: error.code), error.apiError)
+        }
+        // Newest first, so a product bought (or renewed) more than once is granted for its latest purchase.
+        let transactions = receipt.transactions.sorted { ($0.purchaseDate ?? .distantPast) > ($1.purchaseDate ?? .distantPast) }
+        if body.transactionId != nil || body.productId != nil {
+            let matching = transactions.filter { t in
+                (body.transactionId.map { $0 == t.transactionId || $0 == t.originalTransactionId } ?? true)
+                    && (body.productId.map { $0 == t.productId } ?? true)
+            }
+            guard let first = matching.first else {
+                service.metrics.grant("not-in-receipt")
+                let what = [body.transactionId.map { "transaction \($0)" }, body.productId.map { "product \($0)" }].compactMap { $0 }.joined(separator: " and ")
+                return apiError(.notFound, APIError(.notInReceipt, "the receipt holds no purchase of \(what): refresh the receipt (SKReceiptRefreshRequest) or restore"))
+            }
+            // Among several purchases of the product, the first that entitles (a renewal after an expired one).
+            let chosen = matching.first { entitlement(for: $0, configuration: service.verifier.configuration).isGranted } ?? first
+            switch grant(chosen, contentVersion: body.contentVersion) {
+            case .failure(let refusal): return apiError(refusal.status, refusal.error)
+            case .success(let download): return json(.ok, DownloadGrants(transactionId: chosen.transactionId, downloads: [download]))
+            }
+        }
+        // Restore: every product in the receipt once, for its newest purchase that entitles.
+        var downloads: [GrantedDownload] = [], skipped: [SkippedPurchase] = [], done = Set<String>()
+        for transaction in transactions {
+            let product = transaction.productId ?? ""
+            guard !done.contains(product) else { continue }
+            switch grant(transaction, contentVersion: nil) {
+            case .success(let download):
+                downloads.append(download)
+                done.insert(product)
+                skipped.removeAll { $0.productId == product }
+            case .failure(let refusal):
+                if !skipped.contains(where: { $0.productId == product }) {
+                    skipped.append(
+                        SkippedPurchase(transactionId: transaction.transactionId ?? "", productId: product, code: refusal.error.code.rawValue, message: refusal.error.message))
+                }
+            }
+        }
+        return json(.ok, DownloadGrants(transactionId: nil, downloads: downloads, skipped: skipped))
+    }
+
+    /// The one grant decision: entitlement, the revocation ledger, published content; then the
+    /// ledger row and a signed URL.
+    func grant(_ transaction: Transaction, contentVersion: String?) -> Result<GrantedDownload, Refusal> {
         let transactionId = transaction.transactionId ?? ""
         if case .denied(let reason) = entitlement(for: transaction, configuration: service.verifier.configuration) {
             service.metrics.grant(reason.code)
-            return apiError(.forbidden, APIError(APIErrorCode(rawValue: reason.code), "no download: \(reason)"))
+            return .failure(Refusal(status: .forbidden, error: APIError(APIErrorCode(rawValue: reason.code), "no download: \(reason)")))
         }
         // The ledger, not only the in-memory set: a revocation written by `iap-server reconcile`
         // or another replica refuses new grants at once, not at the next refresh.
         for id in [transaction.transactionId, transaction.originalTransactionId].compactMap({ $0 })
         where service.isRevoked(id) || (try? service.store.isRevoked(transactionId: id)) == true {
             service.metrics.grant("revoked")
-            return apiError(.forbidden, APIError(.revoked, "no download: transaction \(id) was refunded or revoked"))
+            return .failure(Refusal(status: .forbidden, error: APIError(.revoked, "no download: transaction \(id) was refunded or revoked")))
         }
         guard let productId = transaction.productId else {
-            return apiError(.badRequest, APIError(.malformed, "the transaction has no productId"))
+            return .failure(Refusal(status: .badRequest, error: APIError(.malformed, "the transaction has no productId")))
         }
         do {
             let versions = try service.store.versions(productId: productId)
-            let chosen: PublishedVersion?
-            if let pinned = body.contentVersion {
-                chosen = versions.first { $0.contentVersion == pinned }
-            } else {
-                chosen = versions.first
-            }
+            let chosen = contentVersion.map { pinned in versions.first { $0.contentVersion == pinned } } ?? versions.first
             guard let version = chosen else {
                 service.metrics.grant("no-content")
-                let what = body.contentVersion.map { "version \($0) of \(productId)" } ?? "product \(productId)"
-                return apiError(.notFound, APIError(.noContent, "no hosted content is published for \(what)"))
+                let what = contentVersion.map { "version \($0) of \(productId)" } ?? "product \(productId)"
+                return .failure(Refusal(status: .notFound, error: APIError(.noContent, "no hosted content is published for \(what)")))
             }
             try service.store.recordGrant(
                 transactionId: transactionId, originalTransactionId: transaction.originalTransactionId,
@@ -106,17 +179,12 @@ struct APIRoutes: Sendable {
             let base = service.configuration.publicURL ?? "http://\(service.configuration.host):\(service.boundPort.withLock { $0 })"
             let url = base + Route.content(token: token, productId: productId, contentVersion: version.contentVersion)
             service.metrics.grant("granted")
-            return json(
-                .ok,
-                DownloadGrants(
-                    transactionId: transactionId,
-                    downloads: [
-                        GrantedDownload(
-                            productId: productId, contentVersion: version.contentVersion, contentLength: version.size,
-                            sha256: version.sha256, url: url, expiresAt: expires)
-                    ]))
+            return .success(
+                GrantedDownload(
+                    productId: productId, contentVersion: version.contentVersion, contentLength: version.size,
+                    sha256: version.sha256, url: url, expiresAt: expires, transactionId: transactionId))
         } catch {
-            return apiError(.serviceUnavailable, error.apiError)
+            return .failure(Refusal(status: .serviceUnavailable, error: error.apiError))
         }
     }
 

@@ -21,6 +21,8 @@ public struct APIErrorCode: ErrorCode, ExpressibleByStringLiteral, CustomStringC
     public static let revoked: APIErrorCode = "revoked"
     /// No content is published for the product or the asked version (404).
     public static let noContent: APIErrorCode = "no-content"
+    /// The receipt holds no purchase with the asked transaction or product id (404).
+    public static let notInReceipt: APIErrorCode = "not-in-receipt"
 
     // Storage and administration
     /// The catalog or data folder cannot be written (503).

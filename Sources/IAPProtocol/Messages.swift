@@ -6,7 +6,15 @@ import Foundation
 /// `POST /v1/downloads`: the proof of purchase, and optionally the version wanted (default: the latest).
 public struct DownloadRequest: Codable, Sendable, Equatable {
     /// A StoreKit 2 signed transaction (JWS).
-    public var signedTransaction: String
+    public var signedTransaction: String?
+    /// A StoreKit 1 app receipt (`Bundle.main.appStoreReceiptURL`'s bytes, base64): the proof of
+    /// purchase of the apps that used Apple-hosted content.
+    public var receipt: String?
+    /// With a receipt: the purchase to grant. Without it (and without `productId`), every
+    /// purchase in the receipt that has hosted content is granted: a restore.
+    public var transactionId: String?
+    /// With a receipt: grant this product's purchase.
+    public var productId: String?
     public var contentVersion: String?
 
     public init(signedTransaction: String, contentVersion: String? = nil) {
@@ -14,8 +22,15 @@ public struct DownloadRequest: Codable, Sendable, Equatable {
         self.contentVersion = contentVersion
     }
 
+    public init(receipt: String, transactionId: String? = nil, productId: String? = nil, contentVersion: String? = nil) {
+        self.receipt = receipt
+        self.transactionId = transactionId
+        self.productId = productId
+        self.contentVersion = contentVersion
+    }
+
     /// Shown in the error for a body that is not this.
-    public static let example = #"{"signedTransaction": "<JWS>"}"#
+    public static let example = #"{"signedTransaction": "<JWS>"} or {"receipt": "<base64 app receipt>", "transactionId": "<optional>"}"#
 }
 
 /// One archive a grant allows to download.
@@ -29,8 +44,13 @@ public struct GrantedDownload: Codable, Sendable, Equatable {
     /// Where the bytes are, valid until `expiresAt` (ranges, `If-Range`).
     public var url: String
     public var expiresAt: Date
+    /// The purchase this download is granted for (a restore grants several).
+    public var transactionId: String?
 
-    public init(productId: String, contentVersion: String, contentLength: Int64, sha256: String, url: String, expiresAt: Date) {
+    public init(
+        productId: String, contentVersion: String, contentLength: Int64, sha256: String, url: String, expiresAt: Date, transactionId: String? = nil
+    ) {
+        self.transactionId = transactionId
         self.productId = productId
         self.contentVersion = contentVersion
         self.contentLength = contentLength
@@ -42,12 +62,31 @@ public struct GrantedDownload: Codable, Sendable, Equatable {
 
 /// The answer to `POST /v1/downloads`.
 public struct DownloadGrants: Codable, Sendable, Equatable {
-    public var transactionId: String
+    /// The transaction asked about; absent for a receipt restore (each download names its own).
+    public var transactionId: String?
     public var downloads: [GrantedDownload]
+    /// A restore's purchases that got no download, and why (refunded, expired, no hosted content).
+    public var skipped: [SkippedPurchase]?
 
-    public init(transactionId: String, downloads: [GrantedDownload]) {
+    public init(transactionId: String?, downloads: [GrantedDownload], skipped: [SkippedPurchase]? = nil) {
         self.transactionId = transactionId
         self.downloads = downloads
+        self.skipped = skipped
+    }
+}
+
+/// A purchase a restore did not grant, with the code and message a single request would have got.
+public struct SkippedPurchase: Codable, Sendable, Equatable {
+    public var transactionId: String
+    public var productId: String
+    public var code: String
+    public var message: String
+
+    public init(transactionId: String, productId: String, code: String, message: String) {
+        self.transactionId = transactionId
+        self.productId = productId
+        self.code = code
+        self.message = message
     }
 }
 

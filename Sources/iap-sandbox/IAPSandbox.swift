@@ -20,7 +20,7 @@ struct IAPSandbox: AsyncParsableCommand {
         commandName: "iap-sandbox",
         abstract: "A local App Store for tests and demos: signs StoreKit 2 transactions and notifications with its own test chain.",
         discussion: "Trust its root on a test server with: iap-server serve --trust-root <dir>/root.cer --environment sandbox",
-        subcommands: [Init.self, Purchase.self, Transactions.self, Refund.self, APIKeyCommand.self, Serve.self])
+        subcommands: [Init.self, Purchase.self, Transactions.self, Refund.self, ReceiptCommand.self, APIKeyCommand.self, Serve.self])
 }
 
 /// Errors go to stderr and exit 1 (64 for usage, from ArgumentParser).
@@ -184,6 +184,35 @@ struct Refund: AsyncParsableCommand {
                 "could not POST the notification to \(notify): \(error.localizedDescription); the refund is recorded, and iap-server reconcile can fetch it from the notification history once the server runs"
             )
         }
+    }
+}
+
+struct ReceiptCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "receipt",
+        abstract: "Issue the app receipt a StoreKit 1 device holds now: every purchase, refunded ones with their cancellation date.",
+        discussion: """
+            PKCS#7 SignedData (BER, indefinite lengths) signed by the store's RSA receipt chain, as Apple's are. \
+            Trust its root on a test server with --trust-root <dir>/receipt-root.cer. Prints base64 (what apps send) unless --output.
+            """)
+
+    @Option(help: "The store's folder.") var dir: String
+    @Option(help: "Write the receipt's bytes (DER/BER) to this file instead of printing base64.") var output: String?
+    @Option(help: "Sandbox or Production: which purchases, and the receipt type.") var environment: Purchase.Environment = .sandbox
+    @Option(name: .customLong("app-version"), help: "The app version the receipt names.") var appVersion = "1.0"
+    @Flag(help: "Sign with SHA-1, as receipts before 2016 were.") var sha1 = false
+
+    func run() throws {
+        do {
+            let store = try SandboxStore(folder: dir)
+            let bytes = try store.receipt(environment: environment.value, appVersion: appVersion, sha1: sha1)
+            if let output {
+                do { try AtomicFile.write(Data(bytes), to: output, permissions: 0o644) } catch { throw SandboxError(.io, error.message) }
+                Console.err("wrote \(bytes.count) bytes to \(output); trust root \(store.receiptRootCertificatePath)\n")
+            } else {
+                print(Data(bytes).base64EncodedString())
+            }
+        } catch let error as SandboxError { throw reporter.failure(error) }
     }
 }
 
