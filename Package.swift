@@ -221,6 +221,11 @@ let package = Package(
             dependencies: ["PurchaseVerification", "SandboxStore"],
             path: "tools/verify-bench"
         ),
+        .executableTarget(
+            name: "receipt-bench",
+            dependencies: ["PurchaseVerification", "ReceiptVerification", "SandboxStore"],
+            path: "tools/receipt-bench"
+        ),
         .testTarget(name: "IAPProtocolTests", dependencies: ["IAPProtocol"]),
         .testTarget(name: "DurableFilesTests", dependencies: ["DurableFiles"]),
         .testTarget(name: "DownloadGrantsTests", dependencies: ["DownloadGrants"]),

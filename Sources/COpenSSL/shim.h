@@ -186,4 +186,38 @@ done:
 
 static inline void iap_free(void *pointer) { OPENSSL_free(pointer); }
 
+/* The one signer's issuerAndSerialNumber in DER (what the fast path matches a cached signer by). */
+static inline int iap_pkcs7_signer_issuer_serial(PKCS7 *p7, unsigned char **der) {
+    STACK_OF(PKCS7_SIGNER_INFO) *infos = PKCS7_get_signer_info(p7);
+    if (infos == NULL || sk_PKCS7_SIGNER_INFO_num(infos) != 1) return 0;
+    PKCS7_SIGNER_INFO *info = sk_PKCS7_SIGNER_INFO_value(infos, 0);
+    int length = i2d_PKCS7_ISSUER_AND_SERIAL(info->issuer_and_serial, der);
+    ERR_clear_error();
+    return length > 0 ? length : 0;
+}
+
+/* The one signer's public key (a new reference), after iap_pkcs7_verify succeeded. */
+static inline EVP_PKEY *iap_pkcs7_signer_key(PKCS7 *p7) {
+    STACK_OF(X509) *signers = PKCS7_get0_signers(p7, NULL, 0);
+    ERR_clear_error();
+    if (signers == NULL || sk_X509_num(signers) != 1) { sk_X509_free(signers); return NULL; }
+    EVP_PKEY *key = X509_get_pubkey(sk_X509_value(signers, 0));
+    sk_X509_free(signers);
+    return key;
+}
+
+static inline void iap_pkey_free(EVP_PKEY *key) { EVP_PKEY_free(key); }
+
+/* RSA PKCS#1 v1.5 over SHA-1 or SHA-256 of `content`: the signature of a SignerInfo without
+   signed attributes, checked with a key taken from a signer verified before. 1 when valid. */
+static inline int iap_rsa_verify(EVP_PKEY *key, int sha1, const unsigned char *content, size_t length, const unsigned char *signature, size_t signatureLength) {
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    if (ctx == NULL) return 0;
+    int ok = EVP_DigestVerifyInit(ctx, NULL, sha1 ? EVP_sha1() : EVP_sha256(), NULL, key) == 1
+        && EVP_DigestVerify(ctx, signature, signatureLength, content, length) == 1;
+    EVP_MD_CTX_free(ctx);
+    ERR_clear_error();
+    return ok;
+}
+
 #endif

@@ -32,8 +32,9 @@ public enum AppleReceiptRoots {
 /// bundle id and environment.
 ///
 /// libcrypto (the system's OpenSSL) does the PKCS#7 work because no Swift package here parses
-/// or verifies PKCS#7; swift-asn1 reads the payload. A verified chain's validity window is cached
-/// per signer certificate, so a warm verifier spends one RSA verification per receipt.
+/// or verifies PKCS#7; swift-asn1 reads the payload. A receipt whose exact certificate set was
+/// verified before, dated inside that chain's validity, takes the warm path: libcrypto checks its
+/// signature with the kept key, and the chain is not built again (see ``SignedDataContainer``).
 public final class ReceiptVerifier: @unchecked Sendable {
     // @unchecked: the X509_STORE is built in init and only read afterwards; OpenSSL locks it
     // internally for concurrent verifications.
@@ -47,9 +48,25 @@ public final class ReceiptVerifier: @unchecked Sendable {
     static let leafMarker = "1.2.840.113635.100.6.11.1"
     static let intermediateMarker = "1.2.840.113635.100.6.2.1"
 
-    private struct Window { let from: Date, until: Date }
-    private let chainCache = Mutex<[SHA256Digest: Window]>([:])
-    private static let chainCacheLimit = 64
+    /// A signer whose chain libcrypto validated: its key, and the dates the chain is valid at.
+    private final class VerifiedSigner: @unchecked Sendable {
+        // @unchecked: the EVP_PKEY is only read (verifications) after this is made.
+        let key: OpaquePointer
+        let issuerAndSerial: [UInt8]
+        let from: Date
+        let until: Date
+        init(key: OpaquePointer, issuerAndSerial: [UInt8], from: Date, until: Date) {
+            self.key = key
+            self.issuerAndSerial = issuerAndSerial
+            self.from = from
+            self.until = until
+        }
+        deinit { iap_pkey_free(key) }
+    }
+
+    /// Keyed by SHA-256 over the container's certificates: only the exact set verified before.
+    private let signers = Mutex<[SHA256Digest: VerifiedSigner]>([:])
+    private static let signerCacheLimit = 64
 
     /// - Parameter trustRoots: roots besides Apple Inc. Root Certificate (always trusted), such
     ///   as the sandbox's `receipt-root.cer`.
@@ -85,6 +102,51 @@ public final class ReceiptVerifier: @unchecked Sendable {
     /// `entitlement(for:configuration:)`, over ``AppReceipt/transactions``).
     public func verify(_ bytes: [UInt8], now: Date = Date()) throws(VerificationError) -> AppReceipt {
         guard bytes.count <= Self.maximumSize else { throw VerificationError(.tooLarge, "the receipt is larger than \(Self.maximumSize) bytes") }
+        let container = try? SignedDataContainer(bytes)
+        let certificateSet = container.map { c in
+            var hasher = SHA256()
+            for certificate in c.certificates { certificate.withUnsafeBytes { hasher.update(bufferPointer: $0) } }
+            return hasher.finalize()
+        }
+        let receipt: AppReceipt
+        if let container, let certificateSet, let warm = try warmVerify(container, certificateSet) {
+            receipt = warm
+        } else {
+            receipt = try fullVerify(bytes, certificateSet: certificateSet)
+        }
+        return try check(receipt)
+    }
+
+    /// A receipt whose certificate set a full verification accepted before, dated inside that
+    /// chain's validity: only the signature (libcrypto, with the kept key) and the payload.
+    /// Nil sends it to the full path.
+    private func warmVerify(_ container: SignedDataContainer, _ certificateSet: SHA256Digest) throws(VerificationError) -> AppReceipt? {
+        guard let signer = signers.withLock({ $0[certificateSet] }), container.issuerAndSerial.elementsEqual(signer.issuerAndSerial),
+            !container.hasSignedAttributes, container.certificates.count <= Int(Self.maximumCertificates),
+            container.digestAlgorithms == [container.digestAlgorithm],
+            container.signatureAlgorithm == SignedDataContainer.rsaEncryption || container.signatureAlgorithm == SignedDataContainer.sha1WithRSA
+                || container.signatureAlgorithm == SignedDataContainer.sha256WithRSA
+        else { return nil }
+        let sha1: Bool
+        switch container.digestAlgorithm {
+        case SignedDataContainer.sha1: sha1 = true
+        case SignedDataContainer.sha256: sha1 = false
+        default: return nil
+        }
+        let receipt = try ReceiptPayload.decode(container.content[...])
+        guard receipt.creationDate >= signer.from, receipt.creationDate <= signer.until else { return nil }
+        let valid = container.content.withUnsafeBufferPointer { content in
+            container.signature.withUnsafeBufferPointer { signature in
+                iap_rsa_verify(signer.key, sha1 ? 1 : 0, content.baseAddress, content.count, signature.baseAddress, signature.count)
+            }
+        }
+        guard valid == 1 else { throw VerificationError(.invalidSignature, "the receipt's signature does not match its payload: it was altered") }
+        return receipt
+    }
+
+    /// Everything with libcrypto: the container, the signer's chain at the creation date, the
+    /// markers, the signature. Remembers the signer for ``warmVerify(_:_:)``.
+    private func fullVerify(_ bytes: [UInt8], certificateSet: SHA256Digest?) throws(VerificationError) -> AppReceipt {
         var status: Int32 = 0
         var content: UnsafePointer<UInt8>?
         var contentLength = 0
@@ -98,22 +160,12 @@ public final class ReceiptVerifier: @unchecked Sendable {
         defer { iap_pkcs7_free(container) }
         // The payload is read before the signature is checked only to learn the creation date
         // the chain must be valid at; nothing from it is returned unless everything verifies.
-        let receipt = try ReceiptPayload.decode(UnsafeBufferPointer(start: content, count: contentLength)[...].map { $0 }[...])
-
-        var signerDER: UnsafeMutablePointer<UInt8>?
-        let signerLength = iap_pkcs7_signer_der(container, &signerDER)
-        guard signerLength > 0, let signerDER else {
-            throw VerificationError(.invalidCertificateList, "the receipt must have exactly one signer whose certificate it carries")
-        }
-        let fingerprint = SHA256.hash(data: UnsafeRawBufferPointer(start: signerDER, count: Int(signerLength)))
-        iap_free(signerDER)
-        let cached = chainCache.withLock { $0[fingerprint] }.map { receipt.creationDate >= $0.from && receipt.creationDate <= $0.until } ?? false
-
+        let receipt = try ReceiptPayload.decode(Array(UnsafeBufferPointer(start: content, count: contentLength))[...])
         var from = 0, until = 0
         let result = Int(
             iap_pkcs7_verify(
                 container, store, Int(receipt.creationDate.timeIntervalSince1970), Self.leafMarker, Self.intermediateMarker,
-                Self.maximumCertificates, cached ? 1 : 0, &from, &until))
+                Self.maximumCertificates, 0, &from, &until))
         switch result {
         case Int(IAP_PKCS7_OK): break
         case Int(IAP_PKCS7_SIGNERS), Int(IAP_PKCS7_CERTIFICATES):
@@ -130,13 +182,27 @@ public final class ReceiptVerifier: @unchecked Sendable {
         default:
             throw VerificationError(.malformed, "the receipt could not be verified (libcrypto failed)")
         }
-        if !cached {
-            let window = Window(from: Date(timeIntervalSince1970: TimeInterval(from)), until: Date(timeIntervalSince1970: TimeInterval(until)))
-            chainCache.withLock { cache in
-                if cache.count >= Self.chainCacheLimit { cache.removeAll() }
-                cache[fingerprint] = window
+        if let certificateSet, let key = iap_pkcs7_signer_key(container) {
+            var der: UnsafeMutablePointer<UInt8>?
+            let length = iap_pkcs7_signer_issuer_serial(container, &der)
+            if length > 0, let der {
+                let signer = VerifiedSigner(
+                    key: key, issuerAndSerial: Array(UnsafeBufferPointer(start: der, count: Int(length))),
+                    from: Date(timeIntervalSince1970: TimeInterval(from)), until: Date(timeIntervalSince1970: TimeInterval(until)))
+                iap_free(der)
+                signers.withLock { cache in
+                    if cache.count >= Self.signerCacheLimit { cache.removeAll() }
+                    cache[certificateSet] = signer
+                }
+            } else {
+                iap_pkey_free(key)
             }
         }
+        return receipt
+    }
+
+    /// What the receipt says against this server's app and environments.
+    private func check(_ receipt: AppReceipt) throws(VerificationError) -> AppReceipt {
         guard receipt.bundleId == bundleId else {
             throw VerificationError(.wrongBundleId, "the receipt is for bundle id '\(receipt.bundleId)', not \(bundleId)")
         }

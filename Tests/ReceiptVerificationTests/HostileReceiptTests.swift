@@ -112,6 +112,8 @@ struct HostileReceiptTests {
     func containers() throws {
         let check = try verifier()
         let signed = try sharedAuthority.sign(payload: try ReceiptPayload.encode(receipt()))
+        // Warm: damaged copies of a known receipt meet the warm path first.
+        _ = try check.verify(signed)
         for cut in stride(from: 0, to: signed.count, by: 10) {
             #expect(refusal(Array(signed.prefix(cut)), check) != nil, "cut at \(cut)")
         }
@@ -120,12 +122,20 @@ struct HostileReceiptTests {
             let noise = (0..<Int.random(in: 0...600, using: &generator)).map { _ in UInt8.random(in: 0...255, using: &generator) }
             #expect(refusal([0x30, 0x80] + noise, check) == .malformed)
         }
-        // Flipped bytes anywhere never crash; each is refused or (in unused bytes) still the same receipt.
-        for i in stride(from: 0, to: signed.count, by: 7) {
+        // Flipped bytes anywhere never crash; a flip inside the signed payload or the signature
+        // is always refused, by the warm path as by a cold verifier.
+        let payloadBytes = try ReceiptPayload.encode(receipt())
+        let cold = try verifier()
+        // Every byte of the container's framing and signer info; every 7th byte of the payload and certificates.
+        let positions = Set(Array(0..<120) + Array(stride(from: 120, to: signed.count - 600, by: 7)) + Array((signed.count - 600)..<signed.count))
+        for i in positions.sorted() {
             var flipped = signed
             flipped[i] ^= 0x5A
-            _ = refusal(flipped, check)
+            let warmVerdict = refusal(flipped, check)
+            #expect((warmVerdict == nil) == (refusal(flipped, cold) == nil), "byte \(i)")
+            if warmVerdict == nil { #expect(try check.verify(flipped).inAppPurchases.count == 3) }
         }
+        _ = payloadBytes
         #expect(refusal([UInt8](repeating: 0, count: ReceiptVerifier.maximumSize + 1), check) == .tooLarge)
         #expect(throws: VerificationError.self) { _ = try check.verify(base64: "not base64 at all!!") }
         // A PKCS#7 "data" object instead of SignedData: 06 09 (pkcs7-data OID) with content.

@@ -119,6 +119,13 @@ struct ReceiptVerifierTests {
         let at = try #require((0...(tampered.count - needle.count)).first { Array(tampered[$0..<$0 + needle.count]) == needle })
         tampered[at] = UInt8(ascii: "C")
         #expect(refusal(tampered, check) == .invalidSignature)
+        // The same after a valid receipt warmed the verifier (the signature checked with the kept key).
+        let warm = try verifier()
+        #expect(refusal(try sharedAuthority.sign(payload: payload), warm) == nil)
+        #expect(refusal(tampered, warm) == .invalidSignature)
+        var badSignature = try sharedAuthority.sign(payload: payload)
+        badSignature[badSignature.count - 40] ^= 1
+        #expect(refusal(badSignature, warm) != nil)
 
         let foreign = try SandboxReceiptAuthority.generate()
         #expect(refusal(try foreign.sign(payload: payload), check) == .untrustedChain)
@@ -131,8 +138,10 @@ struct ReceiptVerifierTests {
         let unmarkedCA = try SandboxReceiptAuthority.generate(profile: noIntermediateMarker)
         #expect(refusal(try unmarkedCA.sign(payload: payload), try verifier(unmarkedCA)) == .missingMarkerOID)
 
-        // Certificates missing (no intermediate to chain through) or far too many.
+        // Certificates missing (no intermediate to chain through) or far too many; the warm
+        // verifier knows only the exact certificate set it verified, so it judges these in full.
         #expect(refusal(try sharedAuthority.sign(payload: payload, certificates: []), check) == .untrustedChain)
+        #expect(refusal(try sharedAuthority.sign(payload: payload, certificates: []), warm) == .untrustedChain)
         let many = Array(repeating: sharedAuthority.intermediate, count: 12)
         #expect(refusal(try sharedAuthority.sign(payload: payload, certificates: many), check) == .invalidCertificateList)
         // A chain the leaf signs directly under the root (intermediate left out but root present).

@@ -1,0 +1,69 @@
+// Receipt verification throughput: StoreKit 1 app receipts with 50 purchases each, verified per
+// second with a cold chain cache (a new verifier per receipt: the chain is built and validated
+// by libcrypto) and a warm one (one verifier: one RSA signature check and the payload parse
+// per receipt), on one task and on every core. The goal (issue 15) is ≥ 2,000/s warm on 2 cores.
+// Run: swift run -c release receipt-bench [receipts] [rounds]
+import Foundation
+import PurchaseVerification
+import ReceiptVerification
+import SandboxStore
+
+let count = CommandLine.arguments.count > 1 ? Int(CommandLine.arguments[1]) ?? 4_000 : 4_000
+let rounds = CommandLine.arguments.count > 2 ? Int(CommandLine.arguments[2]) ?? 7 : 7
+let authority = try SandboxReceiptAuthority.generate()
+let now = Date()
+var receipts: [[UInt8]] = []
+// 200 distinct receipts (different creation dates and ids), cycled: signing is the slow part here.
+for r in 0..<200 {
+    let purchases = (0..<50).map { i in
+        InAppPurchase(
+            productId: "com.example.levels\(i)", transactionId: String(1_000_000_000_000_000 + r * 100 + i),
+            originalTransactionId: String(1_000_000_000_000_000 + r * 100 + i), purchaseDate: now.addingTimeInterval(Double(-i * 3600)),
+            originalPurchaseDate: now.addingTimeInterval(Double(-i * 3600)))
+    }
+    let receipt = AppReceipt(
+        receiptType: "ProductionSandbox", bundleId: "com.example.app", appVersion: "1.0", originalAppVersion: "1.0",
+        creationDate: now.addingTimeInterval(Double(-r)), expirationDate: nil, opaqueValue: Array(repeating: 1, count: 16),
+        sha1Hash: Array(repeating: 2, count: 20), inAppPurchases: purchases)
+    receipts.append(try authority.sign(payload: try ReceiptPayload.encode(receipt)))
+}
+print("receipt: \(receipts[0].count) bytes, 50 purchases, RSA-2048, SHA-256; \(count) verifications per run, \(rounds) rounds")
+
+func rate(_ n: Int, _ body: @Sendable @escaping (Int) throws -> Void, tasks: Int) async throws -> Double {
+    let start = ContinuousClock.now
+    try await withThrowingTaskGroup(of: Void.self) { group in
+        for worker in 0..<tasks {
+            group.addTask {
+                var i = worker
+                while i < n {
+                    try body(i)
+                    i += tasks
+                }
+            }
+        }
+        try await group.waitForAll()
+    }
+    return Double(n) / ((ContinuousClock.now - start) / .seconds(1))
+}
+
+func report(_ label: String, _ samples: [Double]) {
+    let sorted = samples.sorted()
+    let median = sorted[sorted.count / 2]
+    print(String(format: "%-36@ median %8.0f /s  (min %8.0f, max %8.0f)", label as NSString, median, sorted.first!, sorted.last!))
+}
+
+let roots = [authority.root]
+let warm = try ReceiptVerifier(bundleId: "com.example.app", trustRoots: roots, environments: .sandbox)
+_ = try warm.verify(receipts[0])
+let cores = ProcessInfo.processInfo.activeProcessorCount
+var cold: [Double] = [], one: [Double] = [], all: [Double] = []
+let snapshot = receipts
+for _ in 0..<rounds {
+    cold.append(
+        try await rate(max(200, count / 10), { i in _ = try ReceiptVerifier(bundleId: "com.example.app", trustRoots: roots, environments: .sandbox).verify(snapshot[i % snapshot.count]) }, tasks: 1))
+    one.append(try await rate(count, { i in _ = try warm.verify(snapshot[i % snapshot.count]) }, tasks: 1))
+    all.append(try await rate(count, { i in _ = try warm.verify(snapshot[i % snapshot.count]) }, tasks: cores))
+}
+report("cold (new verifier, chain validated)", cold)
+report("warm, 1 task", one)
+report("warm, \(cores) tasks", all)
