@@ -131,7 +131,7 @@ let package = Package(
         .target(
             name: "SandboxStoreServer",
             dependencies: [
-                "AppStoreServerAPI", "Base64URL", "PurchaseVerification", "SandboxStore",
+                "AppStoreServerAPI", "Base64URL", "PurchaseVerification", "ReceiptVerification", "SandboxStore",
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "Logging", package: "swift-log"),
@@ -256,7 +256,10 @@ let package = Package(
         .target(name: "IAPTestSupport", path: "Tests/Support"),
         .testTarget(
             name: "ContentServerTests",
-            dependencies: ["ContentServer", "ContentDelivery", "DownloadGrants", "ContentCatalog", "ContentArchive", "SandboxStore", "IAPTestSupport"]
+            dependencies: [
+                "ContentServer", "ContentDelivery", "DownloadGrants", "ContentCatalog", "ContentArchive", "SandboxStore", "IAPTestSupport",
+                "AppStoreServerAPI", "AppStoreServerClient", "ReceiptVerification",
+            ]
         ),
         .testTarget(
             name: "ContentFetchTests",

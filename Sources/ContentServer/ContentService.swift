@@ -1,3 +1,4 @@
+import AppStoreServerClient
 import ContentArchive
 import ContentCatalog
 import ContentDelivery
@@ -15,7 +16,7 @@ final class ContentService: ContentResolver, Sendable {
     let configuration: ServerConfiguration
     let store: ContentStore
     let verifier: SignedDataVerifier
-    let receiptVerifier: ReceiptVerifier
+    let receiptChecker: ReceiptChecker
     let grants: GrantKeyRing
     let metrics = ServerMetrics()
     /// The port actually bound (differs from the configuration's when that is 0).
@@ -45,9 +46,15 @@ final class ContentService: ContentResolver, Sendable {
                 environments: configuration.environments))
         // Receipts chain to Apple Inc. Root (built in) or to an extra root (the sandbox's
         // receipt-root.cer); Apple Root CA - G3 signs StoreKit 2 data only.
-        receiptVerifier = try ReceiptVerifier(
-            bundleId: configuration.bundleId, trustRoots: configuration.trustRoots.filter { $0 != AppleRoots.rootCAG3 },
-            environments: configuration.environments)
+        receiptChecker = ReceiptChecker(
+            mode: configuration.receiptVerification,
+            local: try ReceiptVerifier(
+                bundleId: configuration.bundleId, trustRoots: configuration.trustRoots.filter { $0 != AppleRoots.rootCAG3 },
+                environments: configuration.environments),
+            apple: VerifyReceiptClient(
+                productionURL: configuration.verifyReceiptURL, sandboxURL: configuration.verifyReceiptSandboxURL,
+                sharedSecret: configuration.receiptSharedSecret, timeout: configuration.verifyReceiptTimeout),
+            bundleId: configuration.bundleId, environments: configuration.environments)
         grants = try GrantKeyRing.loadOrCreate(path: configuration.dataDirectory + "/grant-keys.json")
         revoked = Mutex(try store.revokedTransactionIds())
     }

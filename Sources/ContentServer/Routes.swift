@@ -97,7 +97,7 @@ struct APIRoutes: Sendable {
         let started = ContinuousClock.now
         let receipt: AppReceipt
         do {
-            receipt = try service.receiptVerifier.verify(base64: text)
+            receipt = try await service.receiptChecker.verify(base64: text)
             service.metrics.verificationDuration.record(ContinuousClock.now - started)
         } catch {
             service.metrics.grant(error.code.rawValue)
@@ -193,7 +193,8 @@ struct APIRoutes: Sendable {
         case .malformed, .tooLarge: .badRequest
         case .unsupportedAlgorithm, .unsupportedCriticalHeader, .invalidCertificateList, .untrustedChain, .missingMarkerOID, .invalidSignature:
             .unauthorized
-        case .wrongBundleId, .wrongEnvironment: .forbidden
+        case .wrongBundleId, .wrongEnvironment, .verifiersDisagree, .unknownAccount: .forbidden
+        case .receiptServiceUnavailable: .serviceUnavailable
         }
     }
 

@@ -1,3 +1,4 @@
+import AppStoreServerAPI
 import Foundation
 import PurchaseVerification
 import X509
@@ -29,6 +30,15 @@ public struct ServerConfiguration: Sendable {
     public var drainTimeout: Duration = .seconds(30)
     /// Largest JSON request body.
     public var maxJSONBody = 256 * 1024
+    /// How app receipts are verified: here (libcrypto), by Apple's `verifyReceipt`, or both.
+    public var receiptVerification: ReceiptVerificationMode = .local
+    /// `verifyReceipt` URLs: production is asked first, the sandbox on 21007.
+    public var verifyReceiptURL = VerifyReceiptStatus.productionURL
+    public var verifyReceiptSandboxURL = VerifyReceiptStatus.sandboxURL
+    /// How long one `verifyReceipt` request may take, connecting included.
+    public var verifyReceiptTimeout: Duration = .seconds(15)
+    /// The app-specific shared secret `verifyReceipt` wants for subscriptions.
+    public var receiptSharedSecret: String?
     /// How often revocations written by other replicas are picked up.
     public var revocationRefresh: Duration = .seconds(2)
 
@@ -43,5 +53,18 @@ public struct ServerConfiguration: Sendable {
         ("IAP_TRUST_ROOTS", "--trust-root, colon-separated"), ("IAP_ENVIRONMENT", "--environment"),
         ("IAP_TOKEN_TTL", "--token-ttl"), ("IAP_ADMIN_TOKEN_FILE", "--admin-token-file"), ("IAP_PUBLIC_URL", "--public-url"),
         ("IAP_HEADER_TIMEOUT", "--header-timeout"), ("IAP_IDLE_TIMEOUT", "--idle-timeout"),
+        ("IAP_RECEIPT_VERIFICATION", "--receipt-verification"), ("IAP_VERIFY_RECEIPT_URL", "--verify-receipt-url"),
+        ("IAP_VERIFY_RECEIPT_SANDBOX_URL", "--verify-receipt-sandbox-url"), ("IAP_RECEIPT_SHARED_SECRET_FILE", "--receipt-shared-secret-file"),
+        ("IAP_VERIFY_RECEIPT_TIMEOUT", "--verify-receipt-timeout"),
     ]
+}
+
+/// How `POST /v1/downloads` verifies app receipts.
+public enum ReceiptVerificationMode: String, Sendable, CaseIterable {
+    /// PKCS#7 and the chain checked here with libcrypto: no network, no dependency on Apple.
+    case local
+    /// Apple's `verifyReceipt` (production first, the sandbox on 21007).
+    case apple
+    /// Both, and they must agree on the app and every purchase.
+    case both
 }

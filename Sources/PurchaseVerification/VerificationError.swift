@@ -22,6 +22,12 @@ public enum VerificationErrorCode: String, ErrorCode, CaseIterable {
     case wrongBundleId = "wrong-bundle-id"
     /// The payload's environment is not accepted by this configuration.
     case wrongEnvironment = "wrong-environment"
+    /// Apple's `verifyReceipt` could not be asked or answered "try later" (503: retry).
+    case receiptServiceUnavailable = "receipt-service-unavailable"
+    /// Local verification and Apple's `verifyReceipt` read the receipt differently (`both` mode).
+    case verifiersDisagree = "verifiers-disagree"
+    /// Apple's `verifyReceipt` no longer knows the receipt's account (21010).
+    case unknownAccount = "unknown-account"
 }
 
 /// Why signed data was refused. Messages say which check failed and never echo the token.

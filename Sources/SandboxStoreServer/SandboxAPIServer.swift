@@ -8,11 +8,14 @@ import PurchaseVerification
 import SandboxStore
 
 /// Serves ``SandboxStoreAPI`` over HTTP at Apple's paths, so a backend (or Apple's own
-/// `AppStoreServerAPIClient`) pointed at it works unchanged. Every request needs a bearer token
-/// signed with one of the store's API keys; refusals are 401 with no body, as Apple's are.
+/// `AppStoreServerAPIClient`) pointed at it works unchanged. Every `/inApps` request needs a
+/// bearer token signed with one of the store's API keys; refusals are 401 with no body, as
+/// Apple's are. `POST /verifyReceipt` is the legacy receipt endpoint.
 public enum SandboxAPIServer {
     /// Largest request body (a notification-history filter is a few hundred bytes).
     static let maximumBody = 64 * 1024
+    /// A receipt of ~10,000 purchases in base64 and JSON.
+    static let maximumReceiptBody = 8 << 20
 
     /// Runs until SIGTERM or SIGINT.
     public static func run(
@@ -20,11 +23,19 @@ public enum SandboxAPIServer {
         onListening: @escaping @Sendable (Int) async -> Void = { _ in }
     ) async throws {
         let router = Router(context: BasicRequestContext.self)
-        router.add(middleware: BearerTokenMiddleware(store: api.store, logger: logger))
-        router.get("/inApps/v1/transactions/:transactionId") { _, context in
+        // verifyReceipt authenticates by the receipt itself (and a shared secret), not a bearer token.
+        router.post("/verifyReceipt") { request, _ in
+            let body: Data
+            do { body = Data((try await request.body.collect(upTo: maximumReceiptBody)).readableBytesView) } catch {
+                return json(.ok, VerifyReceiptResponse(status: VerifyReceiptStatus.malformedReceipt))
+            }
+            return json(.ok, api.verifyReceipt(body))
+        }
+        let inApps = router.group("inApps").add(middleware: BearerTokenMiddleware(store: api.store, logger: logger))
+        inApps.get("v1/transactions/:transactionId") { _, context in
             respond(api.transactionInfo(try context.parameters.require("transactionId")))
         }
-        router.get("/inApps/v2/history/:transactionId") { request, context in
+        inApps.get("v2/history/:transactionId") { request, context in
             let parameters = request.uri.queryParameters
             var query = SandboxStoreAPI.HistoryQuery()
             query.revision = parameters["revision"].map(String.init)
@@ -37,7 +48,7 @@ public enum SandboxAPIServer {
             query.inAppOwnershipType = parameters["inAppOwnershipType"].map(String.init)
             return respond(api.history(try context.parameters.require("transactionId"), query))
         }
-        router.post("/inApps/v1/notifications/history") { request, _ in
+        inApps.post("v1/notifications/history") { request, _ in
             let body: NotificationHistoryRequest
             do {
                 let buffer = try await request.body.collect(upTo: maximumBody)

@@ -2,6 +2,7 @@ import AppStoreServerAPI
 import Base64URL
 import Foundation
 import PurchaseVerification
+import ReceiptVerification
 import SandboxStore
 
 /// The App Store Server API over a sandbox store: what Get Transaction Info, Get Transaction
@@ -180,6 +181,48 @@ public struct SandboxStoreAPI: Sendable {
         } catch {
             return internalError(error)
         }
+    }
+
+    // MARK: verifyReceipt (StoreKit 1)
+
+    /// Apple's legacy `verifyReceipt` over the store's own receipts: HTTP 200 always, the outcome
+    /// in `status`, as Apple's. A production host answers 21007 to a sandbox receipt and a
+    /// sandbox host 21008 to a production one, so a server's "production first, then sandbox"
+    /// logic is exercised for real.
+    public func verifyReceipt(_ body: Data) -> VerifyReceiptResponse {
+        guard let request = try? JSONDecoder().decode(VerifyReceiptRequest.self, from: body) else {
+            return VerifyReceiptResponse(status: VerifyReceiptStatus.badRequest)
+        }
+        guard let bytes = Data(base64Encoded: request.receiptData, options: .ignoreUnknownCharacters), !bytes.isEmpty else {
+            return VerifyReceiptResponse(status: VerifyReceiptStatus.malformedReceipt)
+        }
+        let verifier: ReceiptVerifier
+        do {
+            let authority = try store.receiptAuthority()
+            verifier = try ReceiptVerifier(bundleId: store.bundleId, trustRoots: [authority.root], environments: EnvironmentPolicy(accepting: [.production, .sandbox]))
+        } catch {
+            return VerifyReceiptResponse(status: VerifyReceiptStatus.internalError, isRetryable: true)
+        }
+        let receipt: AppReceipt
+        do { receipt = try verifier.verify(Array(bytes)) } catch {
+            let status = error.code == .malformed || error.code == .tooLarge ? VerifyReceiptStatus.malformedReceipt : VerifyReceiptStatus.notAuthenticated
+            return VerifyReceiptResponse(status: status)
+        }
+        if environment == .production, receipt.environment == .sandbox { return VerifyReceiptResponse(status: VerifyReceiptStatus.sandboxReceipt) }
+        if environment == .sandbox, receipt.environment == .production { return VerifyReceiptResponse(status: VerifyReceiptStatus.productionReceipt) }
+        func ms(_ date: Date?) -> String? { date.map { String($0.storeAPIMilliseconds) } }
+        let decoded = VerifyReceiptResponse.Receipt(
+            receiptType: receipt.receiptType, bundleId: receipt.bundleId, applicationVersion: receipt.appVersion,
+            originalApplicationVersion: receipt.originalAppVersion, receiptCreationDateMs: ms(receipt.creationDate),
+            inApp: receipt.inAppPurchases.map { p in
+                VerifyReceiptResponse.InApp(
+                    quantity: String(p.quantity), productId: p.productId, transactionId: p.transactionId, originalTransactionId: p.originalTransactionId,
+                    purchaseDateMs: ms(p.purchaseDate), originalPurchaseDateMs: ms(p.originalPurchaseDate), expiresDateMs: ms(p.expiresDate),
+                    cancellationDateMs: ms(p.cancellationDate), webOrderLineItemId: p.webOrderLineItemId.map(String.init))
+            })
+        return VerifyReceiptResponse(
+            status: VerifyReceiptStatus.valid, environment: environment == .production ? "Production" : "Sandbox", receipt: decoded,
+            latestReceipt: request.receiptData)
     }
 
     // MARK: Helpers

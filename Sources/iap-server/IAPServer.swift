@@ -55,6 +55,27 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .customLong("idle-timeout"), help: "Seconds a connection may send nothing between requests (default 60).") var idleTimeout: Int?
     @Option(name: .customLong("port-file"), help: "Write the bound port to this file once listening (for scripts).") var portFile: String?
     @Flag(name: .customLong("allow-local-testing"), help: "Also accept Xcode and LocalTesting transactions.") var allowLocalTesting = false
+    @Option(name: .customLong("receipt-verification"), help: "How StoreKit 1 app receipts are verified: local (libcrypto, the default), apple (verifyReceipt) or both (must agree).")
+    var receiptVerification: ReceiptMode?
+    @Option(name: .customLong("verify-receipt-url"), help: "Apple's production verifyReceipt URL (or a sandbox store's, for tests).") var verifyReceiptURL: String?
+    @Option(name: .customLong("verify-receipt-sandbox-url"), help: "The sandbox verifyReceipt URL, asked when production answers 21007.")
+    var verifyReceiptSandboxURL: String?
+    @Option(name: .customLong("verify-receipt-timeout"), help: "Seconds one verifyReceipt request may take (default 15).") var verifyReceiptTimeout: Int?
+    @Option(name: .customLong("receipt-shared-secret-file"), help: "A file holding the app-specific shared secret verifyReceipt wants for subscriptions.")
+    var receiptSharedSecretFile: String?
+
+    enum ReceiptMode: String, ExpressibleByArgument, CaseIterable {
+        case local, apple, both
+        var mode: ReceiptVerificationMode { ReceiptVerificationMode(rawValue: rawValue)! }
+    }
+
+    func validate() throws {
+        for (flag, value) in [("--verify-receipt-url", verifyReceiptURL), ("--verify-receipt-sandbox-url", verifyReceiptSandboxURL)] {
+            if let value, URL(string: value).map({ $0.scheme == "http" || $0.scheme == "https" }) != true {
+                throw ValidationError("\(flag) \(value) is not an http(s) URL")
+            }
+        }
+    }
 
     /// A timeout from its flag or environment variable, checked.
     func timeout(_ flag: Int?, _ variable: String, _ name: String) throws -> Duration? {
@@ -91,6 +112,20 @@ struct Serve: AsyncParsableCommand {
             configuration.adminToken = token
         }
         configuration.publicURL = publicURL ?? env("IAP_PUBLIC_URL")
+        let modeName = env("IAP_RECEIPT_VERIFICATION") ?? "local"
+        guard let mode = receiptVerification ?? ReceiptMode(rawValue: modeName) else {
+            throw ValidationError("IAP_RECEIPT_VERIFICATION must be local, apple or both, not '\(modeName)'")
+        }
+        configuration.receiptVerification = mode.mode
+        configuration.verifyReceiptURL = verifyReceiptURL ?? env("IAP_VERIFY_RECEIPT_URL") ?? configuration.verifyReceiptURL
+        configuration.verifyReceiptSandboxURL = verifyReceiptSandboxURL ?? env("IAP_VERIFY_RECEIPT_SANDBOX_URL") ?? configuration.verifyReceiptSandboxURL
+        if let seconds = try timeout(verifyReceiptTimeout, "IAP_VERIFY_RECEIPT_TIMEOUT", "--verify-receipt-timeout") { configuration.verifyReceiptTimeout = seconds }
+        if let file = receiptSharedSecretFile ?? env("IAP_RECEIPT_SHARED_SECRET_FILE") {
+            guard let secret = try? String(contentsOfFile: file, encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines), !secret.isEmpty else {
+                throw reporter.failure("invalid-input", "cannot read the shared secret from \(file)")
+            }
+            configuration.receiptSharedSecret = secret
+        }
         if let seconds = try timeout(headerTimeout, "IAP_HEADER_TIMEOUT", "--header-timeout") { configuration.headerTimeout = seconds }
         if let seconds = try timeout(idleTimeout, "IAP_IDLE_TIMEOUT", "--idle-timeout") { configuration.idleTimeout = seconds }
         var logger = Logger(label: "iap-server")
