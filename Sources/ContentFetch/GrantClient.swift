@@ -16,8 +16,19 @@ struct GrantClient: Sendable {
         var request = HTTPClientRequest(url: server + Route.downloads)
         request.method = .POST
         request.headers.add(name: "Content-Type", value: "application/json")
+        let proof: DownloadRequest
+        if let receiptPath = transaction.receiptPath {
+            // StoreKit 1: the device's app receipt, read fresh each time (StoreKit rewrites it).
+            guard let receipt = FileManager.default.contents(atPath: receiptPath), !receipt.isEmpty else {
+                throw FetchError(
+                    .refused, "cannot read the app receipt \(receiptPath) for transaction \(transaction.transactionId): refresh it (SKReceiptRefreshRequest)")
+            }
+            proof = DownloadRequest(receipt: receipt.base64EncodedString(), transactionId: transaction.transactionId)
+        } else {
+            proof = DownloadRequest(signedTransaction: transaction.signedTransaction)
+        }
         let body: Data
-        do { body = try WireJSON.encoder().encode(DownloadRequest(signedTransaction: transaction.signedTransaction)) } catch {
+        do { body = try WireJSON.encoder().encode(proof) } catch {
             throw FetchError(.refused, "cannot encode the request for transaction \(transaction.transactionId): \(error)")
         }
         request.body = .bytes(ByteBuffer(bytes: body))
@@ -45,6 +56,8 @@ struct GrantClient: Sendable {
         switch status {
         case 403 where envelope.code() == .revoked:
             return FetchError(.revoked, "transaction \(transaction.transactionId) was refunded or revoked: \(message)")
+        case 404 where envelope.code() == .notInReceipt:
+            return FetchError(.refused, "the app receipt does not hold transaction \(transaction.transactionId) yet: refresh it (SKReceiptRefreshRequest): \(message)")
         case 404:
             return FetchError(.noContent, "no content for \(transaction.productId): \(message)")
         case 400, 401, 403:

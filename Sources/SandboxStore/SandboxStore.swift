@@ -70,6 +70,8 @@ public final class SandboxStore: Sendable {
     public var rootCertificatePath: String { folder + "/root.cer" }
     /// The receipt chain's root (RSA; made with the first receipt): give it to the server with `--trust-root`.
     public var receiptRootCertificatePath: String { folder + "/receipt-root.cer" }
+    /// The StoreKit 1 device's app receipt (its `appStoreReceiptURL`), rewritten at each StoreKit 1 purchase.
+    public var deviceReceiptPath: String { folder + "/device-receipt" }
 
     /// The first transaction id, 16 digits like Apple's.
     static let firstTransactionId: UInt64 = 2_000_000_000_000_001
@@ -142,9 +144,13 @@ public final class SandboxStore: Sendable {
     }
 
     /// Buys a product: signs a transaction and puts it in the queue as unfinished.
+    ///
+    /// With `storeKit1`, the device holds the purchase as StoreKit 1 does: the queued transaction
+    /// is proven by the app receipt at ``deviceReceiptPath`` (rewritten to include it) and
+    /// finished by its transaction id; the JWS is kept only as the store's own record.
     public func purchase(
         productId: String, type: ProductType = .nonConsumable, environment: AppStoreEnvironment = .sandbox,
-        expires: Date? = nil, now: Date = Date()
+        expires: Date? = nil, storeKit1: Bool = false, now: Date = Date()
     ) throws(SandboxError) -> Purchase {
         guard !productId.isEmpty, productId.utf8.count <= 255 else {
             throw SandboxError(.invalidInput, "'\(productId)' is not a product id: pass the product identifier of the content, such as com.example.levels1")
@@ -173,9 +179,14 @@ public final class SandboxStore: Sendable {
         }
         let signed = try sign(transaction)
         do {
-            try queue.add(QueuedTransaction(transactionId: id, productId: productId, signedTransaction: signed, addedAt: now))
+            try queue.add(
+                QueuedTransaction(transactionId: id, productId: productId, signedTransaction: signed, addedAt: now, receiptPath: storeKit1 ? deviceReceiptPath : nil))
         } catch {
             throw SandboxError(error, or: .io)
+        }
+        if storeKit1 {
+            let receipt = try self.receipt(environment: environment, now: now)
+            try Self.write(Data(receipt), deviceReceiptPath, mode: 0o644)
         }
         return Purchase(transaction: transaction, signedTransaction: signed)
     }

@@ -18,14 +18,23 @@ public struct QueuedTransaction: Codable, Sendable, Equatable {
     public var addedAt: Date
     /// When the transaction was finished; nil while unfinished.
     public var finishedAt: Date?
+    /// A StoreKit 1 transaction: the app receipt file (the device's `appStoreReceiptURL`) whose
+    /// purchase with this transaction id is the proof sent to the server instead of a JWS.
+    public var receiptPath: String?
 
-    public init(transactionId: String, productId: String, signedTransaction: String, addedAt: Date = Date(), finishedAt: Date? = nil) {
+    public init(
+        transactionId: String, productId: String, signedTransaction: String, addedAt: Date = Date(), finishedAt: Date? = nil, receiptPath: String? = nil
+    ) {
         self.transactionId = transactionId
         self.productId = productId
         self.signedTransaction = signedTransaction
         self.addedAt = addedAt
         self.finishedAt = finishedAt
+        self.receiptPath = receiptPath
     }
+
+    /// StoreKit 1 (an app receipt proves it) rather than StoreKit 2 (a signed transaction).
+    public var isStoreKit1: Bool { receiptPath != nil }
 
     public var isFinished: Bool { finishedAt != nil }
 }

@@ -79,8 +79,11 @@ struct Purchase: ParsableCommand {
     @Option(help: "Sandbox or Production.") var environment: Environment = .sandbox
     @Option(help: "Expiry (ISO 8601, e.g. 2027-01-01T00:00:00Z), for subscriptions.") var expires: String?
     @Flag(help: "Print one JSON object instead of the bare signed transaction.") var json = false
+    @Option(name: .customLong("storekit"), help: "2 (signed transactions) or 1: a StoreKit 1 purchase, proven by the device's app receipt (<dir>/device-receipt, rewritten).")
+    var storeKit = 2
 
     func validate() throws {
+        guard storeKit == 1 || storeKit == 2 else { throw ValidationError("--storekit must be 1 or 2") }
         if let expires, (try? Date(expires, strategy: .iso8601)) == nil {
             throw ValidationError("--expires \(expires) is not an ISO 8601 date such as 2027-01-01T00:00:00Z")
         }
@@ -93,14 +96,17 @@ struct Purchase: ParsableCommand {
         let expiry = expires.flatMap { try? Date($0, strategy: .iso8601) }
         do {
             let store = try SandboxStore(folder: dir)
-            let purchase = try store.purchase(productId: productId, type: type.type, environment: environment.value, expires: expiry)
+            let purchase = try store.purchase(productId: productId, type: type.type, environment: environment.value, expires: expiry, storeKit1: storeKit == 1)
             if json {
-                let object: [String: Any] = [
+                var object: [String: Any] = [
                     "transactionId": purchase.transaction.transactionId ?? "", "productId": productId,
                     "signedTransaction": purchase.signedTransaction,
                 ]
+                if storeKit == 1 { object["receiptPath"] = store.deviceReceiptPath }
                 let data = try JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes])
                 print(String(decoding: data, as: UTF8.self))
+            } else if storeKit == 1 {
+                print("\(purchase.transaction.transactionId ?? "")  StoreKit 1; the app receipt is \(store.deviceReceiptPath)")
             } else {
                 print(purchase.signedTransaction)
             }

@@ -28,10 +28,16 @@ struct Shop {
     /// The server's flags, for restarting it on the same data.
     var serverArguments: [String] { ["--bundle-id", Self.bundleId, "--trust-root", store.rootCertificatePath, "--environment", "sandbox"] }
 
-    /// Publishes version 1.0 of each product, packed at `level`, and starts the server.
-    init(products: [String: Source], level: Int = 0, serverArguments extra: [String] = []) throws {
+    /// Publishes version 1.0 of each product, packed at `level`, and starts the server (trusting
+    /// the store's receipt chain too with `receipts`, for StoreKit 1 purchases).
+    init(products: [String: Source], level: Int = 0, serverArguments extra: [String] = [], receipts: Bool = false) throws {
         tmp = try TemporaryFolder()
         store = try SandboxStore.initialize(folder: tmp.sub("sandbox"), bundleId: Self.bundleId)
+        var extra = extra
+        if receipts {
+            _ = try store.receiptAuthority()
+            extra += ["--trust-root", store.receiptRootCertificatePath]
+        }
         var payloads: [String: Data] = [:]
         var manifests: [String: ArchiveManifest] = [:]
         for (product, source) in products {
