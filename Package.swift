@@ -212,7 +212,7 @@ let package = Package(
             name: "iap-server",
             dependencies: [
                 "AppStoreServerAPI", "AppStoreServerClient", "CommandLineReporting", "ContentCatalog", "ContentServer", "IAPProtocol",
-                "PurchaseVerification",
+                "PurchaseVerification", "ReceiptVerification",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),

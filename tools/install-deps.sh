@@ -18,6 +18,11 @@ if ! python3 -c 'import cryptography' 2>/dev/null; then
   echo "installing: cryptography (PyPI)" >&2
   python3 -m pip install -q cryptography
 fi
+# The receipt differential test parses payloads with asn1crypto, independently of swift-asn1.
+if ! python3 -c 'import asn1crypto' 2>/dev/null; then
+  echo "installing: asn1crypto (PyPI)" >&2
+  python3 -m pip install -q asn1crypto
+fi
 if ! python3 -c 'import appstoreserverlibrary' 2>/dev/null; then
   echo "installing: app-store-server-library (PyPI)" >&2
   python3 -m pip install -q app-store-server-library

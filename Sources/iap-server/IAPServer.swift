@@ -8,6 +8,8 @@ import ContentServer
 import Foundation
 import Logging
 import PurchaseVerification
+import ReceiptVerification
+import Synchronization
 
 @main
 struct IAPServer: AsyncParsableCommand {
@@ -210,13 +212,14 @@ struct Catalog: ParsableCommand {
 
 struct Verify: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Verify signed data (a transaction, renewal info, or a notification's signedPayload) and print it as JSON.",
+        abstract: "Verify signed data (a transaction, renewal info, a notification's signedPayload, or a StoreKit 1 app receipt) and print it as JSON.",
         discussion: """
             Exit codes: 0 verified, 1 refused (the message says which check failed), 64 usage error. \
-            Apple Root CA - G3 is always trusted; add the sandbox root (iap-sandbox's root.cer) with --trust-root.
+            Apple Root CA - G3 (signed data) and Apple Inc. Root (receipts) are always trusted; add the sandbox's \
+            root.cer or receipt-root.cer with --trust-root.
             """)
 
-    @Argument(help: "A file holding the JWS, or {\"signedPayload\": \"...\"}; - for standard input.")
+    @Argument(help: "A file holding the JWS, {\"signedPayload\": \"...\"}, or an app receipt (its bytes or base64); - for standard input.")
     var file: String
 
     @Option(name: .customLong("bundle-id"), help: "The app's bundle identifier.")
@@ -238,6 +241,19 @@ struct Verify: AsyncParsableCommand {
             var roots = [AppleRoots.rootCAG3]
             for path in trustRoots { roots.append(try AppleRoots.load(path: path)) }
             let verifier = SignedDataVerifier(configuration: .init(bundleId: bundleId, trustRoots: roots, environments: policy))
+            if let receipt = try readReceipt() {
+                let receiptVerifier = try ReceiptVerifier(bundleId: bundleId, trustRoots: Array(roots.dropFirst()), environments: policy)
+                let decoded = try receiptVerifier.verify(receipt)
+                let purchases: [Any] = try decoded.transactions.map { transaction in
+                    var object = try jsonObject(transaction) as? [String: Any] ?? [:]
+                    object["entitlement"] = describe(entitlement(for: transaction, configuration: verifier.configuration))
+                    return object
+                }
+                let output: [String: Any] = ["kind": "receipt", "payload": try jsonObject(decoded), "purchases": purchases]
+                let data = try JSONSerialization.data(withJSONObject: output, options: [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes])
+                print(String(decoding: data, as: UTF8.self))
+                return
+            }
             let token = try readToken()
             let output: [String: Any]
             switch try await verifier.verifyAny(token) {
@@ -260,14 +276,33 @@ struct Verify: AsyncParsableCommand {
         }
     }
 
-    private func readToken() throws -> String {
-        let data: Data?
-        if file == "-" {
-            data = FileHandle.standardInput.readDataToEndOfFile()
-        } else {
-            data = FileManager.default.contents(atPath: file)
+    /// The input's bytes when it is an app receipt (PKCS#7, raw or base64), else nil.
+    private func readReceipt() throws -> [UInt8]? {
+        let data = try readBytes()
+        if data.first == 0x30 { return Array(data) }
+        let text = String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+        guard !text.contains("."), !text.hasPrefix("{"), let decoded = Data(base64Encoded: text, options: .ignoreUnknownCharacters), decoded.first == 0x30 else {
+            return nil
         }
-        guard let data else { throw ValidationError("cannot read \(file): check the path") }
+        return Array(decoded)
+    }
+
+    private func readBytes() throws -> Data {
+        if file == "-" {
+            if let cached = Self.standardInput.withLock({ $0 }) { return cached }
+            let data = FileHandle.standardInput.readDataToEndOfFile()
+            Self.standardInput.withLock { $0 = data }
+            return data
+        }
+        guard let data = FileManager.default.contents(atPath: file) else { throw ValidationError("cannot read \(file): check the path") }
+        return data
+    }
+
+    /// Standard input can be read once; both readers see the same bytes.
+    private static let standardInput = Mutex<Data?>(nil)
+
+    private func readToken() throws -> String {
+        let data = try readBytes()
         let text = String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
         if text.hasPrefix("{"), let object = try? JSONSerialization.jsonObject(with: data) as? [String: Any],
             let payload = object["signedPayload"] as? String
