@@ -164,13 +164,7 @@ public enum ReceiptPayload {
     public static func encode(_ receipt: AppReceipt) throws -> [UInt8] {
         var serializer = DER.Serializer()
         try serializer.appendConstructedNode(identifier: .set) { set in
-            func attribute(_ type: Int, _ value: [UInt8]) throws {
-                try set.appendConstructedNode(identifier: .sequence) { sequence in
-                    try sequence.serialize(type)
-                    try sequence.serialize(1)
-                    try sequence.serialize(ASN1OctetString(contentBytes: value[...]))
-                }
-            }
+            func attribute(_ type: Int, _ value: [UInt8]) throws { try appendAttribute(type, value, to: &set) }
             if let type = receiptType(receipt) { try attribute(Field.receiptType, try utf8(type)) }
             try attribute(Field.bundleId, try utf8(receipt.bundleId))
             try attribute(Field.appVersion, try utf8(receipt.appVersion))
@@ -186,16 +180,19 @@ public enum ReceiptPayload {
 
     static func receiptType(_ receipt: AppReceipt) -> String? { receipt.receiptType }
 
+    /// One `SEQUENCE { type, version 1, value }` of a payload SET.
+    static func appendAttribute(_ type: Int, _ value: [UInt8], to set: inout DER.Serializer) throws {
+        try set.appendConstructedNode(identifier: .sequence) { sequence in
+            try sequence.serialize(type)
+            try sequence.serialize(1)
+            try sequence.serialize(ASN1OctetString(contentBytes: value[...]))
+        }
+    }
+
     static func encode(_ purchase: InAppPurchase) throws -> [UInt8] {
         var serializer = DER.Serializer()
         try serializer.appendConstructedNode(identifier: .set) { set in
-            func attribute(_ type: Int, _ value: [UInt8]) throws {
-                try set.appendConstructedNode(identifier: .sequence) { sequence in
-                    try sequence.serialize(type)
-                    try sequence.serialize(1)
-                    try sequence.serialize(ASN1OctetString(contentBytes: value[...]))
-                }
-            }
+            func attribute(_ type: Int, _ value: [UInt8]) throws { try appendAttribute(type, value, to: &set) }
             try attribute(Field.quantity, try integer(Int64(purchase.quantity)))
             try attribute(Field.productId, try utf8(purchase.productId))
             try attribute(Field.transactionId, try utf8(purchase.transactionId))

@@ -46,9 +46,6 @@ public struct SandboxCertificateAuthority: Sendable {
         let rootKey = P256.Signing.PrivateKey()
         let intermediateKey = P256.Signing.PrivateKey()
         let leafKey = P256.Signing.PrivateKey()
-        let now = Date()
-        // CA certificates start before the leaf, so a back-dated leaf (tests) still has a valid chain.
-        let caNotBefore = min(now.addingTimeInterval(-2 * 86_400), profile.leafNotBefore.addingTimeInterval(-86_400))
         let rootName = try DistinguishedName {
             CommonName("iap-sandbox Root CA")
             OrganizationName(profile.organization)
@@ -61,51 +58,12 @@ public struct SandboxCertificateAuthority: Sendable {
             CommonName("iap-sandbox StoreKit Signing")
             OrganizationName(profile.organization)
         }
-        // DER NULL, the value Apple's marker extensions carry.
-        let null: ArraySlice<UInt8> = [0x05, 0x00]
-        // Key identifiers as in Apple's chain (and as RFC 5280 §4.2.1.1-2 and OpenSSL's strict
-        // mode expect): each certificate names its own key and, below the root, its issuer's.
-        let rootKeyId = SubjectKeyIdentifier(hash: Certificate.PublicKey(rootKey.publicKey))
-        let intermediateKeyId = SubjectKeyIdentifier(hash: Certificate.PublicKey(intermediateKey.publicKey))
-        let leafKeyId = SubjectKeyIdentifier(hash: Certificate.PublicKey(leafKey.publicKey))
-        let root = try Certificate(
-            version: .v3, serialNumber: .init(), publicKey: .init(rootKey.publicKey),
-            notValidBefore: caNotBefore, notValidAfter: now.addingTimeInterval(20 * 365 * 86_400),
-            issuer: rootName, subject: rootName, signatureAlgorithm: .ecdsaWithSHA256,
-            extensions: try Certificate.Extensions {
-                Critical(BasicConstraints.isCertificateAuthority(maxPathLength: nil))
-                Critical(KeyUsage(keyCertSign: true, cRLSign: true))
-                rootKeyId
-            },
-            issuerPrivateKey: .init(rootKey))
-        var intermediateExtensions = try Certificate.Extensions {
-            Critical(BasicConstraints.isCertificateAuthority(maxPathLength: 0))
-            Critical(KeyUsage(keyCertSign: true, cRLSign: true))
-            AuthorityKeyIdentifier(keyIdentifier: rootKeyId.keyIdentifier)
-            intermediateKeyId
-        }
-        if profile.intermediateHasMarker {
-            try intermediateExtensions.append(Certificate.Extension(oid: AppleMarkerOID.intermediate, critical: false, value: null))
-        }
-        let intermediate = try Certificate(
-            version: .v3, serialNumber: .init(), publicKey: .init(intermediateKey.publicKey),
-            notValidBefore: caNotBefore, notValidAfter: now.addingTimeInterval(10 * 365 * 86_400),
-            issuer: rootName, subject: intermediateName, signatureAlgorithm: .ecdsaWithSHA256,
-            extensions: intermediateExtensions, issuerPrivateKey: .init(rootKey))
-        var leafExtensions = try Certificate.Extensions {
-            Critical(BasicConstraints.notCertificateAuthority)
-            Critical(KeyUsage(digitalSignature: true))
-            AuthorityKeyIdentifier(keyIdentifier: intermediateKeyId.keyIdentifier)
-            leafKeyId
-        }
-        if profile.leafHasMarker {
-            try leafExtensions.append(Certificate.Extension(oid: AppleMarkerOID.leaf, critical: false, value: null))
-        }
-        let leaf = try Certificate(
-            version: .v3, serialNumber: .init(), publicKey: .init(leafKey.publicKey),
-            notValidBefore: profile.leafNotBefore, notValidAfter: profile.leafNotAfter,
-            issuer: intermediateName, subject: leafName, signatureAlgorithm: .ecdsaWithSHA256,
-            extensions: leafExtensions, issuerPrivateKey: .init(intermediateKey))
+        let chain = try ChainBuilder.build(
+            keys: (.init(rootKey), .init(intermediateKey), .init(leafKey)),
+            names: .init(root: rootName, intermediate: intermediateName, leaf: leafName), signatureAlgorithm: .ecdsaWithSHA256,
+            intermediateMarker: profile.intermediateHasMarker ? AppleMarkerOID.intermediate : nil,
+            leafMarker: profile.leafHasMarker ? AppleMarkerOID.leaf : nil, leafNotBefore: profile.leafNotBefore, leafNotAfter: profile.leafNotAfter)
+        let (root, intermediate, leaf) = chain
         return SandboxCertificateAuthority(
             rootKey: rootKey, root: root, intermediateKey: intermediateKey,
             intermediate: intermediate, leafKey: leafKey, leaf: leaf)

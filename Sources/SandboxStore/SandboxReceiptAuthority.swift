@@ -41,8 +41,6 @@ public struct SandboxReceiptAuthority: Sendable {
         let rootKey = try _RSA.Signing.PrivateKey(keySize: .bits2048)
         let intermediateKey = try _RSA.Signing.PrivateKey(keySize: .bits2048)
         let leafKey = try _RSA.Signing.PrivateKey(keySize: .bits2048)
-        let now = Date()
-        let caNotBefore = min(now.addingTimeInterval(-2 * 86_400), profile.leafNotBefore.addingTimeInterval(-86_400))
         let rootName = try DistinguishedName {
             CountryName("US")
             OrganizationName("iap-content sandbox")
@@ -60,44 +58,11 @@ public struct SandboxReceiptAuthority: Sendable {
             OrganizationName("iap-content sandbox")
             CommonName("iap-sandbox Mac App Store and iTunes Store Receipt Signing")
         }
-        let null: ArraySlice<UInt8> = [0x05, 0x00]
-        let rootKeyId = SubjectKeyIdentifier(hash: Certificate.PublicKey(rootKey.publicKey))
-        let intermediateKeyId = SubjectKeyIdentifier(hash: Certificate.PublicKey(intermediateKey.publicKey))
-        let leafKeyId = SubjectKeyIdentifier(hash: Certificate.PublicKey(leafKey.publicKey))
-        let root = try Certificate(
-            version: .v3, serialNumber: .init(), publicKey: .init(rootKey.publicKey),
-            notValidBefore: caNotBefore, notValidAfter: now.addingTimeInterval(20 * 365 * 86_400),
-            issuer: rootName, subject: rootName, signatureAlgorithm: .sha256WithRSAEncryption,
-            extensions: try Certificate.Extensions {
-                Critical(BasicConstraints.isCertificateAuthority(maxPathLength: nil))
-                Critical(KeyUsage(keyCertSign: true, cRLSign: true))
-                rootKeyId
-            },
-            issuerPrivateKey: .init(rootKey))
-        var intermediateExtensions = try Certificate.Extensions {
-            Critical(BasicConstraints.isCertificateAuthority(maxPathLength: 0))
-            Critical(KeyUsage(keyCertSign: true, cRLSign: true))
-            AuthorityKeyIdentifier(keyIdentifier: rootKeyId.keyIdentifier)
-            intermediateKeyId
-        }
-        if profile.intermediateHasMarker { try intermediateExtensions.append(Certificate.Extension(oid: wwdrMarker, critical: false, value: null)) }
-        let intermediate = try Certificate(
-            version: .v3, serialNumber: .init(), publicKey: .init(intermediateKey.publicKey),
-            notValidBefore: caNotBefore, notValidAfter: now.addingTimeInterval(10 * 365 * 86_400),
-            issuer: rootName, subject: intermediateName, signatureAlgorithm: .sha256WithRSAEncryption,
-            extensions: intermediateExtensions, issuerPrivateKey: .init(rootKey))
-        var leafExtensions = try Certificate.Extensions {
-            Critical(BasicConstraints.notCertificateAuthority)
-            Critical(KeyUsage(digitalSignature: true))
-            AuthorityKeyIdentifier(keyIdentifier: intermediateKeyId.keyIdentifier)
-            leafKeyId
-        }
-        if profile.leafHasMarker { try leafExtensions.append(Certificate.Extension(oid: receiptLeafMarker, critical: false, value: null)) }
-        let leaf = try Certificate(
-            version: .v3, serialNumber: .init(), publicKey: .init(leafKey.publicKey),
-            notValidBefore: profile.leafNotBefore, notValidAfter: profile.leafNotAfter,
-            issuer: intermediateName, subject: leafName, signatureAlgorithm: .sha256WithRSAEncryption,
-            extensions: leafExtensions, issuerPrivateKey: .init(intermediateKey))
+        let (root, intermediate, leaf) = try ChainBuilder.build(
+            keys: (.init(rootKey), .init(intermediateKey), .init(leafKey)),
+            names: .init(root: rootName, intermediate: intermediateName, leaf: leafName), signatureAlgorithm: .sha256WithRSAEncryption,
+            intermediateMarker: profile.intermediateHasMarker ? wwdrMarker : nil, leafMarker: profile.leafHasMarker ? receiptLeafMarker : nil,
+            leafNotBefore: profile.leafNotBefore, leafNotAfter: profile.leafNotAfter)
         return SandboxReceiptAuthority(
             root: root, intermediate: intermediate, leaf: leaf, leafKeyPEM: leafKey.pkcs8PEMRepresentation,
             rootKeyPEM: rootKey.pkcs8PEMRepresentation, intermediateKeyPEM: intermediateKey.pkcs8PEMRepresentation)
