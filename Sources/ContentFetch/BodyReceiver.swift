@@ -18,8 +18,8 @@ final class BodyReceiver: HTTPClientResponseDelegate, Sendable {
 
     enum Event: Sendable {
         case head(HTTPResponseHead)
-        /// `chunk` has been written at `offset`.
-        case body(ByteBuffer, offset: Int64)
+        /// `chunks`, one after the other, have been written from `offset`.
+        case body([ByteBuffer], offset: Int64)
         /// The response ended; with `.collect`, the start of its body.
         case end(collected: ByteBuffer?)
     }
@@ -42,6 +42,20 @@ final class BodyReceiver: HTTPClientResponseDelegate, Sendable {
         var waitingForWindow: EventLoopPromise<Void>?
         var started: NIODeadline?
         var received: Int64 = 0
+        /// Parts written but not yet handed to the fetcher, from `pendingOffset`.
+        var pending: [ByteBuffer] = []
+        var pendingOffset: Int64 = 0
+        var pendingBytes = 0
+
+        /// The parts to hand over now, if any.
+        mutating func takePending() -> (chunks: [ByteBuffer], offset: Int64)? {
+            guard !pending.isEmpty else { return nil }
+            defer {
+                pending = []
+                pendingBytes = 0
+            }
+            return (pending, pendingOffset)
+        }
     }
 
     let events: AsyncThrowingStream<Event, Error>
@@ -49,6 +63,10 @@ final class BodyReceiver: HTTPClientResponseDelegate, Sendable {
     private let fd: SystemPackage.FileDescriptor
     private let window: Int
     private let rateLimit: Int?
+    /// Parts are handed to the fetcher in batches of about this many bytes: each hand-over is a
+    /// hop to the fetcher actor, and per 64 KiB part those hops cost a third as much CPU as the
+    /// SHA-256 itself (docs/performance.md). Small enough for progress and pause to stay prompt.
+    static let batch = 512 << 10
     private let state = NIOLockedValueBox(State())
 
     /// `rateLimit`, bytes per second, is applied here by not reading the socket ahead of it, so
@@ -103,7 +121,10 @@ final class BodyReceiver: HTTPClientResponseDelegate, Sendable {
         } catch {
             return eventLoop.makeFailedFuture(FetchError(.install, "cannot write the partial download: \(error); free disk space and run again"))
         }
-        let (wait, due) = state.withLockedValue { state -> (EventLoopPromise<Void>?, NIODeadline?) in
+        let (wait, due, batch) = state.withLockedValue { state -> (EventLoopPromise<Void>?, NIODeadline?, (chunks: [ByteBuffer], offset: Int64)?) in
+            if state.pending.isEmpty { state.pendingOffset = position }
+            state.pending.append(buffer)
+            state.pendingBytes += Int(count)
             state.position += count
             state.outstanding += Int(count)
             var due: NIODeadline?
@@ -113,12 +134,18 @@ final class BodyReceiver: HTTPClientResponseDelegate, Sendable {
                 state.received += count
                 due = started + .nanoseconds(state.received * 1_000_000_000 / Int64(rateLimit))
             }
-            guard state.outstanding >= window else { return (nil, due) }
-            let promise = eventLoop.makePromise(of: Void.self)
-            state.waitingForWindow = promise
-            return (promise, due)
+            var promise: EventLoopPromise<Void>?
+            if state.outstanding >= window {
+                promise = eventLoop.makePromise(of: Void.self)
+                state.waitingForWindow = promise
+            }
+            // Hand over a full batch, and always before waiting: the fetcher can only consume
+            // what it was given, and progress should not stall while the socket is not read.
+            let waits = promise != nil || due.map { $0 > .now() } == true
+            let batch = state.pendingBytes >= Self.batch || waits ? state.takePending() : nil
+            return (promise, due, batch)
         }
-        continuation.yield(.body(buffer, offset: position))
+        if let batch { continuation.yield(.body(batch.chunks, offset: batch.offset)) }
         let windowOpen = wait?.futureResult ?? eventLoop.makeSucceededVoidFuture()
         guard let due, due > .now() else { return windowOpen }
         return windowOpen.flatMap { eventLoop.scheduleTask(deadline: due) {}.futureResult }
@@ -139,11 +166,15 @@ final class BodyReceiver: HTTPClientResponseDelegate, Sendable {
     }
 
     func didReceiveError(task: HTTPClient.Task<Void>, _ error: Error) {
+        // What is on disk is reported before the error, so the journal can keep it.
+        if let batch = state.withLockedValue({ $0.takePending() }) { continuation.yield(.body(batch.chunks, offset: batch.offset)) }
         continuation.finish(throwing: error)
     }
 
     func didFinishRequest(task: HTTPClient.Task<Void>) throws {
-        continuation.yield(.end(collected: state.withLockedValue { $0.collected }))
+        let (batch, collected) = state.withLockedValue { ($0.takePending(), $0.collected) }
+        if let batch { continuation.yield(.body(batch.chunks, offset: batch.offset)) }
+        continuation.yield(.end(collected: collected))
         continuation.finish()
     }
 

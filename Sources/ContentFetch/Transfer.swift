@@ -175,10 +175,11 @@ extension ContentFetcher {
                     }
                     try await accept(id, etag: head.headers.first(name: "etag"))
                     receiver.proceed(.write(from: position, to: end))
-                case .body(let chunk, let offset):
-                    try await self.received(id, segment: segment, at: offset, chunk, writtenThrough: receiver.writtenThrough)
-                    receiver.consumed(chunk.readableBytes)
-                    position = offset + Int64(chunk.readableBytes)
+                case .body(let chunks, let offset):
+                    let count = chunks.reduce(0) { $0 + $1.readableBytes }
+                    try await self.received(id, segment: segment, at: offset, chunks, writtenThrough: receiver.writtenThrough)
+                    receiver.consumed(count)
+                    position = offset + Int64(count)
                 case .end(let collected):
                     if status == 403 {
                         let envelope = ErrorEnvelope.read((collected ?? ByteBuffer()).readableBytesView)
@@ -212,17 +213,21 @@ extension ContentFetcher {
         try apply(.accepted, to: &partial.download, received: partial.bytesWritten, rate: partial.rate)
     }
 
-    /// A chunk was written: hash it, sync when due, apply pause or cancel, report progress.
-    func received(_ id: String, segment: Int, at offset: Int64, _ chunk: ByteBuffer, writtenThrough: Int64) throws {
+    /// Chunks were written: hash them, sync when due, apply pause or cancel, report progress.
+    func received(_ id: String, segment: Int, at offset: Int64, _ chunks: [ByteBuffer], writtenThrough: Int64) throws {
         guard let partial = transfers[id] else { throw CancellationError() }
-        try partial.wrote(chunk, segment: segment, at: offset, writtenThrough: writtenThrough)
+        var at = offset
+        for chunk in chunks {
+            try partial.wrote(chunk, segment: segment, at: at, writtenThrough: writtenThrough)
+            at += Int64(chunk.readableBytes)
+        }
         if stopAll { throw Stop(control: .pause) }
         if let control = controls[id] { throw Stop(control: control) }
         // Requests from other processes are read at syncs: a file check per chunk would cost more.
         let (recorded, makeDurable) = try partial.recordIfDue()
         if let snapshot = makeDurable { syncInBackground(id, partial: partial, snapshot: snapshot) }
         if recorded, journal.takeCancelRequest(id) { throw Stop(control: .cancel) }
-        // Checked before building the update: this runs for every chunk received.
+        // Checked before building the update: this runs for every batch received.
         if progressDue(id) { emit(partial.download.update(received: partial.bytesWritten, rate: partial.rate)) }
     }
 
