@@ -84,7 +84,7 @@ let package = Package(
                 .product(name: "X509", package: "swift-certificates"),
                 .product(name: "SwiftASN1", package: "swift-asn1"),
             ],
-            resources: [.copy("Resources/AppleRootCA-G3.cer")]
+            resources: [.copy("Resources/AppleRootCA-G3.cer"), .copy("Resources/AppleIncRootCertificate.cer")]
         ),
         // StoreKit 1 app receipts: PKCS#7 (libcrypto) and their ASN.1 payload (swift-asn1).
         .target(
@@ -94,8 +94,7 @@ let package = Package(
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "X509", package: "swift-certificates"),
                 .product(name: "SwiftASN1", package: "swift-asn1"),
-            ],
-            resources: [.copy("Resources/AppleIncRootCertificate.cer")]
+            ]
         ),
         // The App Store Server API's contract: bodies, Apple's error codes, bearer tokens.
         .target(

@@ -10,10 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/install-deps.sh
 . tools/lib.sh
-build_release iap-server iap-pack iap-sandbox iap-fetch
-work=$(mktemp -d); trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
-archive=$(random_archive bench.fetch "${SIZE:-$((1024 * 1024 * 1024 - 4096))}" "$work" "$work/out")
-start_sandbox_server "$work" com.example.bench "$archive"
+fetch_bench_setup
 cd "$work"
 RUNS=${RUNS:-5} python3 - "$bin" "$base" "$server_pid" <<'PY'
 import json, os, statistics, subprocess, sys, time

@@ -14,11 +14,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/install-deps.sh
 . tools/lib.sh
-build_release iap-server iap-pack iap-sandbox iap-fetch
-work=$(mktemp -d); trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
+fetch_bench_setup
 runs=${RUNS:-7}
-archive=$(random_archive bench.fetch "${SIZE:-$((1024 * 1024 * 1024 - 4096))}" "$work" "$work/out")
-start_sandbox_server "$work" com.example.bench "$archive"
 size=$(stat -c %s "$archive")
 
 # Seconds from launch until iap-fetch reports every byte received and verified (NDJSON on stdout).

@@ -35,3 +35,13 @@ grant_url() { # work product
   curl -s -X POST "$base/v1/downloads" -d "{\"signedTransaction\":\"$tx\"}" |
     python3 -c 'import json,sys; print(json.load(sys.stdin)["downloads"][0]["url"])'
 }
+
+# The client benchmarks' set-up: the release tools, a random archive of $SIZE bytes (default just
+# under 1 GiB) published on a sandbox server in a temporary folder removed on exit.
+# Sets bin, work, archive, base and server_pid.
+fetch_bench_setup() {
+  build_release iap-server iap-pack iap-sandbox iap-fetch
+  work=$(mktemp -d); trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
+  archive=$(random_archive bench.fetch "${SIZE:-$((1024 * 1024 * 1024 - 4096))}" "$work" "$work/out")
+  start_sandbox_server "$work" com.example.bench "$archive"
+}

@@ -68,6 +68,16 @@ final class ContentService: ContentResolver, Sendable {
         }
     }
 
+    /// For grants: the in-memory set, then the ledger itself, so a revocation written by
+    /// `iap-server reconcile` or another replica refuses a new grant at once, not at the next
+    /// refresh; one found there is added to the set, so the content path refuses at once too.
+    func isRevokedInLedger(_ transactionId: String) -> Bool {
+        if isRevoked(transactionId) { return true }
+        guard (try? store.isRevoked(transactionId: transactionId)) == true else { return false }
+        markRevoked(transactionId, true)
+        return true
+    }
+
     /// Picks up revocations written by other replicas sharing the data folder.
     func refreshRevocations() throws {
         let current = try store.revokedTransactionIds()

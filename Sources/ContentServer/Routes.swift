@@ -150,10 +150,7 @@ struct APIRoutes: Sendable {
             service.metrics.grant(reason.code)
             return .failure(Refusal(status: .forbidden, error: APIError(APIErrorCode(rawValue: reason.code), "no download: \(reason)")))
         }
-        // The ledger, not only the in-memory set: a revocation written by `iap-server reconcile`
-        // or another replica refuses new grants at once, not at the next refresh.
-        for id in [transaction.transactionId, transaction.originalTransactionId].compactMap({ $0 })
-        where service.isRevoked(id) || (try? service.store.isRevoked(transactionId: id)) == true {
+        for id in [transaction.transactionId, transaction.originalTransactionId].compactMap({ $0 }) where service.isRevokedInLedger(id) {
             service.metrics.grant("revoked")
             return .failure(Refusal(status: .forbidden, error: APIError(.revoked, "no download: transaction \(id) was refunded or revoked")))
         }

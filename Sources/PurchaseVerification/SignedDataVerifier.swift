@@ -55,16 +55,23 @@ public struct VerifierConfiguration: Sendable {
 public enum AppleRoots {
     /// Apple Root CA - G3 (valid until 2039-04-30), SHA-256 fingerprint
     /// 63:34:3A:BF:B8:9A:6A:03:EB:B5:7E:9B:3F:5F:A7:BE:7C:4F:5C:75:6F:30:17:B3:A8:C4:88:C3:65:3E:91:79.
-    public static let rootCAG3: Certificate = {
-        // The resource ships inside this module; failing to load it is a packaging bug.
-        guard let url = Bundle.module.url(forResource: "AppleRootCA-G3", withExtension: "cer"),
+    public static let rootCAG3 = bundled("AppleRootCA-G3")
+
+    /// Apple Inc. Root Certificate ("Apple Root CA", valid until 2035-02-09), the app-receipt
+    /// root, SHA-256 fingerprint
+    /// B0:B1:73:0E:CB:C7:FF:45:05:14:2C:49:F1:29:5E:6E:DA:6B:CA:ED:7E:2C:68:C5:BE:91:B5:A1:10:01:F0:24.
+    public static let appleIncRoot = bundled("AppleIncRootCertificate")
+
+    private static func bundled(_ name: String) -> Certificate {
+        // The resources ship inside this module; failing to load one is a packaging bug.
+        guard let url = Bundle.module.url(forResource: name, withExtension: "cer"),
             let data = try? Data(contentsOf: url),
             let certificate = try? Certificate(derEncoded: Array(data))
         else {
-            fatalError("Apple Root CA - G3 is missing from the PurchaseVerification bundle")
+            fatalError("\(name).cer is missing from the PurchaseVerification bundle")
         }
         return certificate
-    }()
+    }
 
     /// Loads a trust root from a DER (`.cer`) or PEM file.
     public static func load(path: String) throws(VerificationError) -> Certificate {

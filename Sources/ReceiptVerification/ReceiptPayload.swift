@@ -165,7 +165,7 @@ public enum ReceiptPayload {
         var serializer = DER.Serializer()
         try serializer.appendConstructedNode(identifier: .set) { set in
             func attribute(_ type: Int, _ value: [UInt8]) throws { try appendAttribute(type, value, to: &set) }
-            if let type = receiptType(receipt) { try attribute(Field.receiptType, try utf8(type)) }
+            if let type = receipt.receiptType { try attribute(Field.receiptType, try utf8(type)) }
             try attribute(Field.bundleId, try utf8(receipt.bundleId))
             try attribute(Field.appVersion, try utf8(receipt.appVersion))
             try attribute(Field.opaqueValue, receipt.opaqueValue)
@@ -177,8 +177,6 @@ public enum ReceiptPayload {
         }
         return serializer.serializedBytes
     }
-
-    static func receiptType(_ receipt: AppReceipt) -> String? { receipt.receiptType }
 
     /// One `SEQUENCE { type, version 1, value }` of a payload SET.
     static func appendAttribute(_ type: Int, _ value: [UInt8], to set: inout DER.Serializer) throws {

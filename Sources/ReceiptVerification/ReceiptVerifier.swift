@@ -7,22 +7,6 @@ import X509
 
 import enum SwiftASN1.DER
 
-/// Apple's app-receipt trust root.
-public enum AppleReceiptRoots {
-    /// Apple Inc. Root Certificate ("Apple Root CA", valid until 2035-02-09), SHA-256 fingerprint
-    /// B0:B1:73:0E:CB:C7:FF:45:05:14:2C:49:F1:29:5E:6E:DA:6B:CA:ED:7E:2C:68:C5:BE:91:B5:A1:10:01:F0:24.
-    public static let appleIncRoot: Certificate = {
-        // The resource ships inside this module; failing to load it is a packaging bug.
-        guard let url = Bundle.module.url(forResource: "AppleIncRootCertificate", withExtension: "cer"),
-            let data = try? Data(contentsOf: url),
-            let certificate = try? Certificate(derEncoded: Array(data))
-        else {
-            fatalError("Apple Inc. Root Certificate is missing from the ReceiptVerification bundle")
-        }
-        return certificate
-    }()
-}
-
 /// Verifies StoreKit 1 app receipts locally, as Apple's receipt validation guide does with
 /// OpenSSL: the PKCS#7 container (BER, indefinite lengths allowed), exactly one signer whose
 /// chain runs leaf → Apple Worldwide Developer Relations intermediate → a trusted root, valid at
@@ -75,7 +59,7 @@ public final class ReceiptVerifier: @unchecked Sendable {
         self.store = store
         self.bundleId = bundleId
         self.environments = environments
-        for root in [AppleReceiptRoots.appleIncRoot] + trustRoots {
+        for root in [AppleRoots.appleIncRoot] + trustRoots {
             var serializer = DER.Serializer()
             guard (try? serializer.serialize(root)) != nil else { throw VerificationError(.untrustedChain, "a trust root cannot be encoded") }
             let der = serializer.serializedBytes

@@ -306,11 +306,18 @@ public final class SandboxStore: Sendable {
 
     /// Every transaction as the App Store knows it now (refunds applied), oldest first, unsigned.
     public func transactions() throws(SandboxError) -> [Transaction] {
+        let (state, queued) = try snapshot()
+        return Self.transactions(state: state, queued: queued)
+    }
+
+    private func snapshot() throws(SandboxError) -> (State, [QueuedTransaction]) {
         let state = try loadState()
-        let queued: [QueuedTransaction]
-        do { queued = try queue.all() } catch { throw SandboxError(error, or: .io) }
-        return queued.compactMap { item in
-            guard var transaction = Self.decodeUnverified(item.signedTransaction) else { return nil }
+        do { return (state, try queue.all()) } catch { throw SandboxError(error, or: .io) }
+    }
+
+    private static func transactions(state: State, queued: [QueuedTransaction]) -> [Transaction] {
+        queued.compactMap { item in
+            guard var transaction = decodeUnverified(item.signedTransaction) else { return nil }
             if let refunded = state.refunds[item.transactionId] {
                 transaction.revocationDate = refunded
                 transaction.revocationReason = transaction.revocationReason ?? 0
@@ -360,11 +367,9 @@ public final class SandboxStore: Sendable {
     public func receipt(
         environment: AppStoreEnvironment = .sandbox, appVersion: String = "1.0", sha1: Bool = false, now: Date = Date()
     ) throws(SandboxError) -> [UInt8] {
-        let state = try loadState()
-        let queued: [QueuedTransaction]
-        do { queued = try queue.all() } catch { throw SandboxError(error, or: .io) }
+        let (state, queued) = try snapshot()
         let finished = Set(queued.filter { $0.finishedAt != nil }.map(\.transactionId))
-        let purchases = try transactions().filter { $0.environment == environment }.compactMap { t -> InAppPurchase? in
+        let purchases = Self.transactions(state: state, queued: queued).filter { $0.environment == environment }.compactMap { t -> InAppPurchase? in
             guard let id = t.transactionId, let productId = t.productId, let purchased = t.purchaseDate else { return nil }
             if t.type == .consumable, finished.contains(id) { return nil }
             return InAppPurchase(

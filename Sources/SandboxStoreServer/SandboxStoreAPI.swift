@@ -4,6 +4,7 @@ import Foundation
 import PurchaseVerification
 import ReceiptVerification
 import SandboxStore
+import Synchronization
 
 /// The App Store Server API over a sandbox store: what Get Transaction Info, Get Transaction
 /// History (v2) and Get Notification History answer, with Apple's status and error codes.
@@ -12,6 +13,10 @@ public struct SandboxStoreAPI: Sendable {
     public let store: SandboxStore
     /// Apple runs one host per environment; so does a sandbox API: it shows only this one's data.
     public let environment: AppStoreEnvironment
+
+    /// The verifier of the store's receipts, made on the first `verifyReceipt` (the receipt chain
+    /// may not exist before) and kept, so its warm path serves the requests after.
+    private let receiptVerifier = ReceiptVerifierCache()
 
     public init(store: SandboxStore, environment: AppStoreEnvironment) {
         self.store = store
@@ -196,11 +201,7 @@ public struct SandboxStoreAPI: Sendable {
         guard let bytes = Data(base64Encoded: request.receiptData, options: .ignoreUnknownCharacters), !bytes.isEmpty else {
             return VerifyReceiptResponse(status: VerifyReceiptStatus.malformedReceipt)
         }
-        let verifier: ReceiptVerifier
-        do {
-            let authority = try store.receiptAuthority()
-            verifier = try ReceiptVerifier(bundleId: store.bundleId, trustRoots: [authority.root], environments: EnvironmentPolicy(accepting: [.production, .sandbox]))
-        } catch {
+        guard let verifier = receiptVerifier.get(store) else {
             return VerifyReceiptResponse(status: VerifyReceiptStatus.internalError, isRetryable: true)
         }
         let receipt: AppReceipt
@@ -258,5 +259,22 @@ public struct SandboxStoreAPI: Sendable {
 
     private func internalError(_ error: any Error) -> Answer {
         .error(status: 500, StoreAPIError(StoreAPIError.generalInternal, "the sandbox store cannot answer: \(error)"))
+    }
+}
+
+/// Holds the sandbox API's receipt verifier once made.
+final class ReceiptVerifierCache: Sendable {
+    private let verifier = Mutex<ReceiptVerifier?>(nil)
+
+    func get(_ store: SandboxStore) -> ReceiptVerifier? {
+        verifier.withLock { cached in
+            if let cached { return cached }
+            guard let authority = try? store.receiptAuthority(),
+                let made = try? ReceiptVerifier(
+                    bundleId: store.bundleId, trustRoots: [authority.root], environments: EnvironmentPolicy(accepting: [.production, .sandbox]))
+            else { return nil }
+            cached = made
+            return made
+        }
     }
 }

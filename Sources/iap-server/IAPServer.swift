@@ -9,7 +9,6 @@ import Foundation
 import Logging
 import PurchaseVerification
 import ReceiptVerification
-import Synchronization
 
 @main
 struct IAPServer: AsyncParsableCommand {
@@ -241,7 +240,8 @@ struct Verify: AsyncParsableCommand {
             var roots = [AppleRoots.rootCAG3]
             for path in trustRoots { roots.append(try AppleRoots.load(path: path)) }
             let verifier = SignedDataVerifier(configuration: .init(bundleId: bundleId, trustRoots: roots, environments: policy))
-            if let receipt = try readReceipt() {
+            let input = try readInput()
+            if let receipt = Self.receipt(in: input) {
                 let receiptVerifier = try ReceiptVerifier(bundleId: bundleId, trustRoots: Array(roots.dropFirst()), environments: policy)
                 let decoded = try receiptVerifier.verify(receipt)
                 let purchases: [Any] = try decoded.transactions.map { transaction in
@@ -254,7 +254,7 @@ struct Verify: AsyncParsableCommand {
                 print(String(decoding: data, as: UTF8.self))
                 return
             }
-            let token = try readToken()
+            let token = Self.token(in: input)
             let output: [String: Any]
             switch try await verifier.verifyAny(token) {
             case .transaction(let transaction):
@@ -276,9 +276,14 @@ struct Verify: AsyncParsableCommand {
         }
     }
 
+    private func readInput() throws -> Data {
+        if file == "-" { return FileHandle.standardInput.readDataToEndOfFile() }
+        guard let data = FileManager.default.contents(atPath: file) else { throw ValidationError("cannot read \(file): check the path") }
+        return data
+    }
+
     /// The input's bytes when it is an app receipt (PKCS#7, raw or base64), else nil.
-    private func readReceipt() throws -> [UInt8]? {
-        let data = try readBytes()
+    static func receipt(in data: Data) -> [UInt8]? {
         if data.first == 0x30 { return Array(data) }
         let text = String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
         guard !text.contains("."), !text.hasPrefix("{"), let decoded = Data(base64Encoded: text, options: .ignoreUnknownCharacters), decoded.first == 0x30 else {
@@ -287,22 +292,8 @@ struct Verify: AsyncParsableCommand {
         return Array(decoded)
     }
 
-    private func readBytes() throws -> Data {
-        if file == "-" {
-            if let cached = Self.standardInput.withLock({ $0 }) { return cached }
-            let data = FileHandle.standardInput.readDataToEndOfFile()
-            Self.standardInput.withLock { $0 = data }
-            return data
-        }
-        guard let data = FileManager.default.contents(atPath: file) else { throw ValidationError("cannot read \(file): check the path") }
-        return data
-    }
-
-    /// Standard input can be read once; both readers see the same bytes.
-    private static let standardInput = Mutex<Data?>(nil)
-
-    private func readToken() throws -> String {
-        let data = try readBytes()
+    /// The JWS in the input, bare or as `{"signedPayload": ...}`.
+    static func token(in data: Data) -> String {
         let text = String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
         if text.hasPrefix("{"), let object = try? JSONSerialization.jsonObject(with: data) as? [String: Any],
             let payload = object["signedPayload"] as? String
