@@ -164,6 +164,7 @@ let package = Package(
             name: "ContentCatalog",
             dependencies: [
                 "ContentArchive", "DurableFiles", "IAPProtocol",
+                .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "GRDB", package: "GRDB.swift"),
             ]
         ),

@@ -34,7 +34,8 @@ public enum ArchivePacker {
             throw .invalid("compression level \(options.level) is out of range: use 0 (store) to 12 (smallest); 6 is the default")
         }
         let content = try ContentScanner.scan(folder: folder, productId: options.productId, contentVersion: options.contentVersion)
-        let plan = Plan(content: content, options: options)
+        let previous = try options.previous.map { (path) throws(ArchiveError) in try PreviousBuild.load(path) }
+        let plan = Plan(content: content, options: options, previous: previous)
         try plan.checkFits(cap: options.sizeCap, level: options.level)
         try makeDirectories(options.outputDirectory)
 
@@ -52,11 +53,10 @@ public enum ArchivePacker {
             let (entries, size, digest) = try write(plan: plan, to: writer, options: options, progress: progress)
             try writer.finish()
             let manifest = ArchiveManifest(
-                formatVersion: ArchiveManifest.currentFormatVersion,
                 productId: content.info.productIdentifier, contentVersion: content.info.contentVersion,
                 archiveName: archiveName, archiveSize: size, archiveSHA256: digest,
                 contentLength: entries.reduce(0) { $0 + $1.uncompressedSize },
-                createdAt: options.timestamp.iso8601, entries: entries)
+                createdAt: options.timestamp.iso8601, entries: entries, encoder: options.chunking.encoder)
             let mw = try BufferedFileWriter(creating: manifestTemp)
             manifestWriter = mw
             try mw.write(Array(manifest.jsonData()))
@@ -68,7 +68,13 @@ public enum ArchivePacker {
                 throw error
             }
             try syncDirectory(options.outputDirectory)
-            return PackResult(archivePath: archivePath, manifestPath: manifestPath, manifest: manifest)
+            var result = PackResult(archivePath: archivePath, manifestPath: manifestPath, manifest: manifest)
+            for entry in plan.entries {
+                guard case .previous(_, let old) = entry.source else { continue }
+                result.reusedEntries += 1
+                result.reusedBytes += old.compressedSize
+            }
+            return result
         } catch {
             writer.abandon()
             manifestWriter?.abandon()
@@ -109,6 +115,7 @@ public enum ArchivePacker {
         // its entry.
         let archiveHasher = BackgroundHasher(label: "iap-pack.archive-hash")
         var archiveHashed: UInt64 = 0
+        let chunkHasher = BackgroundChunkHasher(chunkSize: ArchiveManifest.standardChunkSize)
 
         // Bytes are still counted once the cap is passed, so the error can say by how much.
         func emit(_ bytes: [UInt8], hash: Bool = true) throws(ArchiveError) {
@@ -129,11 +136,15 @@ public enum ArchivePacker {
             let entry = plan.entries[unit.entry]
             let result = try pipeline.result(at: index)
             let data = result.compressed ?? result.raw
+            // Copied from the previous archive: sizes and checksums are known from its manifest.
+            var reused: ArchiveManifest.Entry?
+            if case .previous(_, let old) = entry.source { reused = old }
             // A single-chunk entry arrives hashed by its worker.
-            let digest = unit.chunk == 0 && unit.isLast ? result.digest ?? UnitResult.digest(of: result.raw) : nil
+            let digest = reused == nil && unit.chunk == 0 && unit.isLast ? result.digest ?? UnitResult.digest(of: result.raw) : nil
             if unit.chunk == 0 {
                 header.name = Array(entry.path.utf8)
                 header.method = result.compressed == nil ? Zip.methodStored : Zip.methodDeflate
+                if let reused { header.method = reused.method == .deflate ? Zip.methodDeflate : Zip.methodStored }
                 header.mode = entry.isDirectory ? Zip.directoryMode : Zip.fileMode
                 header.localHeaderOffset = UInt32(size)
                 header.crc32 = 0
@@ -143,24 +154,30 @@ public enum ArchivePacker {
                     header.crc32 = digest.crc32
                     header.compressedSize = UInt32(data.count)
                 }
-                contentHasher = digest == nil ? BackgroundHasher(label: "iap-pack.entry-hash", checksums: true) : nil
+                if let reused {
+                    header.crc32 = reused.crc32
+                    header.compressedSize = UInt32(reused.compressedSize)
+                }
+                contentHasher = digest == nil && reused == nil ? BackgroundHasher(label: "iap-pack.entry-hash", checksums: true) : nil
                 compressedSize = 0
-                try emit(header.localHeader, hash: unit.isLast)
+                try emit(header.localHeader, hash: unit.isLast || reused != nil)
             }
             contentHasher?.update(result.raw)
             compressedSize += UInt64(data.count)
+            chunkHasher.update(data)
             try emit(data)
-            bytesDone += UInt64(unit.length)
+            bytesDone += reused == nil ? UInt64(unit.length) : (unit.isLast ? entry.size : 0)
             if unit.isLast {
                 guard compressedSize <= UInt64(Zip.maxEntrySize) else {
                     throw .invalid("\(entry.path) compresses to more than 4 GiB, which a ZIP entry without ZIP64 cannot hold: split it")
                 }
                 header.compressedSize = UInt32(compressedSize)
-                var sha256 = digest?.sha256 ?? ""
+                var sha256 = digest?.sha256 ?? reused?.sha256 ?? ""
                 if let contentHasher {
                     (sha256, header.crc32) = try contentHasher.finalize()
                 }
-                if unit.chunk > 0 && !overCap {
+                chunkHasher.endEntry()
+                if unit.chunk > 0 && !overCap && reused == nil {
                     // Sizes and CRC of a multi-chunk entry are known only now: fill them in.
                     var patch = LittleEndianWriter(capacity: 12)
                     patch.u32(header.crc32)
@@ -179,7 +196,8 @@ public enum ArchivePacker {
                         method: header.method == Zip.methodDeflate ? .deflate : .stored,
                         uncompressedSize: entry.size, compressedSize: compressedSize, crc32: header.crc32,
                         sha256: sha256,
-                        localHeaderOffset: offset, dataOffset: offset + UInt64(Zip.localHeaderSize + header.name.count)))
+                        localHeaderOffset: offset, dataOffset: offset + UInt64(Zip.localHeaderSize + header.name.count),
+                        level: entry.isDirectory ? nil : entry.level))
                 progress?(PackProgress(bytesDone: bytesDone, bytesTotal: plan.totalBytes))
             }
         }
@@ -197,6 +215,14 @@ public enum ArchivePacker {
         }
         guard archiveHashed == size else {
             throw .io("internal error: \(archiveHashed) of \(size) archive bytes were hashed; please report this")
+        }
+        let chunks = chunkHasher.results()
+        for index in manifestEntries.indices {
+            manifestEntries[index].chunks = chunks[index]
+            // Copied bytes must be the ones the previous manifest describes.
+            if case .previous(let archive, let old) = plan.entries[index].source, old.chunks != chunks[index] {
+                throw .corrupt("the previous archive \(archive) does not match its manifest at '\(old.path)': pass the archive and manifest of one build, or build without --previous")
+            }
         }
         return (manifestEntries, size, try archiveHasher.finalize().sha256)
     }

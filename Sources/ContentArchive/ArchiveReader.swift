@@ -61,6 +61,39 @@ public final class ArchiveReader {
         }
     }
 
+    /// Reads entries of `path` at the offsets a verified `manifest` gives, without a central
+    /// directory: for a delta update's partial archive, which holds only the entries fetched
+    /// (the others read as holes). The manifest's layout passes the same checks as a central
+    /// directory's, and every entry read is still checked against its size and CRC-32.
+    public init(path: String, manifest: ArchiveManifest, limits: ExtractionLimits = .standard) throws(ArchiveError) {
+        self.path = path
+        guard manifest.entries.count <= limits.maxEntries else {
+            throw .corrupt("the manifest of \(path) lists \(manifest.entries.count) entries, more than the limit of \(limits.maxEntries): refusing it")
+        }
+        var checks = EntryChecks(path: path, limits: limits)
+        var entries: [ArchiveEntry] = []
+        for entry in manifest.entries {
+            try checks.check(
+                name: entry.path, stored: entry.method == .stored, compressed: entry.compressedSize, uncompressed: entry.uncompressedSize)
+            guard entry.dataOffset > entry.localHeaderOffset, entry.dataOffset + entry.compressedSize <= manifest.archiveSize else {
+                throw .corrupt("the manifest of \(path) places '\(entry.path)' outside the archive: refusing it")
+            }
+            guard (entry.kind == .directory) == entry.path.hasSuffix("/") else {
+                throw .corrupt("the manifest of \(path) calls '\(entry.path)' a \(entry.kind.rawValue): refusing it")
+            }
+            entries.append(
+                ArchiveEntry(
+                    path: entry.path, isDirectory: entry.kind == .directory, method: entry.method, crc32: entry.crc32,
+                    compressedSize: entry.compressedSize, uncompressedSize: entry.uncompressedSize,
+                    localHeaderOffset: entry.localHeaderOffset, dataOffset: entry.dataOffset))
+        }
+        try EntryChecks.refuseOverlaps(entries, path: path)
+        self.entries = entries
+        let fd = try openFile(path)
+        self.fd = fd
+        size = manifest.archiveSize
+    }
+
     deinit { try? fd.close() }
 
     private static func readDirectory(
@@ -109,8 +142,7 @@ public final class ArchiveReader {
 
         var reader = LittleEndianReader(central)
         var parsed: [(header: ZipEntryHeader, path: String)] = []
-        var seen: [String: String] = [:]
-        var total: UInt64 = 0
+        var checks = EntryChecks(path: path, limits: limits)
         for _ in 0..<Int(totalEntries) {
             guard try reader.u32() == Zip.centralHeaderSignature else {
                 throw .corrupt("\(path) has a damaged central directory: download or build it again")
@@ -132,7 +164,6 @@ public final class ArchiveReader {
             guard let name = String(validating: nameBytes, as: UTF8.self) else {
                 throw .corrupt("\(path) has an entry whose name is not valid UTF-8: refusing it")
             }
-            try validateEntryPath(name, archive: path)
             guard flags & Zip.flagEncrypted == 0 else {
                 throw .corrupt("entry '\(name)' in \(path) is encrypted; content archives are not: build it with iap-pack")
             }
@@ -150,31 +181,8 @@ public final class ArchiveReader {
                     throw .corrupt("entry '\(name)' in \(path) is a special file (Unix type \(String(type, radix: 8))); only files and folders are accepted: refusing it")
                 }
             }
-            if method == Zip.methodStored && compressed != uncompressed {
-                throw .corrupt("entry '\(name)' in \(path) is stored but claims \(compressed) bytes compressed and \(uncompressed) uncompressed: the archive is damaged or forged")
-            }
-            if isDirectory && uncompressed != 0 {
-                throw .corrupt("folder entry '\(name)' in \(path) claims \(uncompressed) bytes of content: the archive is damaged or forged")
-            }
-            if UInt64(uncompressed) > limits.ratioExemptSize
-                && UInt64(uncompressed) > UInt64(max(compressed, 1)) * limits.maxCompressionRatio
-            {
-                throw .corrupt(
-                    "entry '\(name)' in \(path) would expand \(UInt64(uncompressed) / UInt64(max(compressed, 1))) times (\(compressed) to \(uncompressed) bytes), beyond the limit of \(limits.maxCompressionRatio):1 that guards against zip bombs: refusing it"
-                )
-            }
-            total += UInt64(uncompressed)
-            guard total <= limits.maxTotalUncompressedSize else {
-                throw .corrupt("\(path) would extract to more than \(limits.maxTotalUncompressedSize) bytes, the limit that guards against zip bombs: refusing it")
-            }
-            let key = name.precomposedStringWithCanonicalMapping.lowercased()
-            if let other = seen[key] {
-                throw .corrupt(
-                    other == name
-                        ? "\(path) holds '\(name)' twice: refusing it (a duplicate can hide content from one reader and show it to another)"
-                        : "\(path) holds '\(name)' and '\(other)', which differ only by case or Unicode normalisation and would overwrite each other on many devices: refusing it")
-            }
-            seen[key] = name
+            try checks.check(
+                name: name, stored: method == Zip.methodStored, compressed: UInt64(compressed), uncompressed: UInt64(uncompressed))
             parsed.append(
                 (
                     ZipEntryHeader(
@@ -214,10 +222,7 @@ public final class ArchiveReader {
                     compressedSize: UInt64(header.compressedSize), uncompressedSize: UInt64(header.uncompressedSize),
                     localHeaderOffset: offset, dataOffset: dataOffset))
         }
-        let byOffset = entries.sorted { $0.localHeaderOffset < $1.localHeaderOffset }
-        for (a, b) in zip(byOffset, byOffset.dropFirst()) where a.dataOffset + a.compressedSize > b.localHeaderOffset {
-            throw .corrupt("entries '\(a.path)' and '\(b.path)' in \(path) overlap, as in a zip bomb: refusing it")
-        }
+        try EntryChecks.refuseOverlaps(entries, path: path)
         return entries
     }
 
@@ -265,6 +270,18 @@ public final class ArchiveReader {
         }
     }
 
+    /// Streams an entry's stored (compressed) bytes, as they are in the archive, to `body`.
+    public func readStored(_ entry: ArchiveEntry, into body: (UnsafeRawBufferPointer) throws(ArchiveError) -> Void) throws(ArchiveError) {
+        var offset = entry.dataOffset
+        let end = entry.dataOffset + entry.compressedSize
+        while offset < end {
+            let input = try readFully(fd, at: offset, count: Int(min(UInt64(1 << 20), end - offset)), path: path)
+            guard !input.isEmpty else { throw .corrupt("\(path) ends inside entry '\(entry.path)': the archive is truncated") }
+            offset += UInt64(input.count)
+            try withBytes(input) { (raw) throws(ArchiveError) in try body(raw) }
+        }
+    }
+
     /// Reads a small entry (at most 1 MiB) into memory.
     public func data(of entry: ArchiveEntry) throws(ArchiveError) -> [UInt8] {
         guard entry.uncompressedSize <= 1 << 20 else {
@@ -289,6 +306,55 @@ public final class ArchiveReader {
             return try ContentInfo(plist: Data(try data(of: plist)), source: "\(path): ContentInfo.plist")
         } catch {
             throw .corrupt(error.message)
+        }
+    }
+}
+
+/// The checks every entry passes, whether its layout comes from the central directory or from a
+/// verified manifest: a safe path, sizes that agree, the zip-bomb limits, no duplicates.
+struct EntryChecks {
+    let path: String
+    let limits: ExtractionLimits
+    private var seen: [String: String] = [:]
+    private var total: UInt64 = 0
+
+    init(path: String, limits: ExtractionLimits) {
+        self.path = path
+        self.limits = limits
+    }
+
+    mutating func check(name: String, stored: Bool, compressed: UInt64, uncompressed: UInt64) throws(ArchiveError) {
+        try validateEntryPath(name, archive: path)
+        let isDirectory = name.hasSuffix("/")
+        if stored && compressed != uncompressed {
+            throw .corrupt("entry '\(name)' in \(path) is stored but claims \(compressed) bytes compressed and \(uncompressed) uncompressed: the archive is damaged or forged")
+        }
+        if isDirectory && uncompressed != 0 {
+            throw .corrupt("folder entry '\(name)' in \(path) claims \(uncompressed) bytes of content: the archive is damaged or forged")
+        }
+        if uncompressed > limits.ratioExemptSize && uncompressed > max(compressed, 1) * limits.maxCompressionRatio {
+            throw .corrupt(
+                "entry '\(name)' in \(path) would expand \(uncompressed / max(compressed, 1)) times (\(compressed) to \(uncompressed) bytes), beyond the limit of \(limits.maxCompressionRatio):1 that guards against zip bombs: refusing it"
+            )
+        }
+        total += uncompressed
+        guard total <= limits.maxTotalUncompressedSize else {
+            throw .corrupt("\(path) would extract to more than \(limits.maxTotalUncompressedSize) bytes, the limit that guards against zip bombs: refusing it")
+        }
+        let key = name.precomposedStringWithCanonicalMapping.lowercased()
+        if let other = seen[key] {
+            throw .corrupt(
+                other == name
+                    ? "\(path) holds '\(name)' twice: refusing it (a duplicate can hide content from one reader and show it to another)"
+                    : "\(path) holds '\(name)' and '\(other)', which differ only by case or Unicode normalisation and would overwrite each other on many devices: refusing it")
+        }
+        seen[key] = name
+    }
+
+    static func refuseOverlaps(_ entries: [ArchiveEntry], path: String) throws(ArchiveError) {
+        let byOffset = entries.sorted { $0.localHeaderOffset < $1.localHeaderOffset }
+        for (a, b) in zip(byOffset, byOffset.dropFirst()) where a.dataOffset + a.compressedSize > b.localHeaderOffset {
+            throw .corrupt("entries '\(a.path)' and '\(b.path)' in \(path) overlap, as in a zip bomb: refusing it")
         }
     }
 }

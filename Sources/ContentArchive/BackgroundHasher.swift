@@ -68,3 +68,81 @@ final class BackgroundHasher: @unchecked Sendable {
         return digest
     }
 }
+
+/// SHA-256 of each fixed-size piece of a stream of bytes (a manifest's `chunks`).
+public struct ChunkHasher: Sendable {
+    public let chunkSize: UInt64
+    private var hasher = SHA256()
+    private var filled: UInt64 = 0
+    public private(set) var digests: [String] = []
+
+    public init(chunkSize: UInt64) { self.chunkSize = chunkSize }
+
+    public mutating func update(_ bytes: UnsafeRawBufferPointer) {
+        var rest = bytes[...]
+        while !rest.isEmpty {
+            let take = Int(min(UInt64(rest.count), chunkSize - filled))
+            hasher.update(bufferPointer: UnsafeRawBufferPointer(rebasing: rest.prefix(take)))
+            filled += UInt64(take)
+            rest = rest.dropFirst(take)
+            if filled == chunkSize {
+                digests.append(Hex.encode(hasher.finalize()))
+                hasher = SHA256()
+                filled = 0
+            }
+        }
+    }
+
+    /// The digests, the last (shorter) piece included.
+    public mutating func finalize() -> [String] {
+        if filled > 0 {
+            digests.append(Hex.encode(hasher.finalize()))
+            hasher = SHA256()
+            filled = 0
+        }
+        return digests
+    }
+}
+
+/// The chunk hashes of every entry's stored bytes, computed on a thread of its own in the order
+/// the bytes are written (as ``BackgroundHasher`` does for the archive's hash).
+final class BackgroundChunkHasher: @unchecked Sendable {
+    private let queue = DispatchQueue(label: "iap-pack.chunk-hash")
+    private let limit: Int
+    private let condition = NSCondition()
+    private var waiting = 0
+    /// Touched only on `queue`.
+    private var current: ChunkHasher
+    private var finished: [[String]] = []
+
+    init(chunkSize: UInt64, limit: Int = 16 << 20) {
+        current = ChunkHasher(chunkSize: chunkSize)
+        self.limit = limit
+    }
+
+    func update(_ bytes: [UInt8]) {
+        guard !bytes.isEmpty else { return }
+        condition.lock()
+        while waiting > 0 && waiting + bytes.count > limit { condition.wait() }
+        waiting += bytes.count
+        condition.unlock()
+        queue.async { [self] in
+            bytes.withUnsafeBytes { current.update($0) }
+            condition.lock()
+            waiting -= bytes.count
+            condition.broadcast()
+            condition.unlock()
+        }
+    }
+
+    /// Ends the current entry.
+    func endEntry() {
+        queue.async { [self] in
+            finished.append(current.finalize())
+            current = ChunkHasher(chunkSize: current.chunkSize)
+        }
+    }
+
+    /// Every ended entry's digests, in order, once all are computed.
+    func results() -> [[String]] { queue.sync { finished } }
+}

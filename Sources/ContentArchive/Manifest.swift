@@ -3,10 +3,19 @@ import Foundation
 /// The JSON manifest written beside every archive (`<id>-<version>.manifest.json`).
 ///
 /// Per-entry offsets and hashes let a client fetch only the entries that changed between two
-/// versions with range requests: an entry's bytes are `dataOffset ..< dataOffset + compressedSize`.
+/// versions with range requests: an entry's bytes are `dataOffset ..< dataOffset + compressedSize`,
+/// and `chunks` verifies each `chunkSize` piece of them as it arrives (format 2).
+///
+/// Format 2 adds `chunkSize`, each entry's `chunks`, and what the packer used (`encoder`, each
+/// entry's `level`), which `iap-pack build --previous` needs to reuse compressed bytes. Readers
+/// accept format 1, which lacks them.
 public struct ArchiveManifest: Codable, Sendable, Equatable {
     /// Raised when the meaning of a field changes.
-    public static let currentFormatVersion = 1
+    public static let currentFormatVersion = 2
+    /// The piece of an entry's stored bytes that one hash in `chunks` covers: 1 MiB, small
+    /// enough that a damaged range costs little to fetch again, large enough that a 2 GiB
+    /// archive's manifest stays near 130 KiB of hashes.
+    public static let standardChunkSize: UInt64 = 1 << 20
 
     public struct Entry: Codable, Sendable, Equatable {
         public enum Kind: String, Codable, Sendable { case file, directory }
@@ -26,6 +35,36 @@ public struct ArchiveManifest: Codable, Sendable, Equatable {
         public var localHeaderOffset: UInt64
         /// Offset of the entry's (compressed) data in the archive.
         public var dataOffset: UInt64
+        /// SHA-256 of each `chunkSize` piece of the entry's stored (compressed) bytes, the last
+        /// piece shorter; empty for an empty entry. Absent in format 1.
+        public var chunks: [String]?
+        /// The compression level the packer planned for this file (0 when storing); absent when
+        /// the manifest was computed from an archive, which does not record it.
+        public var level: Int?
+
+        public init(
+            path: String, kind: Kind, method: Method, uncompressedSize: UInt64, compressedSize: UInt64, crc32: UInt32,
+            sha256: String, localHeaderOffset: UInt64, dataOffset: UInt64, chunks: [String]? = nil, level: Int? = nil
+        ) {
+            self.path = path
+            self.kind = kind
+            self.method = method
+            self.uncompressedSize = uncompressedSize
+            self.compressedSize = compressedSize
+            self.crc32 = crc32
+            self.sha256 = sha256
+            self.localHeaderOffset = localHeaderOffset
+            self.dataOffset = dataOffset
+            self.chunks = chunks
+            self.level = level
+        }
+
+        /// The entry as the archive alone shows it: without what only the packer knew.
+        public var derivable: Entry {
+            var copy = self
+            copy.level = nil
+            return copy
+        }
     }
 
     public var formatVersion: Int
@@ -41,6 +80,29 @@ public struct ArchiveManifest: Codable, Sendable, Equatable {
     /// ISO 8601; `SOURCE_DATE_EPOCH` or 1980-01-01T00:00:00Z, so that manifests are reproducible.
     public var createdAt: String
     public var entries: [Entry]
+    /// The size of the pieces `chunks` hashes (format 2).
+    public var chunkSize: UInt64?
+    /// The compressor and how files were cut for it, e.g. `libdeflate 1.14; whole<=25165824; chunk=4194304`:
+    /// compressed bytes are reused from a previous archive only when this is the same.
+    public var encoder: String?
+
+    public init(
+        formatVersion: Int = currentFormatVersion, productId: ProductIdentifier, contentVersion: ContentVersion, archiveName: String,
+        archiveSize: UInt64, archiveSHA256: String, contentLength: UInt64, createdAt: String, entries: [Entry],
+        chunkSize: UInt64? = standardChunkSize, encoder: String? = nil
+    ) {
+        self.formatVersion = formatVersion
+        self.productId = productId
+        self.contentVersion = contentVersion
+        self.archiveName = archiveName
+        self.archiveSize = archiveSize
+        self.archiveSHA256 = archiveSHA256
+        self.contentLength = contentLength
+        self.createdAt = createdAt
+        self.entries = entries
+        self.chunkSize = chunkSize
+        self.encoder = encoder
+    }
 
     /// The manifest's canonical JSON: sorted keys, so the same archive always gives the same bytes.
     public func jsonData() -> Data {
@@ -52,11 +114,29 @@ public struct ArchiveManifest: Codable, Sendable, Equatable {
 
     /// Decodes a manifest, naming the file in the error.
     public static func decode(_ data: Data, source: String) throws(ArchiveError) -> ArchiveManifest {
+        let manifest: ArchiveManifest
         do {
-            return try JSONDecoder().decode(ArchiveManifest.self, from: data)
+            manifest = try JSONDecoder().decode(ArchiveManifest.self, from: data)
         } catch {
             throw .corrupt("\(source) is not a valid archive manifest (\(error)): build the archive again with iap-pack to get a matching manifest")
         }
+        guard (1...currentFormatVersion).contains(manifest.formatVersion) else {
+            throw .corrupt("\(source) is manifest format \(manifest.formatVersion); this tool reads formats 1 to \(currentFormatVersion): update it")
+        }
+        if manifest.formatVersion >= 2 {
+            guard let size = manifest.chunkSize, size >= 4096, size <= 1 << 30 else {
+                throw .corrupt("\(source) gives no usable chunkSize (format 2 needs 4 KiB to 1 GiB): build the archive again with iap-pack")
+            }
+            for entry in manifest.entries {
+                let expected = Int((entry.compressedSize + size - 1) / size)
+                guard let chunks = entry.chunks, chunks.count == expected,
+                    chunks.allSatisfy({ $0.utf8.count == 64 && $0.utf8.allSatisfy(isLowerHex) })
+                else {
+                    throw .corrupt("\(source) lists \(entry.chunks?.count ?? 0) chunk hashes for '\(entry.path)', which needs \(expected): build the archive again with iap-pack")
+                }
+            }
+        }
+        return manifest
     }
 
     /// Reads and decodes a manifest file (at most 64 MiB).
@@ -74,3 +154,5 @@ public struct ArchiveManifest: Codable, Sendable, Equatable {
         "\(productId.rawValue)-\(version.string).manifest.json"
     }
 }
+
+private func isLowerHex(_ byte: UInt8) -> Bool { (byte >= 0x30 && byte <= 0x39) || (byte >= 0x61 && byte <= 0x66) }

@@ -90,6 +90,8 @@ final class OrderedPipeline: @unchecked Sendable {
     /// Whether the consumer reads this unit itself (a chunk of a stored multi-chunk file).
     private func readByConsumer(_ unit: Plan.Unit) -> Bool {
         let entry = entries[unit.entry]
+        // Bytes copied from a previous archive need no worker either.
+        if entry.isReused { return true }
         guard level > 0, entry.method == .stored, case .file = entry.source, unit.chunk > 0 || !unit.isLast else { return false }
         return true
     }
@@ -102,8 +104,20 @@ final class OrderedPipeline: @unchecked Sendable {
             consumed = index + 1
             condition.broadcast()
             condition.unlock()
-            guard case .file(let path) = entries[unit.entry].source else { return UnitResult(raw: [], compressed: nil) }
-            return UnitResult(raw: try readChunk(path, unit: unit, entrySize: entries[unit.entry].size), compressed: nil)
+            switch entries[unit.entry].source {
+            case .file(let path):
+                return UnitResult(raw: try readChunk(path, unit: unit, entrySize: entries[unit.entry].size), compressed: nil)
+            case .previous(let archive, let old):
+                let fd = try openFile(archive)
+                defer { try? fd.close() }
+                let bytes = try readFully(fd, at: old.dataOffset + unit.offset, count: unit.length, path: archive)
+                guard bytes.count == unit.length else {
+                    throw .corrupt("the previous archive \(archive) ends inside '\(old.path)': it is not the archive its manifest describes; build without --previous")
+                }
+                return UnitResult(raw: bytes, compressed: nil)
+            default:
+                return UnitResult(raw: [], compressed: nil)
+            }
         }
         condition.lock()
         while results[index] == nil { condition.wait() }
@@ -164,7 +178,7 @@ final class OrderedPipeline: @unchecked Sendable {
         let entry = entries[unit.entry]
         let raw: [UInt8]
         switch entry.source {
-        case .directory:
+        case .directory, .previous:
             return UnitResult(raw: [], compressed: nil)
         case .bytes(let bytes):
             raw = bytes

@@ -24,6 +24,10 @@ public struct PackOptions: Sendable {
     public var timestamp: ArchiveTimestamp
     /// Compression threads; the output does not depend on it.
     public var threads: Int
+    /// A previous build of the product (its archive, or the manifest iap-pack wrote beside it):
+    /// files whose bytes are unchanged take their compressed bytes from it instead of being
+    /// compressed again. The output is the same as without it.
+    public var previous: String?
     /// How files are cut into pieces of work (tests make the pieces small).
     var chunking = Chunking.standard
 
@@ -48,6 +52,9 @@ public struct PackResult: Sendable {
     public let archivePath: String
     public let manifestPath: String
     public let manifest: ArchiveManifest
+    /// Entries whose compressed bytes were copied from the previous archive, and their stored bytes.
+    public var reusedEntries = 0
+    public var reusedBytes: UInt64 = 0
 }
 
 /// How far a pack has got, in uncompressed bytes.

@@ -1,3 +1,4 @@
+import CLibDeflate
 import Crypto
 import DurableFiles
 import Foundation
@@ -22,7 +23,43 @@ struct Chunking: Sendable {
 
     static let standard = Chunking(wholeFileLimit: 24 << 20, chunkSize: 4 << 20)
 
+    /// What decides the compressed bytes besides the content and level: the manifest's `encoder`.
+    var encoder: String { "libdeflate \(LIBDEFLATE_VERSION_STRING); whole<=\(wholeFileLimit); chunk=\(chunkSize)" }
+
     func isMultiChunk(_ size: UInt64) -> Bool { size > UInt64(wholeFileLimit) }
+}
+
+/// A previous build that `--previous` names: its archive and the manifest iap-pack wrote with it.
+struct PreviousBuild: Sendable {
+    let archive: String
+    let manifest: ArchiveManifest
+
+    /// `path` is the archive (its manifest beside it) or the manifest (its archive beside it).
+    static func load(_ path: String) throws(ArchiveError) -> PreviousBuild {
+        let manifestPath: String
+        let archive: String
+        let manifest: ArchiveManifest
+        if path.hasSuffix(".manifest.json") {
+            manifestPath = path
+            manifest = try ArchiveManifest.load(path: path)
+            archive = URL(fileURLWithPath: path).deletingLastPathComponent().path + "/" + manifest.archiveName
+        } else {
+            manifestPath = ArchiveVerifier.manifestBeside(path)
+            guard access(manifestPath, F_OK) == 0 else {
+                throw .invalid("--previous \(path) has no manifest beside it (\(manifestPath)): pass the archive together with the manifest iap-pack wrote for it")
+            }
+            manifest = try ArchiveManifest.load(path: manifestPath)
+            archive = path
+        }
+        var info = stat()
+        guard stat(archive, &info) == 0 else {
+            throw .invalid("--previous: the archive \(archive) that \(manifestPath) describes is missing: keep the previous archive beside its manifest")
+        }
+        guard UInt64(info.st_size) == manifest.archiveSize else {
+            throw .invalid("--previous: \(archive) is \(info.st_size) bytes but \(manifestPath) says \(manifest.archiveSize): they are not from the same build")
+        }
+        return PreviousBuild(archive: archive, manifest: manifest)
+    }
 }
 
 /// The entries of an archive in order, and the chunks they are cut into.
@@ -37,12 +74,15 @@ struct Plan: Sendable {
         /// The libdeflate level for `deflate` and `smaller`.
         let level: Int
         var isDirectory: Bool { if case .directory = source { true } else { false } }
+        var isReused: Bool { if case .previous = source { true } else { false } }
     }
 
     enum Source: Sendable {
         case directory
         case bytes([UInt8])
         case file(String)
+        /// The same bytes, already compressed as this build would, in the previous archive.
+        case previous(archive: String, entry: ArchiveManifest.Entry)
     }
 
     struct Unit: Sendable {
@@ -58,7 +98,7 @@ struct Plan: Sendable {
     var units: [Unit] = []
     var totalBytes: UInt64 = 0
 
-    init(content: ScannedContent, options: PackOptions) {
+    init(content: ScannedContent, options: PackOptions, previous: PreviousBuild? = nil) {
         productId = content.info.productIdentifier
         let chunking = options.chunking
         var items: [(String, Source, UInt64)] = [(ContentInfo.fileName, .bytes(content.plist), UInt64(content.plist.count))]
@@ -85,10 +125,18 @@ struct Plan: Sendable {
                     }
                 }
             }
-            let index = entries.count
             entries.append(Entry(path: path, size: size, source: source, method: method, level: level))
             totalBytes += size
-            let piece = chunking.isMultiChunk(size) ? UInt64(chunking.chunkSize) : max(1, size)
+        }
+        if let previous, previous.manifest.encoder == chunking.encoder {
+            reuse(previous)
+        }
+        for index in entries.indices {
+            let entry = entries[index]
+            // A reused entry is copied in pieces of its compressed bytes.
+            var size = entry.size
+            if case .previous(_, let old) = entry.source { size = old.compressedSize }
+            let piece = chunking.isMultiChunk(size) || entry.isReused ? UInt64(chunking.chunkSize) : max(1, size)
             let chunks = max(1, Int((size + piece - 1) / piece))
             for chunk in 0..<chunks {
                 let offset = UInt64(chunk) * piece
@@ -97,6 +145,38 @@ struct Plan: Sendable {
                         entry: index, chunk: chunk, offset: offset,
                         length: Int(min(piece, size - offset)), isLast: chunk == chunks - 1))
             }
+        }
+    }
+
+    /// Points every file whose bytes, size, level and method match an entry of the previous
+    /// build at that entry's compressed bytes. Only files that have a candidate of their size
+    /// are hashed (on all cores); a file that cannot be read is left to the workers, which
+    /// report it.
+    private mutating func reuse(_ previous: PreviousBuild) {
+        var bySize: [UInt64: [ArchiveManifest.Entry]] = [:]
+        for old in previous.manifest.entries where old.kind == .file && old.level != nil && old.chunks != nil && old.uncompressedSize > 0 {
+            bySize[old.uncompressedSize, default: []].append(old)
+        }
+        let candidates = entries.indices.compactMap { index -> (index: Int, disk: String, olds: [ArchiveManifest.Entry])? in
+            let entry = entries[index]
+            guard case .file(let disk) = entry.source else { return nil }
+            let olds = (bySize[entry.size] ?? []).filter { old in
+                guard old.level == entry.level else { return false }
+                switch entry.method {
+                case .stored: return old.method == .stored
+                case .deflate: return old.method == .deflate
+                case .smaller: return true
+                }
+            }
+            return olds.isEmpty ? nil : (index, disk, olds)
+        }
+        let digests = Self.parallelMap(candidates) { candidate in try? ArchivePacker.hashFile(candidate.disk).1 }
+        for (candidate, digest) in zip(candidates, digests) {
+            guard let digest, let old = candidate.olds.first(where: { $0.sha256 == digest }) else { continue }
+            let entry = entries[candidate.index]
+            entries[candidate.index] = Entry(
+                path: entry.path, size: entry.size, source: .previous(archive: previous.archive, entry: old),
+                method: entry.method, level: entry.level)
         }
     }
 

@@ -1,3 +1,5 @@
+import Crypto
+import DurableFiles
 import Foundation
 import SystemPackage
 
@@ -30,13 +32,74 @@ public enum SafeExtractor {
         if let expecting, expecting != info {
             throw .corrupt("\(archive) holds \(info.productIdentifier) \(info.contentVersion), not the expected \(expecting.productIdentifier) \(expecting.contentVersion): refusing to install it")
         }
+        let needed = reader.entries.reduce(UInt64(0)) { $0 + $1.uncompressedSize }
+        try stage(destination, needing: needed, durable: durable) { (temp, made) throws(ArchiveError) in
+            for entry in reader.entries {
+                if entry.isDirectory {
+                    try makeParents(of: entry.path + "x", root: temp, made: &made)
+                    continue
+                }
+                try makeParents(of: entry.path, root: temp, made: &made)
+                try write(entry, from: reader, to: temp + "/" + entry.path, sha256: nil, durable: durable)
+            }
+        }
+        return info
+    }
+
+    /// Builds a new version of installed content from a delta update: the entries named in
+    /// `fetched` are inflated from `partialArchive` (which holds at least their bytes, at the
+    /// offsets `manifest` gives) and checked against the manifest's size, CRC-32 and SHA-256;
+    /// every other file is taken from `previousFolder` (`reused` maps its new path to its path
+    /// there), hard-linked when the file system allows (installed files are never written to)
+    /// or else copied and checked against the manifest's SHA-256. The folder appears at
+    /// `destination` only when all of it is right.
+    public static func assemble(
+        partialArchive: String, manifest: ArchiveManifest, fetched: Set<String>, reused: [String: String],
+        previousFolder: String, to destination: String, expecting: ContentInfo, limits: ExtractionLimits = .standard,
+        durable: Bool = true
+    ) throws(ArchiveError) {
+        let reader = try ArchiveReader(path: partialArchive, manifest: manifest, limits: limits)
+        let bySHA = Dictionary(manifest.entries.map { ($0.path, $0.sha256) }, uniquingKeysWith: { a, _ in a })
+        let needed = reader.entries.filter { fetched.contains($0.path) }.reduce(UInt64(0)) { $0 + $1.uncompressedSize }
+        try stage(destination, needing: needed, durable: durable) { (temp, made) throws(ArchiveError) in
+            for entry in reader.entries {
+                if entry.isDirectory {
+                    try makeParents(of: entry.path + "x", root: temp, made: &made)
+                    continue
+                }
+                try makeParents(of: entry.path, root: temp, made: &made)
+                let target = temp + "/" + entry.path
+                if fetched.contains(entry.path) {
+                    try write(entry, from: reader, to: target, sha256: bySHA[entry.path], durable: durable)
+                } else if let old = reused[entry.path] {
+                    try validateEntryPath(old, archive: previousFolder)
+                    let source = previousFolder + "/" + old
+                    if link(source, target) != 0 {
+                        try copy(source, to: target, sha256: bySHA[entry.path] ?? "", durable: durable)
+                    }
+                } else {
+                    throw .corrupt("the delta update names no source for '\(entry.path)': please report this")
+                }
+            }
+            let plist = temp + "/" + ContentInfo.fileName
+            guard let data = FileManager.default.contents(atPath: plist), (try? ContentInfo(plist: Data(data), source: plist)) == expecting else {
+                throw .corrupt("the updated content is not \(expecting.productIdentifier) \(expecting.contentVersion): refusing to install it")
+            }
+        }
+    }
+
+    /// Fills a temporary sibling of `destination` with `body`, syncs it when `durable`, and
+    /// renames it into place; removes it on any error.
+    private static func stage(
+        _ destination: String, needing needed: UInt64, durable: Bool,
+        _ body: (String, inout Set<String>) throws(ArchiveError) -> Void
+    ) throws(ArchiveError) {
         let destinationURL = URL(fileURLWithPath: destination)
         let parent = destinationURL.deletingLastPathComponent().path
         if access(destination, F_OK) == 0 {
             throw .io("\(destination) already exists: extract into a new folder (remove or rename the old one first)")
         }
         try makeDirectories(parent)
-        let needed = reader.entries.reduce(UInt64(0)) { $0 + $1.uncompressedSize }
         var fs = statvfs()
         if statvfs(parent, &fs) == 0 {
             let free = UInt64(fs.f_bavail) * UInt64(fs.f_frsize)
@@ -48,29 +111,7 @@ public enum SafeExtractor {
         guard mkdir(temp, 0o755) == 0 else { throw ioError(errno, action: "create folder", path: temp) }
         do throws(ArchiveError) {
             var made: Set<String> = []
-            for entry in reader.entries {
-                let target = temp + "/" + entry.path
-                if entry.isDirectory {
-                    try makeParents(of: entry.path + "x", root: temp, made: &made)
-                    continue
-                }
-                try makeParents(of: entry.path, root: temp, made: &made)
-                let fd = try systemCall("create", target) {
-                    try FileDescriptor.open(
-                        target, .writeOnly, options: [.create, .exclusiveCreate, .noFollow],
-                        permissions: [.ownerReadWrite, .groupRead, .otherRead])
-                }
-                do throws(ArchiveError) {
-                    try reader.read(entry) { (bytes) throws(ArchiveError) in
-                        _ = try systemCall("write", target) { try fd.writeAll(bytes) }
-                    }
-                    if durable && fsync(fd.rawValue) != 0 { throw ioError(errno, action: "sync", path: target) }
-                    try? fd.close()
-                } catch {
-                    try? fd.close()
-                    throw error
-                }
-            }
+            try body(temp, &made)
             if durable {
                 for folder in made.sorted(by: >) { try syncDirectory(temp + "/" + folder) }
                 try syncDirectory(temp)
@@ -81,7 +122,50 @@ public enum SafeExtractor {
             try? FileManager.default.removeItem(atPath: temp)
             throw error
         }
-        return info
+    }
+
+    /// Writes one entry's bytes to a new file at `target`, checking its SHA-256 when given.
+    private static func write(_ entry: ArchiveEntry, from reader: ArchiveReader, to target: String, sha256: String?, durable: Bool) throws(ArchiveError) {
+        let fd = try create(target)
+        defer { try? fd.close() }
+        var hasher = SHA256()
+        try reader.read(entry) { (bytes) throws(ArchiveError) in
+            if sha256 != nil { hasher.update(bufferPointer: bytes) }
+            _ = try systemCall("write", target) { try fd.writeAll(bytes) }
+        }
+        if let sha256, Hex.encode(hasher.finalize()) != sha256 {
+            throw .corrupt("entry '\(entry.path)' of \(reader.path) does not match the SHA-256 its manifest gives: download it again")
+        }
+        if durable && fsync(fd.rawValue) != 0 { throw ioError(errno, action: "sync", path: target) }
+    }
+
+    /// Copies an installed file where a hard link cannot be made, checking its SHA-256.
+    private static func copy(_ source: String, to target: String, sha256: String, durable: Bool) throws(ArchiveError) {
+        let input = try openFile(source)
+        defer { try? input.close() }
+        let fd = try create(target)
+        defer { try? fd.close() }
+        var hasher = SHA256()
+        var offset: UInt64 = 0
+        while true {
+            let chunk = try readFully(input, at: offset, count: 1 << 20, path: source)
+            if chunk.isEmpty { break }
+            hasher.update(data: chunk)
+            _ = try systemCall("write", target) { try fd.writeAll(chunk) }
+            offset += UInt64(chunk.count)
+        }
+        guard Hex.encode(hasher.finalize()) == sha256 else {
+            throw .corrupt("\(source) changed since it was installed: it will be downloaded again")
+        }
+        if durable && fsync(fd.rawValue) != 0 { throw ioError(errno, action: "sync", path: target) }
+    }
+
+    private static func create(_ target: String) throws(ArchiveError) -> FileDescriptor {
+        try systemCall("create", target) {
+            try FileDescriptor.open(
+                target, .writeOnly, options: [.create, .exclusiveCreate, .noFollow],
+                permissions: [.ownerReadWrite, .groupRead, .otherRead])
+        }
     }
 
     private static func makeParents(of path: String, root: String, made: inout Set<String>) throws(ArchiveError) {

@@ -1,4 +1,5 @@
 import ContentArchive
+import Crypto
 import DurableFiles
 import Foundation
 import GRDB
@@ -37,6 +38,9 @@ public struct PublishedVersion: Codable, Sendable, Equatable, FetchableRecord, P
     /// The content's size once extracted.
     public var contentLength: Int64
     public var publishedAt: Date
+    /// SHA-256 of the archive's manifest as the server serves it (`archives/<sha256>.manifest.json`),
+    /// which clients fetch for delta updates; nil for versions published before manifests were kept.
+    public var manifestSHA256: String? = nil
 }
 
 /// What `publish` did.
@@ -118,8 +122,14 @@ public final class ContentStore: Sendable {
                 t.column("signedPayload", .text).notNull()
             }
         }
+        migrator.registerMigration("v2-manifests") { db in
+            try db.alter(table: "versions") { t in t.add(column: "manifestSHA256", .text) }
+        }
         return migrator
     }
+
+    /// The manifest the server computed from archive `sha256` when it was published.
+    public func manifestPath(sha256: String) -> String { dataDirectory + "/archives/" + sha256 + ".manifest.json" }
 
     public func archivePath(sha256: String) -> String { dataDirectory + "/archives/" + sha256 + ".zip" }
 
@@ -148,12 +158,21 @@ public final class ContentStore: Sendable {
             throw CatalogError(error.code == .io ? .storage : .invalidArchive, error.message)
         }
         let product = computed.productId.rawValue, version = computed.contentVersion
+        // What clients trust for delta updates is the manifest computed here from the bytes, not
+        // an uploaded one; its creation time is fixed so that the same archive gives the same file.
+        let manifestData = computed.jsonData()
         let record = PublishedVersion(
             productId: product, contentVersion: version.string, sha256: computed.archiveSHA256,
-            size: Int64(computed.archiveSize), contentLength: Int64(computed.contentLength), publishedAt: now)
+            size: Int64(computed.archiveSize), contentLength: Int64(computed.contentLength), publishedAt: now,
+            manifestSHA256: Hex.encode(SHA256.hash(data: manifestData)))
         // Check before touching the store, so a refused upload leaves nothing behind.
         if let existing = try decide(record) { return .unchanged(existing) }
         try store(path, as: computed.archiveSHA256, move: moveFile)
+        do {
+            try AtomicFile.write(manifestData, to: manifestPath(sha256: computed.archiveSHA256), permissions: 0o444)
+        } catch {
+            throw CatalogError(.storage, "cannot write the manifest into \(dataDirectory)/archives: \(error.message)")
+        }
         do {
             return try database.write { db throws -> PublishOutcome in
                 // Checked again inside the write transaction: another publisher may have won meanwhile.

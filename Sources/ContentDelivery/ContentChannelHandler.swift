@@ -38,7 +38,8 @@ public protocol ContentResolver: Sendable {
     /// Called on `eventLoop` (the channel's) for every request: it must not block. A file's
     /// handle must belong to that event loop alone: NIO refuses (EBUSY) a handle that two loops
     /// use at once, so handles are kept per event loop.
-    func resolve(key: Substring, on eventLoop: any EventLoop) -> ContentResolution
+    /// `name` is what follows the key in the path (without the query): `<id>-<version>.zip`, say.
+    func resolve(key: Substring, name: Substring, on eventLoop: any EventLoop) -> ContentResolution
 }
 
 /// Told of every content response, for metrics.

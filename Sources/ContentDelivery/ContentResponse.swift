@@ -52,8 +52,10 @@ struct ContentResponse {
         let rest = uri[start...]
         let slash = rest.utf8Offset(of: UInt8(ascii: "/")) ?? rest.utf8.count
         let query = rest.utf8Offset(of: UInt8(ascii: "?")) ?? rest.utf8.count
-        let key = Substring(utf8[start..<utf8.index(start, offsetBy: min(slash, query))])
-        switch resolver.resolve(key: key, on: eventLoop) {
+        let keyEnd = utf8.index(start, offsetBy: min(slash, query))
+        let key = Substring(utf8[start..<keyEnd])
+        let name = slash < query ? Substring(utf8[utf8.index(after: keyEnd)..<utf8.index(start, offsetBy: query)]) : ""
+        switch resolver.resolve(key: key, name: name, on: eventLoop) {
         case .refuse(let status, let refusal):
             return error(status, refusal, headers: headers, method: method, keepAlive: keepAlive, allocator: allocator)
         case .file(let file, let fileName):

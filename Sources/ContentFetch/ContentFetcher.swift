@@ -1,5 +1,7 @@
 import AsyncHTTPClient
 import ContentArchive
+import Crypto
+import DurableFiles
 import Foundation
 import IAPProtocol
 import NIOCore
@@ -278,6 +280,51 @@ public actor ContentFetcher {
             return
         }
         try apply(.granted(granted), to: &download)
+        let manifest = try await fetchManifest(granted, id: id)
+        if let manifest, download.record.delta == nil, download.record.recordedLength == 0, download.record.segments == nil,
+            let plan = planDelta(manifest, granted: granted)
+        {
+            download.updateBytes {
+                $0.delta = plan
+                $0.segments = plan.ranges
+            }
+            try journal.save(download.record)
+            emit(download.update())
+            Failpoint.hit("delta-planned")
+        }
+        try checkSpace(download.record, manifest: manifest)
+        // A delta update that cannot be installed (an installed file changed meanwhile, a fetched
+        // entry that does not match) falls back once to the whole archive.
+        for attempt in 0..<2 {
+            try await transferWithRetries(&download, granted: granted, transaction: transaction)
+            do {
+                let path: String
+                if let delta = download.record.delta {
+                    let saved = try loadManifest(id, sha256: delta.manifestSHA256)
+                    path = try installer.installDelta(partial: journal.partialPath(id), manifest: saved, plan: delta, for: download.record)
+                } else {
+                    path = try installer.install(archive: journal.partialPath(id), for: download.record)
+                }
+                if let manifest { installer.recordInstalled(manifest, at: path) }
+                unlink(journal.manifestPath(id))
+                try apply(.installed(contentPath: path), to: &download)
+                return
+            } catch {
+                if attempt == 0, download.record.delta != nil {
+                    download.updateBytes { $0.discardBytes() }
+                    try journal.save(download.record)
+                    unlink(journal.partialPath(id))
+                    continue
+                }
+                let failure = error as? FetchError ?? FetchError(.install, "\(error)")
+                try? apply(.fail(failure), to: &download)
+                throw failure
+            }
+        }
+    }
+
+    private func transferWithRetries(_ download: inout DownloadStateMachine, granted: GrantedDownload, transaction: QueuedTransaction) async throws {
+        let id = download.id
         do {
             try await retry.run(
                 { _ in
@@ -316,13 +363,54 @@ public actor ContentFetcher {
             try? apply(.fail(failure), to: &download)
             throw failure
         }
+    }
+
+    /// Fetches the granted version's manifest into the journal folder, checked against the
+    /// grant's SHA-256; nil when the grant names none or it cannot be had: the download then
+    /// fetches the whole archive, whose own SHA-256 is checked.
+    private func fetchManifest(_ granted: GrantedDownload, id: String) async throws -> ArchiveManifest? {
+        guard let url = granted.manifestURL, let sha256 = granted.manifestSHA256 else { return nil }
+        if let saved = try? loadManifest(id, sha256: sha256) { return saved }
+        let data: Data
         do {
-            let path = try installer.install(archive: journal.partialPath(id), for: download.record)
-            try apply(.installed(contentPath: path), to: &download)
+            let response = try await client.execute(HTTPClientRequest(url: url), timeout: .seconds(30))
+            guard response.status == .ok else { return nil }
+            data = Data(try await response.body.collect(upTo: 64 << 20).readableBytesView)
         } catch {
-            try? apply(.fail(error), to: &download)
-            throw error
+            return nil
         }
+        guard Hex.encode(SHA256.hash(data: data)) == sha256,
+            let manifest = try? ArchiveManifest.decode(data, source: url),
+            manifest.archiveSHA256 == granted.sha256, manifest.productId.rawValue == granted.productId,
+            manifest.contentVersion.string == granted.contentVersion
+        else { return nil }
+        try? AtomicFile.write(data, to: journal.manifestPath(id), permissions: 0o644)
+        return manifest
+    }
+
+    /// A delta from the installed version of the product, when one is installed with its
+    /// manifest and enough of it can be reused.
+    private func planDelta(_ manifest: ArchiveManifest, granted: GrantedDownload) -> DeltaPlan? {
+        guard let sha256 = granted.manifestSHA256, let installed = installer.installedVersion(productId: granted.productId),
+            installed.manifest.contentVersion.string != granted.contentVersion
+        else { return nil }
+        let folder = installer.destination(productId: granted.productId, contentVersion: installed.manifest.contentVersion.string)
+        return DeltaPlan.make(manifest: manifest, manifestSHA256: sha256, installed: installed, installedFolder: folder)
+    }
+
+    /// Refuses to start when the content folder cannot hold what is left to fetch and the new
+    /// version beside the installed one (which stays until the new one is in place).
+    private func checkSpace(_ record: DownloadRecord, manifest: ArchiveManifest?) throws(FetchError) {
+        let toFetch = (record.delta?.bytesToFetch ?? record.expectedLength) - record.recordedLength
+        let toWrite = record.delta?.bytesToWrite ?? manifest.map { Int64($0.contentLength) } ?? 0
+        var fs = statvfs()
+        guard statvfs(configuration.contentDirectory, &fs) == 0 else { return }
+        let free = Int64(fs.f_bavail) * Int64(fs.f_frsize)
+        guard free < toFetch + toWrite else { return }
+        throw FetchError(
+            .install,
+            "\(record.productId) \(record.contentVersion) needs \(toFetch + toWrite) bytes free in \(configuration.contentDirectory) (\(toFetch) to fetch, \(toWrite) to install beside the current version); \(free) are free: free disk space and run again"
+        )
     }
 
     // MARK: State and updates

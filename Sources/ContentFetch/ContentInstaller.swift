@@ -1,4 +1,5 @@
 import ContentArchive
+import DurableFiles
 import Foundation
 
 /// Installs a verified archive as `<content>/<productId>/<contentVersion>/` (the `contentURL`)
@@ -21,6 +22,25 @@ struct ContentInstaller: Sendable {
 
     /// Extracts `archive` for `record` and returns the installed folder.
     func install(archive: String, for record: DownloadRecord) throws(FetchError) -> String {
+        try install(record) { (destination, expected) throws(ArchiveError) in
+            try SafeExtractor.extract(archive: archive, to: destination, expecting: expected)
+        }
+    }
+
+    /// Builds `record`'s version from a delta update: fetched entries from `partial`, the others
+    /// from the installed version `plan` names; returns the installed folder.
+    func installDelta(partial: String, manifest: ArchiveManifest, plan: DeltaPlan, for record: DownloadRecord) throws(FetchError) -> String {
+        let previous = destination(productId: record.productId, contentVersion: plan.previousVersion)
+        return try install(record) { (destination, expected) throws(ArchiveError) in
+            try SafeExtractor.assemble(
+                partialArchive: partial, manifest: manifest, fetched: Set(plan.fetched), reused: plan.reused,
+                previousFolder: previous, to: destination, expecting: expected)
+        }
+    }
+
+    /// Puts `record`'s version in place with `build` (unless an earlier run did), then removes
+    /// the product's older versions: only once the new one is complete.
+    private func install(_ record: DownloadRecord, build: (String, ContentInfo) throws(ArchiveError) -> Void) throws(FetchError) -> String {
         let expected = try expectedInfo(record)
         let destination = destination(productId: record.productId, contentVersion: record.contentVersion)
         let parent = contentDirectory + "/" + record.productId
@@ -30,11 +50,7 @@ struct ContentInstaller: Sendable {
             try? FileManager.default.removeItem(atPath: parent + "/" + name)
         }
         if !isInstalled(record) {
-            do {
-                try SafeExtractor.extract(archive: archive, to: destination, expecting: expected)
-            } catch {
-                throw FetchError(.install, error.message)
-            }
+            do { try build(destination, expected) } catch { throw FetchError(.install, error.message) }
         }
         for name in (try? FileManager.default.contentsOfDirectory(atPath: parent)) ?? []
         where !name.hasPrefix(".") && name != record.contentVersion {
@@ -43,6 +59,25 @@ struct ContentInstaller: Sendable {
             }
         }
         return destination
+    }
+
+    /// The version of `productId` installed with a manifest, which a delta update starts from.
+    func installedVersion(productId: String) -> InstalledVersion? {
+        let path = InstalledVersion.path(contentDirectory: contentDirectory, productId: productId)
+        guard let data = FileManager.default.contents(atPath: path),
+            let installed = try? JSONDecoder().decode(InstalledVersion.self, from: data),
+            installed.manifest.productId.rawValue == productId
+        else { return nil }
+        let folder = destination(productId: productId, contentVersion: installed.manifest.contentVersion.string)
+        return access(folder, F_OK) == 0 ? installed : nil
+    }
+
+    /// Remembers `manifest` and the identity of each file installed at `folder`, for the next update.
+    func recordInstalled(_ manifest: ArchiveManifest, at folder: String) {
+        let path = InstalledVersion.path(contentDirectory: contentDirectory, productId: manifest.productId.rawValue)
+        try? FileManager.default.createDirectory(atPath: (path as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
+        guard let data = try? JSONEncoder().encode(InstalledVersion.record(manifest: manifest, folder: folder)) else { return }
+        try? AtomicFile.write(data, to: path, permissions: 0o644)
     }
 
     private func expectedInfo(_ record: DownloadRecord) throws(FetchError) -> ContentInfo {

@@ -173,12 +173,15 @@ struct DownloadStateMachine: Sendable, Equatable {
                 bytesPerSecond: 0, error: record.error, contentURL: nil)
         }
         let finished = record.state == .finished
-        let received = finished ? record.expectedLength : (bytes ?? record.recordedLength)
+        // A delta update counts only the bytes it fetches.
+        let expected = record.delta?.bytesToFetch ?? record.expectedLength
+        let received = finished ? expected : (bytes ?? record.recordedLength)
         return DownloadUpdate(
             id: record.id, transactionId: record.transactionId, productId: record.productId, contentVersion: record.contentVersion,
-            state: record.state, progress: record.expectedLength > 0 ? Double(received) / Double(record.expectedLength) : 0,
-            bytesReceived: received, expectedContentLength: record.expectedLength,
-            timeRemaining: finished ? 0 : rate.timeRemaining(record.expectedLength - received),
-            bytesPerSecond: rate.bytesPerSecond, error: record.error, contentURL: finished ? record.contentPath : nil)
+            state: record.state, progress: expected > 0 ? Double(received) / Double(expected) : 0,
+            bytesReceived: received, expectedContentLength: expected,
+            timeRemaining: finished ? 0 : rate.timeRemaining(expected - received),
+            bytesPerSecond: rate.bytesPerSecond, error: record.error, contentURL: finished ? record.contentPath : nil,
+            bytesToFetch: expected, bytesToWrite: record.delta?.bytesToWrite, delta: record.delta?.summary)
     }
 }

@@ -19,6 +19,14 @@ public struct DownloadUpdate: Codable, Sendable, Equatable {
     public var error: FetchError?
     /// The installed folder (`ContentInfo.plist` and `Contents/`), once finished.
     public var contentURL: String?
+    /// Bytes this download fetches: the archive, or for a delta update only its changed entries
+    /// (then also `expectedContentLength`, which progress and time remaining count).
+    public var bytesToFetch: Int64? = nil
+    /// Bytes the install writes: for a delta update, the fetched entries once inflated (files
+    /// taken from the installed version are linked, not written).
+    public var bytesToWrite: Int64? = nil
+    /// For a delta update, "delta from 1.0: N of M entries, X of Y bytes".
+    public var delta: String? = nil
 }
 
 /// A rate smoothed over time (an exponentially weighted moving average of one-second samples),

@@ -65,6 +65,8 @@ public struct DownloadRecord: Codable, Sendable, Equatable {
     public var installedAt: Date?
     /// Where the content was installed (the `contentURL`), once finished.
     public var contentPath: String?
+    /// A delta update: only these ranges are fetched, the rest comes from the installed version.
+    public var delta: DeltaPlan? = nil
 }
 
 /// Identifies the running boot of the machine, so that the journal can tell a killed process
@@ -97,6 +99,7 @@ extension DownloadRecord {
         segments = nil
         durable = nil
         etag = nil
+        delta = nil
     }
 }
 
@@ -115,6 +118,8 @@ public struct DownloadJournal: Sendable {
     }
 
     public func partialPath(_ id: String) -> String { folder + "/" + id + ".partial" }
+    /// The manifest of the version being downloaded, checked against the grant's SHA-256.
+    func manifestPath(_ id: String) -> String { folder + "/" + id + ".manifest.json" }
     /// A file whose presence asks the process downloading `id` to cancel it (see `requestCancel`).
     func cancelRequestPath(_ id: String) -> String { folder + "/" + id + ".cancel" }
     private func recordPath(_ id: String) -> String { folder + "/" + id + ".json" }

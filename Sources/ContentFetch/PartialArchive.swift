@@ -73,11 +73,15 @@ final class PartialArchive {
     private var durableSyncRunning = false
     private var lastDurableSync = ContinuousClock.now
     private var readBuffer: [UInt8] = []
+    /// A delta update fetches scattered ranges: there is no contiguous archive to hash, and each
+    /// fetched entry is checked against the manifest's chunk hashes instead.
+    private var sparse: Bool
 
     init(
         fd: SystemPackage.FileDescriptor, path: String, journal: DownloadJournal, download: DownloadStateMachine,
         segments: [Segment], syncInterval: Int64, durableInterval: Duration
     ) throws(FetchError) {
+        sparse = download.record.delta != nil
         self.fd = fd
         self.path = path
         self.journal = journal
@@ -110,7 +114,7 @@ final class PartialArchive {
         written[index] += Int64(chunk.readableBytes)
         ahead[index] = max(ahead[index], written[index], (writtenThrough ?? 0) - segments[index].start)
         rate.add(Int64(chunk.readableBytes))
-        if offset == hashed {
+        if !sparse && offset == hashed {
             chunk.withUnsafeReadableBytes { hasher.update(bufferPointer: $0) }
             hashed += Int64(chunk.readableBytes)
         }
@@ -119,7 +123,7 @@ final class PartialArchive {
 
     /// Hashes, from the file, written bytes that are contiguous with the hashed prefix.
     private func advanceHash() throws(FetchError) {
-        while cursor < segments.count {
+        while !sparse && cursor < segments.count {
             let segment = segments[cursor]
             if hashed >= segment.end {
                 cursor += 1
@@ -190,7 +194,7 @@ final class PartialArchive {
         download.updateBytes { record in
             if durable { record.durable = segments }
             record.bootId = BootID.current
-            record.segments = segments.count > 1 ? segments : nil
+            record.segments = segments.count > 1 || record.delta != nil ? segments : nil
             record.recordedLength = total
             record.updatedAt = Date()
         }
@@ -200,6 +204,8 @@ final class PartialArchive {
     /// The archive changed on the server (a 200 answered a ranged request): everything on disk
     /// is discarded and the body that came with the 200 is written from byte 0.
     func restart() throws(FetchError) {
+        // A delta's ranges belong to the archive that changed: the new one is fetched whole.
+        sparse = false
         guard ftruncate(fd.rawValue, 0) == 0 else { throw FetchError(.install, "cannot truncate \(path): \(String(cString: strerror(errno)))") }
         segments = [Segment(start: 0, end: record.expectedLength, done: 0)]
         written = [0]
@@ -210,6 +216,17 @@ final class PartialArchive {
         syncedTotal = 0
         durableTotal = 0
         download.updateBytes { $0.discardBytes() }
+    }
+
+    /// Forgets the bytes of the segments that overlap `spans` (damaged ranges of a delta update),
+    /// so that the next attempt fetches them again.
+    func refetch(_ spans: [(start: Int64, end: Int64)]) throws(FetchError) {
+        for i in segments.indices where spans.contains(where: { $0.start < segments[i].end && $0.end > segments[i].start }) {
+            written[i] = 0
+            ahead[i] = 0
+            segments[i].done = 0
+        }
+        try recordProgress(durability: .powerLoss)
     }
 
     /// The archive's SHA-256, once every byte is hashed.

@@ -1,10 +1,12 @@
 import AsyncHTTPClient
 import ContentArchive
+import Crypto
 import DurableFiles
 import Foundation
 import IAPProtocol
 import NIOCore
 import NIOPosix
+import Synchronization
 import SystemPackage
 
 /// The server's answer shows a grant that expired mid-download: a fresh grant continues it.
@@ -14,6 +16,17 @@ struct GrantExpired: Error {}
 /// asked, or another ETag); the partial file was discarded.
 struct ArchiveChanged: Error, CustomStringConvertible {
     var description: String { "the archive changed on the server; starting over" }
+}
+
+/// Hands out the indexes of the ranges to fetch, one at a time, to the connections of a transfer.
+final class RangeQueue: Sendable {
+    private let next = Mutex(0)
+    func take() -> Int {
+        next.withLock { value in
+            defer { value += 1 }
+            return value
+        }
+    }
 }
 
 // One transfer of one archive: the partial file continued from the journal over one or more
@@ -36,23 +49,31 @@ extension ContentFetcher {
         guard flock(fd.rawValue, LOCK_EX | LOCK_NB) == 0 else {
             throw FetchError(.busy, "another iap-fetch is downloading \(record.id) into \(configuration.contentDirectory); let it finish or stop it first")
         }
-        var segments = record.segments ?? [Segment(start: 0, end: record.expectedLength, done: record.recordedLength)]
-        if record.bootId != nil, record.bootId != BootID.current {
-            // The machine restarted since: only the synced bytes are certain to be on disk.
-            segments = record.durable ?? [Segment(start: 0, end: record.expectedLength, done: 0)]
-        }
-        if !Segment.isValid(segments, length: record.expectedLength) {
-            segments = [Segment(start: 0, end: record.expectedLength, done: 0)]
-        }
-        if segments.count == 1 {
-            // Bytes past the journal's mark may be torn by a kill: drop them.
-            guard ftruncate(fd.rawValue, off_t(segments[0].done)) == 0 else {
-                throw FetchError(.install, "cannot truncate \(path): \(String(cString: strerror(errno)))")
+        var segments: [Segment]
+        if let delta = record.delta {
+            // Only the delta's ranges are in the file, at their offsets; nothing is truncated.
+            segments = record.segments ?? delta.ranges
+            if record.bootId != nil, record.bootId != BootID.current { segments = record.durable ?? delta.ranges }
+            if !delta.matches(segments) { segments = delta.ranges }
+        } else {
+            segments = record.segments ?? [Segment(start: 0, end: record.expectedLength, done: record.recordedLength)]
+            if record.bootId != nil, record.bootId != BootID.current {
+                // The machine restarted since: only the synced bytes are certain to be on disk.
+                segments = record.durable ?? [Segment(start: 0, end: record.expectedLength, done: 0)]
             }
-            if configuration.connections > 1 {
-                segments = Segment.plan(
-                    length: record.expectedLength, durable: segments[0].done,
-                    connections: configuration.connections, minimum: configuration.minimumSegment)
+            if !Segment.isValid(segments, length: record.expectedLength) {
+                segments = [Segment(start: 0, end: record.expectedLength, done: 0)]
+            }
+            if segments.count == 1 {
+                // Bytes past the journal's mark may be torn by a kill: drop them.
+                guard ftruncate(fd.rawValue, off_t(segments[0].done)) == 0 else {
+                    throw FetchError(.install, "cannot truncate \(path): \(String(cString: strerror(errno)))")
+                }
+                if configuration.connections > 1 {
+                    segments = Segment.plan(
+                        length: record.expectedLength, durable: segments[0].done,
+                        connections: configuration.connections, minimum: configuration.minimumSegment)
+                }
             }
         }
         let partial: PartialArchive
@@ -77,18 +98,26 @@ extension ContentFetcher {
             try apply(.accepted, to: &partial.download)
         } else {
             let (id, url, etag, length) = (record.id, record.url, record.etag, record.expectedLength)
-            let limit = configuration.rateLimit.map { max(1, $0 / missing.count) }
-            let whole = partial.segments.count == 1
+            // A delta may have hundreds of ranges: they are taken in turn by a few connections.
+            let workers = min(missing.count, max(configuration.connections, record.delta == nil ? 1 : 4))
+            let limit = configuration.rateLimit.map { max(1, $0 / workers) }
+            let whole = partial.segments.count == 1 && record.delta == nil
             // Bytes waiting for the hash: 8 MiB on one connection, 16 MiB in all on several.
-            let window = max(1 << 20, min(8 << 20, (16 << 20) / missing.count))
+            let window = max(1 << 20, min(8 << 20, (16 << 20) / workers))
+            let next = RangeQueue()
             do {
                 try await withThrowingTaskGroup(of: Void.self) { group in
-                    for part in missing {
+                    for _ in 0..<workers {
                         group.addTask {
-                            try await self.fetch(
-                                id: id, segment: part.segment, from: part.from, to: part.to, length: length,
-                                whole: whole, url: url, etag: etag, fd: fd, rateLimit: limit,
-                                window: window)
+                            while true {
+                                let index = next.take()
+                                guard index < missing.count else { return }
+                                let part = missing[index]
+                                try await self.fetch(
+                                    id: id, segment: part.segment, from: part.from, to: part.to, length: length,
+                                    whole: whole, url: url, etag: etag, fd: fd, rateLimit: limit,
+                                    window: window)
+                            }
                         }
                     }
                     try await group.waitForAll()
@@ -104,6 +133,12 @@ extension ContentFetcher {
                 throw error
             }
             try partial.recordProgress(durability: .processKill)
+        }
+        if let delta = partial.record.delta {
+            try checkDeltaRanges(partial, delta: delta)
+            emit(partial.download.update(received: delta.bytesToFetch, rate: partial.rate))
+            Failpoint.hit("verified")
+            return
         }
         guard let digest = partial.digest() else {
             throw FetchError(.network, "the transfer ended at byte \(partial.hashed) of \(record.expectedLength)")
@@ -188,6 +223,7 @@ extension ContentFetcher {
                     guard position == end else {
                         throw FetchError(.network, "the transfer ended at byte \(position) of \(end)")
                     }
+                    Failpoint.hit("range-done")
                     return
                 }
             }
@@ -196,6 +232,47 @@ extension ContentFetcher {
         } onCancel: {
             task.cancel()
         }
+    }
+
+    /// Checks every fetched entry's stored bytes against the manifest's chunk hashes; damaged
+    /// ones are forgotten (their ranges fetched again by the retry) and reported as an integrity error.
+    private func checkDeltaRanges(_ partial: PartialArchive, delta: DeltaPlan) throws {
+        let manifest = try loadManifest(partial.record.id, sha256: delta.manifestSHA256)
+        let fetched = Set(delta.fetched)
+        var damaged: [(path: String, start: Int64, end: Int64)] = []
+        for entry in manifest.entries where fetched.contains(entry.path) && entry.compressedSize > 0 {
+            guard let expected = entry.chunks, let size = manifest.chunkSize else { continue }
+            var chunks = ChunkHasher(chunkSize: size)
+            var offset = entry.dataOffset
+            let end = entry.dataOffset + entry.compressedSize
+            var buffer = [UInt8](repeating: 0, count: Int(min(size, 1 << 20)))
+            while offset < end {
+                let want = Int(min(UInt64(buffer.count), end - offset))
+                let n =
+                    (try? buffer.withUnsafeMutableBytes { raw in
+                        try partial.fd.read(fromAbsoluteOffset: Int64(offset), into: UnsafeMutableRawBufferPointer(rebasing: raw[0..<want]))
+                    }) ?? 0
+                guard n > 0 else { break }
+                buffer.withUnsafeBytes { chunks.update(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
+                offset += UInt64(n)
+            }
+            if chunks.finalize() != expected {
+                damaged.append((entry.path, Int64(entry.dataOffset), Int64(end)))
+            }
+        }
+        guard damaged.isEmpty else {
+            try partial.refetch(damaged.map { ($0.start, $0.end) })
+            throw FetchError(.integrity, "\(damaged.count) updated entries (\(damaged[0].path) first) do not match the manifest's chunk hashes; fetching them again")
+        }
+    }
+
+    /// The manifest saved for download `id`, checked against `sha256` again (it is small).
+    func loadManifest(_ id: String, sha256: String) throws -> ArchiveManifest {
+        let path = journal.manifestPath(id)
+        guard let data = FileManager.default.contents(atPath: path), Hex.encode(SHA256.hash(data: data)) == sha256 else {
+            throw FetchError(.install, "the manifest saved for \(id) is missing or damaged; the download starts over")
+        }
+        return try ArchiveManifest.decode(data, source: path)
     }
 
     func restart(_ id: String) throws {

@@ -2,7 +2,9 @@ import AppStoreServerClient
 import ContentArchive
 import ContentCatalog
 import ContentDelivery
+import Crypto
 import DownloadGrants
+import DurableFiles
 import Foundation
 import IAPProtocol
 import NIOCore
@@ -25,6 +27,7 @@ final class ContentService: ContentResolver, Sendable {
     private struct FileKey: Hashable {
         let sha256: String
         let eventLoop: ObjectIdentifier
+        let manifest: Bool
     }
 
     private let openFiles = Mutex<[FileKey: ServedFile]>([:])
@@ -86,7 +89,7 @@ final class ContentService: ContentResolver, Sendable {
 
     // MARK: ContentResolver (runs on the event loop)
 
-    func resolve(key token: Substring, on eventLoop: any EventLoop) -> ContentResolution {
+    func resolve(key token: Substring, name: Substring, on eventLoop: any EventLoop) -> ContentResolution {
         let key = String(token)
         let now = Date()
         let grant: Grant
@@ -107,27 +110,37 @@ final class ContentService: ContentResolver, Sendable {
         if isRevoked(grant.transactionId) {
             return .refuse(.forbidden, APIError(.revoked, "transaction \(grant.transactionId) was refunded or revoked: its content can no longer be downloaded"))
         }
-        guard let file = openArchive(sha256: grant.sha256, for: ObjectIdentifier(eventLoop)) else {
-            return .refuse(.notFound, APIError(.noContent, "the archive for \(grant.productId) \(grant.contentVersion) is no longer on this server"))
+        // The manifest is served under the same grant as its archive, for delta updates.
+        let manifest = name.hasSuffix(Route.manifestSuffix)
+        guard let file = openFile(sha256: grant.sha256, manifest: manifest, for: ObjectIdentifier(eventLoop)) else {
+            let what = manifest ? "manifest" : "archive"
+            return .refuse(.notFound, APIError(.noContent, "the \(what) for \(grant.productId) \(grant.contentVersion) is not on this server"))
         }
-        return .file(file, fileName: "\(grant.productId)-\(grant.contentVersion).zip")
+        return .file(file, fileName: "\(grant.productId)-\(grant.contentVersion)" + (manifest ? Route.manifestSuffix : ".zip"))
     }
 
     /// Archives are immutable and named by hash, so each is opened once per event loop and the
     /// handle kept (a handle shared between loops fails with EBUSY under concurrent transfers).
-    private func openArchive(sha256: String, for eventLoop: ObjectIdentifier) -> ServedFile? {
-        let key = FileKey(sha256: sha256, eventLoop: eventLoop)
+    /// A manifest's ETag is its own SHA-256, computed once when it is opened (it is small).
+    private func openFile(sha256: String, manifest: Bool, for eventLoop: ObjectIdentifier) -> ServedFile? {
+        let key = FileKey(sha256: sha256, eventLoop: eventLoop, manifest: manifest)
         if let file = openFiles.withLock({ $0[key] }) { return file }
         guard sha256.utf8.count == 64, sha256.utf8.allSatisfy({ ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x61 && $0 <= 0x66) }) else { return nil }
-        let path = store.archivePath(sha256: sha256)
+        let path = manifest ? store.manifestPath(sha256: sha256) : store.archivePath(sha256: sha256)
         var info = stat()
+        var etag = sha256
+        if manifest {
+            guard let data = FileManager.default.contents(atPath: path) else { return nil }
+            etag = Hex.encode(SHA256.hash(data: data))
+        }
         guard stat(path, &info) == 0,
             // FileRegion (sendfile) takes only an NIOFileHandle; NIO has no non-deprecated way to make one yet.
             let handle = try? NIOFileHandle(_deprecatedPath: path)
         else { return nil }
         let file = ServedFile(
-            handle: handle, size: UInt64(info.st_size), etag: "\"\(sha256)\"",
-            modified: Date(timeIntervalSince1970: TimeInterval(info.st_mtim.tv_sec)))
+            handle: handle, size: UInt64(info.st_size), etag: "\"\(etag)\"",
+            modified: Date(timeIntervalSince1970: TimeInterval(info.st_mtim.tv_sec)),
+            contentType: manifest ? "application/json" : "application/zip")
         return openFiles.withLock { files in
             if let existing = files[key] {
                 try? handle.close()

@@ -179,7 +179,9 @@ struct APIRoutes: Sendable {
             return .success(
                 GrantedDownload(
                     productId: productId, contentVersion: version.contentVersion, contentLength: version.size,
-                    sha256: version.sha256, url: url, expiresAt: expires, transactionId: transactionId))
+                    sha256: version.sha256, url: url, expiresAt: expires, transactionId: transactionId,
+                    manifestURL: version.manifestSHA256.map { _ in base + Route.manifest(token: token, productId: productId, contentVersion: version.contentVersion) },
+                    manifestSHA256: version.manifestSHA256))
         } catch {
             return .failure(Refusal(status: .serviceUnavailable, error: error.apiError))
         }

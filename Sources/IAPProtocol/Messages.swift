@@ -46,11 +46,19 @@ public struct GrantedDownload: Codable, Sendable, Equatable {
     public var expiresAt: Date
     /// The purchase this download is granted for (a restore grants several).
     public var transactionId: String?
+    /// Where the archive's manifest is, under the same grant (ranges too): what a client with an
+    /// earlier version installed compares to fetch only the entries that changed.
+    public var manifestURL: String?
+    /// SHA-256 of the manifest's bytes, lowercase hex: the client trusts what it fetched only if it matches.
+    public var manifestSHA256: String?
 
     public init(
-        productId: String, contentVersion: String, contentLength: Int64, sha256: String, url: String, expiresAt: Date, transactionId: String? = nil
+        productId: String, contentVersion: String, contentLength: Int64, sha256: String, url: String, expiresAt: Date, transactionId: String? = nil,
+        manifestURL: String? = nil, manifestSHA256: String? = nil
     ) {
         self.transactionId = transactionId
+        self.manifestURL = manifestURL
+        self.manifestSHA256 = manifestSHA256
         self.productId = productId
         self.contentVersion = contentVersion
         self.contentLength = contentLength

@@ -8,7 +8,8 @@ public enum Route {
     public static let productPattern = "/v1/products/{productId}"
     /// `PUT` with the admin token: publishes an archive (→ ``PublishReceipt``).
     public static let adminArchives = "/v1/admin/archives"
-    /// `GET`, `HEAD`: `<contentPrefix><grant token>/<productId>-<contentVersion>.zip`, the archive bytes.
+    /// `GET`, `HEAD`: `<contentPrefix><grant token>/<productId>-<contentVersion>.zip`, the archive bytes;
+    /// `...-<contentVersion>.manifest.json`, its manifest.
     public static let contentPrefix = "/v1/content/"
     /// `GET`: Prometheus text.
     public static let metrics = "/metrics"
@@ -17,6 +18,14 @@ public enum Route {
 
     /// The path of a product's information.
     public static func product(_ productId: String) -> String { "/v1/products/" + productId }
+
+    /// The path of an archive's manifest under a grant.
+    public static func manifest(token: String, productId: String, contentVersion: String) -> String {
+        contentPrefix + token + "/" + productId + "-" + contentVersion + manifestSuffix
+    }
+
+    /// What ends a content path that asks for the manifest instead of the archive.
+    public static let manifestSuffix = ".manifest.json"
 
     /// The path of an archive's bytes under a grant; the file name is for people and caches only.
     public static func content(token: String, productId: String, contentVersion: String) -> String {

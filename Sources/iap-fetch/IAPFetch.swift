@@ -205,10 +205,12 @@ struct Status: ParsableCommand {
         }
         if records.isEmpty { print("no downloads yet") }
         for r in records {
-            let progress = r.expectedLength > 0 ? Double(r.recordedLength) / Double(r.expectedLength) * 100 : 0
+            let expected = r.delta?.bytesToFetch ?? r.expectedLength
+            let progress = expected > 0 ? Double(r.recordedLength) / Double(expected) * 100 : 0
             print(
                 "\(r.id)  \(r.productId) \(r.contentVersion)  \(r.state.rawValue)  \(String(format: "%.0f%%", r.state == .finished ? 100.0 : progress))\(r.error.map { "  \($0.message)" } ?? "")\(r.contentPath.map { "  \($0)" } ?? "")"
             )
+            if let delta = r.delta { print("    \(delta.summary)") }
         }
     }
 }

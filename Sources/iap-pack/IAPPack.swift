@@ -79,6 +79,12 @@ struct Build: ParsableCommand, Reporting {
     @Option(help: "Compression level: 0 stores; 1-9 match zip -<level>'s size over the whole archive at the least CPU (a level per kind of file, chosen from samples); 10-12 smallest and slowest.")
     var level: Int = 6
 
+    @Option(
+        help: ArgumentHelp(
+            "A previous build of this product: its archive (with the manifest beside it) or its manifest.",
+            discussion: "Unchanged files take their compressed bytes from it; the output is byte for byte what a build without it gives."))
+    var previous: String?
+
     @Flag(help: "Print one JSON object describing the result on stdout.")
     var json = false
 
@@ -92,6 +98,7 @@ struct Build: ParsableCommand, Reporting {
         var options = PackOptions(outputDirectory: output, level: level, timestamp: try ArchiveTimestamp.fromEnvironment())
         if let productId { options.productId = try ProductIdentifier(productId) }
         if let contentVersion { options.contentVersion = try ContentVersion(contentVersion) }
+        options.previous = previous
         let line: ProgressLine? = isatty(STDERR_FILENO) == 1 && !json ? ProgressLine() : nil
         var callback: (@Sendable (PackProgress) -> Void)?
         if let line { callback = { line.update($0) } }
@@ -104,7 +111,8 @@ struct Build: ParsableCommand, Reporting {
                 BuildOutput(
                     archive: result.archivePath, manifest: result.manifestPath, productId: m.productId.rawValue,
                     contentVersion: m.contentVersion.string, archiveSize: m.archiveSize, sha256: m.archiveSHA256,
-                    contentLength: m.contentLength, entries: m.entries.count, seconds: seconds))
+                    contentLength: m.contentLength, entries: m.entries.count, reusedEntries: result.reusedEntries,
+                    reusedBytes: result.reusedBytes, seconds: seconds))
         } else {
             let percent = m.contentLength == 0 ? 100 : Double(m.archiveSize) * 100 / Double(m.contentLength)
             print(
@@ -116,6 +124,9 @@ struct Build: ParsableCommand, Reporting {
                   content   \(humanBytes(m.contentLength)) uncompressed; the archive is \(String(format: "%.1f", percent))% of that
                   took      \(String(format: "%.2f", seconds)) s
                 """)
+            if let previous {
+                print("  reused    \(result.reusedEntries) entries (\(humanBytes(result.reusedBytes)) compressed) from \(previous)")
+            }
         }
     }
 
@@ -125,6 +136,8 @@ struct Build: ParsableCommand, Reporting {
         let sha256: String
         let contentLength: UInt64
         let entries: Int
+        let reusedEntries: Int
+        let reusedBytes: UInt64
         let seconds: Double
     }
 }

@@ -40,8 +40,11 @@ struct CatalogTests {
         #expect(liar.code == .invalidArchive)
         try Data("not a zip".utf8).write(to: URL(fileURLWithPath: dir + "/junk.zip"))
         #expect((try? store.publish(archiveAt: dir + "/junk.zip")) == nil)
-        // Refused uploads leave no files in the store.
-        #expect(try FileManager.default.contentsOfDirectory(atPath: dir + "/data/archives").count == 2)
+        // Refused uploads leave no files in the store: two archives, each with the manifest computed from it.
+        let stored = try FileManager.default.contentsOfDirectory(atPath: dir + "/data/archives")
+        #expect(stored.filter { $0.hasSuffix(".zip") }.count == 2)
+        #expect(stored.filter { $0.hasSuffix(".manifest.json") }.count == 2)
+        #expect(stored.count == 4)
     }
 
     @Test("notifications apply once per UUID; REFUND_REVERSED restores access")

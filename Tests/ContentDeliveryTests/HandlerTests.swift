@@ -29,7 +29,7 @@ final class OneFileResolver: ContentResolver {
         unlink(path)
     }
 
-    func resolve(key: Substring, on eventLoop: any EventLoop) -> ContentResolution {
+    func resolve(key: Substring, name: Substring, on eventLoop: any EventLoop) -> ContentResolution {
         key == "ok" ? .file(file, fileName: "p-1.0.zip") : .refuse(.forbidden, APIError(.revoked, "refunded"))
     }
 }

@@ -1,0 +1,131 @@
+import Foundation
+import IAPTestSupport
+import Testing
+
+@testable import ContentArchive
+
+@Suite("Incremental packing and chunk hashes")
+struct IncrementalPackingTests {
+    /// Version 1.0 of a product: text of several kinds, a multi-chunk log, incompressible media.
+    func makeVersion1(_ tmp: TemporaryFolder) throws -> String {
+        for i in 0..<12 { try tmp.write("v1/levels/level\(i).json", #"{"id": \#(i), "enemies": [\#(i), 2, 3], "name": "level \#(i)"}"#) }
+        try tmp.write("v1/logs/big.log", logText(lines: 60_000, seed: 7))
+        try tmp.write("v1/media/noise.bin", pseudoRandomBytes(3 << 20, seed: 3))
+        try tmp.write("v1/media/small.bin", pseudoRandomBytes(200_000, seed: 4))
+        try tmp.write("v1/README.txt", "Read me.\n")
+        return tmp.sub("v1")
+    }
+
+    /// 1.1: one level changed, one removed, one added, a renamed copy of the log, media unchanged.
+    func makeVersion2(_ tmp: TemporaryFolder, from v1: String) throws -> String {
+        let v2 = tmp.sub("v2")
+        try FileManager.default.copyItem(atPath: v1, toPath: v2)
+        try tmp.write("v2/levels/level3.json", #"{"id": 3, "enemies": [9, 9, 9], "name": "level 3, harder"}"#)
+        try FileManager.default.removeItem(atPath: v2 + "/levels/level5.json")
+        try tmp.write("v2/levels/level99.json", #"{"id": 99}"#)
+        try FileManager.default.copyItem(atPath: v2 + "/logs/big.log", toPath: v2 + "/logs/copy.log")
+        return v2
+    }
+
+    func options(_ version: String, _ out: String, previous: String? = nil) throws -> PackOptions {
+        var options = PackOptions(
+            productId: try ProductIdentifier("com.example.delta"), contentVersion: try ContentVersion(version), outputDirectory: out
+        ).inSmallChunks
+        options.previous = previous
+        return options
+    }
+
+    @Test("--previous gives the bytes of a full build and copies the unchanged entries")
+    func sameBytesAsFullBuild() throws {
+        let tmp = try TemporaryFolder()
+        let v1 = try makeVersion1(tmp)
+        let v2 = try makeVersion2(tmp, from: v1)
+        let old = try ArchivePacker.pack(folder: v1, options: try options("1.0", tmp.sub("old")))
+        let full = try ArchivePacker.pack(folder: v2, options: try options("1.1", tmp.sub("full")))
+        let incremental = try ArchivePacker.pack(folder: v2, options: try options("1.1", tmp.sub("incremental"), previous: old.archivePath))
+        #expect(try sha256Hex(full.archivePath) == sha256Hex(incremental.archivePath))
+        #expect(FileManager.default.contents(atPath: full.manifestPath) == FileManager.default.contents(atPath: incremental.manifestPath))
+        #expect(full.reusedEntries == 0)
+        // Unchanged: 10 levels, the README, both media files, the log and its renamed copy.
+        #expect(incremental.reusedEntries == 15)
+        let changed = incremental.manifest.entries.filter { $0.kind == .file }.count - incremental.reusedEntries
+        #expect(changed == 3)  // ContentInfo.plist (new version), level3, level99
+
+        // Naming the manifest instead of the archive does the same.
+        let byManifest = try ArchivePacker.pack(folder: v2, options: try options("1.1", tmp.sub("by-manifest"), previous: old.manifestPath))
+        #expect(byManifest.reusedEntries == 15)
+        #expect(try sha256Hex(byManifest.archivePath) == sha256Hex(full.archivePath))
+    }
+
+    @Test("the chunk hashes iap-pack writes are the ones computed from the archive alone")
+    func chunkHashesAgree() throws {
+        let tmp = try TemporaryFolder()
+        let result = try ArchivePacker.pack(folder: try makeVersion1(tmp), options: try options("1.0", tmp.sub("out")))
+        let computed = try ArchiveVerifier.computeManifest(archive: result.archivePath)
+        #expect(computed.entries == result.manifest.entries.map(\.derivable))
+        let log = try #require(result.manifest.entries.first { $0.path == "Contents/logs/big.log" })
+        #expect(log.chunks?.count == Int((log.compressedSize + (1 << 20) - 1) >> 20))
+        #expect(result.manifest.formatVersion == 2)
+        #expect(result.manifest.encoder?.hasPrefix("libdeflate ") == true)
+        // Python recomputes every chunk hash from the archive's bytes at the manifest's offsets.
+        let check = try run(
+            "python3",
+            [
+                "-c",
+                """
+                import hashlib, json, sys
+                m = json.load(open(sys.argv[1])); data = open(sys.argv[2], 'rb').read(); n = m['chunkSize']
+                for e in m['entries']:
+                    raw = data[e['dataOffset']:e['dataOffset'] + e['compressedSize']]
+                    assert e['chunks'] == [hashlib.sha256(raw[i:i + n]).hexdigest() for i in range(0, len(raw), n)], e['path']
+                print('ok')
+                """, result.manifestPath, result.archivePath,
+            ])
+        #expect(check.stdout == "ok\n", "\(check.stderr)")
+    }
+
+    @Test("a previous archive that does not match its manifest is refused; nothing is written")
+    func damagedPrevious() throws {
+        let tmp = try TemporaryFolder()
+        let v1 = try makeVersion1(tmp)
+        let old = try ArchivePacker.pack(folder: v1, options: try options("1.0", tmp.sub("old")))
+        let noise = try #require(old.manifest.entries.first { $0.path == "Contents/media/noise.bin" })
+        // Flip one byte inside a reused entry.
+        let handle = try FileHandle(forUpdating: URL(fileURLWithPath: old.archivePath))
+        try handle.seek(toOffset: noise.dataOffset + 1000)
+        let byte = try #require(try handle.read(upToCount: 1)).first!
+        try handle.seek(toOffset: noise.dataOffset + 1000)
+        try handle.write(contentsOf: Data([byte ^ 0xFF]))
+        try handle.close()
+        let out = tmp.sub("new")
+        #expect {
+            try ArchivePacker.pack(folder: v1, options: try options("1.1", out, previous: old.archivePath))
+        } throws: { error in
+            (error as? ArchiveError)?.message.contains("does not match its manifest at 'Contents/media/noise.bin'") == true
+        }
+        #expect(((try? FileManager.default.contentsOfDirectory(atPath: out)) ?? []).isEmpty)
+
+        // A missing manifest is named, with what to pass instead.
+        try FileManager.default.removeItem(atPath: old.manifestPath)
+        let cli = try iapPack(["build", v1, "--product-id", "com.example.delta", "--content-version", "1.2", "-o", out, "--previous", old.archivePath])
+        #expect(cli.status == 1)
+        #expect(cli.stderr.contains("has no manifest beside it"))
+    }
+
+    @Test("manifests with the wrong number of chunk hashes or an unknown format are refused")
+    func hostileManifests() throws {
+        let tmp = try TemporaryFolder()
+        let result = try ArchivePacker.pack(folder: try makeVersion1(tmp), options: try options("1.0", tmp.sub("out")))
+        var shortened = result.manifest
+        shortened.entries[shortened.entries.count - 1].chunks = []
+        #expect(throws: ArchiveError.self) { try ArchiveManifest.decode(shortened.jsonData(), source: "m") }
+        var future = result.manifest
+        future.formatVersion = 3
+        #expect(throws: ArchiveError.self) { try ArchiveManifest.decode(future.jsonData(), source: "m") }
+        var v1 = result.manifest
+        v1.formatVersion = 1
+        v1.chunkSize = nil
+        for i in v1.entries.indices { v1.entries[i].chunks = nil }
+        #expect(try ArchiveManifest.decode(v1.jsonData(), source: "m") == v1)
+    }
+}
