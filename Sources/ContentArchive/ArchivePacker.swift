@@ -47,7 +47,7 @@ public enum ArchivePacker {
         let archiveTemp = options.outputDirectory + "/." + archiveName + suffix
         let manifestTemp = options.outputDirectory + "/." + manifestName + suffix
 
-        let writer = try BufferedFileWriter(creating: archiveTemp, direct: true)
+        let writer = try BufferedFileWriter(creating: archiveTemp, direct: options.sync, durable: options.sync)
         var manifestWriter: BufferedFileWriter?
         do throws(ArchiveError) {
             let (entries, size, digest) = try write(plan: plan, to: writer, options: options, progress: progress)
@@ -57,7 +57,7 @@ public enum ArchivePacker {
                 archiveName: archiveName, archiveSize: size, archiveSHA256: digest,
                 contentLength: entries.reduce(0) { $0 + $1.uncompressedSize },
                 createdAt: options.timestamp.iso8601, entries: entries, encoder: options.chunking.encoder)
-            let mw = try BufferedFileWriter(creating: manifestTemp)
+            let mw = try BufferedFileWriter(creating: manifestTemp, durable: options.sync)
             manifestWriter = mw
             try mw.write(Array(manifest.jsonData()))
             try mw.finish()
@@ -67,13 +67,22 @@ public enum ArchivePacker {
                 unlink(archivePath)
                 throw error
             }
-            try syncDirectory(options.outputDirectory)
+            if options.sync { try syncDirectory(options.outputDirectory) }
             var result = PackResult(archivePath: archivePath, manifestPath: manifestPath, manifest: manifest)
-            for entry in plan.entries {
-                guard case .previous(_, let old) = entry.source else { continue }
-                result.reusedEntries += 1
-                result.reusedBytes += old.compressedSize
+            var cache = HashCache()
+            for (entry, written) in zip(plan.entries, entries) {
+                switch entry.source {
+                case .previous(_, let old, let disk):
+                    result.reusedEntries += 1
+                    result.reusedBytes += old.compressedSize
+                    if let identity = plan.identities[disk] { cache.insert(disk, identity: identity, sha256: written.sha256) }
+                case .file(let disk):
+                    if let identity = plan.identities[disk] { cache.insert(disk, identity: identity, sha256: written.sha256) }
+                default:
+                    break
+                }
             }
+            cache.write(besideArchive: archivePath, now: options.hashCacheTime ?? Date())
             return result
         } catch {
             writer.abandon()
@@ -108,6 +117,9 @@ public enum ArchivePacker {
         // A multi-chunk entry's CRC-32 and SHA-256 run across its chunks, on a thread of their own.
         var contentHasher: BackgroundHasher?
         var compressedSize: UInt64 = 0
+        // A reused stored entry's bytes are its content: its CRC-32 (libdeflate's, many times
+        // faster than SHA-256) checks the copy, and its chunk hashes come from the previous manifest.
+        var copiedCRC: UInt32 = 0
         // The archive is hashed as it is written, from memory, except a multi-chunk entry: its
         // header is patched once its last chunk is in, so it is read back from the file and
         // hashed then. Hashing the whole file at the end instead left one core idle. Bytes are
@@ -138,7 +150,7 @@ public enum ArchivePacker {
             let data = result.compressed ?? result.raw
             // Copied from the previous archive: sizes and checksums are known from its manifest.
             var reused: ArchiveManifest.Entry?
-            if case .previous(_, let old) = entry.source { reused = old }
+            if case .previous(_, let old, _) = entry.source { reused = old }
             // A single-chunk entry arrives hashed by its worker.
             let digest = reused == nil && unit.chunk == 0 && unit.isLast ? result.digest ?? UnitResult.digest(of: result.raw) : nil
             if unit.chunk == 0 {
@@ -164,7 +176,13 @@ public enum ArchivePacker {
             }
             contentHasher?.update(result.raw)
             compressedSize += UInt64(data.count)
-            chunkHasher.update(data)
+            let crcChecked = reused?.method == .stored
+            if unit.chunk == 0 { copiedCRC = 0 }
+            if crcChecked {
+                copiedCRC = data.withUnsafeBytes { crc32(copiedCRC, $0) }
+            } else {
+                chunkHasher.update(data)
+            }
             try emit(data)
             bytesDone += reused == nil ? UInt64(unit.length) : (unit.isLast ? entry.size : 0)
             if unit.isLast {
@@ -176,7 +194,17 @@ public enum ArchivePacker {
                 if let contentHasher {
                     (sha256, header.crc32) = try contentHasher.finalize()
                 }
-                chunkHasher.endEntry()
+                if let reused, crcChecked {
+                    guard copiedCRC == reused.crc32, let chunks = reused.chunks else {
+                        if case .previous(let archive, _, _) = entry.source {
+                            throw .corrupt("the previous archive \(archive) does not match its manifest at '\(reused.path)': pass the archive and manifest of one build, or build without --previous")
+                        }
+                        throw .corrupt("internal error: a reused entry without a source; please report this")
+                    }
+                    chunkHasher.endEntry(known: chunks)
+                } else {
+                    chunkHasher.endEntry()
+                }
                 if unit.chunk > 0 && !overCap && reused == nil {
                     // Sizes and CRC of a multi-chunk entry are known only now: fill them in.
                     var patch = LittleEndianWriter(capacity: 12)
@@ -220,7 +248,7 @@ public enum ArchivePacker {
         for index in manifestEntries.indices {
             manifestEntries[index].chunks = chunks[index]
             // Copied bytes must be the ones the previous manifest describes.
-            if case .previous(let archive, let old) = plan.entries[index].source, old.chunks != chunks[index] {
+            if case .previous(let archive, let old, _) = plan.entries[index].source, old.chunks != chunks[index] {
                 throw .corrupt("the previous archive \(archive) does not match its manifest at '\(old.path)': pass the archive and manifest of one build, or build without --previous")
             }
         }

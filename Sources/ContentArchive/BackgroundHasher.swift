@@ -135,6 +135,11 @@ final class BackgroundChunkHasher: @unchecked Sendable {
         }
     }
 
+    /// Ends an entry whose digests are known already (nothing was handed over for it).
+    func endEntry(known digests: [String]) {
+        queue.async { [self] in finished.append(digests) }
+    }
+
     /// Ends the current entry.
     func endEntry() {
         queue.async { [self] in

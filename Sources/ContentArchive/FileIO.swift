@@ -35,9 +35,14 @@ final class BufferedFileWriter {
     private var writebackStarted: UInt64 = 0
     private let writebackStep: UInt64 = 32 << 20
 
-    /// Creates `path`, which must not exist yet.
-    init(creating path: String, direct: Bool = false) throws(ArchiveError) {
+    /// Whether `finish` syncs to disk (and writing back starts early so that it has less to wait for).
+    private let durable: Bool
+
+    /// Creates `path`, which must not exist yet. Without `durable`, nothing is synced: the bytes
+    /// reach the disk when the kernel writes them back.
+    init(creating path: String, direct: Bool = false, durable: Bool = true) throws(ArchiveError) {
         self.path = path
+        self.durable = durable
         fd = try systemCall("create", path) {
             try FileDescriptor.open(
                 path, .writeOnly, options: [.create, .exclusiveCreate, .truncate],
@@ -134,7 +139,7 @@ final class BufferedFileWriter {
     /// archive with both cores idle.
     private func startWriteback() {
         #if os(Linux)
-            if bufferStart - writebackStarted >= writebackStep {
+            if durable, bufferStart - writebackStarted >= writebackStep {
                 sync_file_range(fd.rawValue, Int64(writebackStarted), Int64(bufferStart - writebackStarted), cwriteback_start)
                 writebackStarted = bufferStart
             }
@@ -161,7 +166,7 @@ final class BufferedFileWriter {
     /// Flushes, syncs to disk and closes.
     func finish() throws(ArchiveError) {
         try flush()
-        guard fsync(fd.rawValue) == 0 else { throw ioError(errno, action: "sync", path: path) }
+        guard !durable || fsync(fd.rawValue) == 0 else { throw ioError(errno, action: "sync", path: path) }
         close()
     }
 

@@ -107,7 +107,7 @@ final class OrderedPipeline: @unchecked Sendable {
             switch entries[unit.entry].source {
             case .file(let path):
                 return UnitResult(raw: try readChunk(path, unit: unit, entrySize: entries[unit.entry].size), compressed: nil)
-            case .previous(let archive, let old):
+            case .previous(let archive, let old, _):
                 let fd = try openFile(archive)
                 defer { try? fd.close() }
                 let bytes = try readFully(fd, at: old.dataOffset + unit.offset, count: unit.length, path: archive)

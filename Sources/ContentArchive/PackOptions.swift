@@ -28,8 +28,15 @@ public struct PackOptions: Sendable {
     /// files whose bytes are unchanged take their compressed bytes from it instead of being
     /// compressed again. The output is the same as without it.
     public var previous: String?
+    /// Whether the archive and manifest are synced to disk before they are renamed into place,
+    /// so that a power cut leaves either nothing or both whole. Without it (`--no-sync`), a
+    /// pipeline that can build again saves the wait for the disk: for an incremental build,
+    /// which compresses little, that wait is most of the time.
+    public var sync = true
     /// How files are cut into pieces of work (tests make the pieces small).
     var chunking = Chunking.standard
+    /// When the build counts as done for the ``HashCache`` (tests move it on instead of waiting).
+    var hashCacheTime: Date?
 
     public init(
         productId: ProductIdentifier? = nil, contentVersion: ContentVersion? = nil,

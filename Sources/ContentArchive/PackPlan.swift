@@ -82,7 +82,7 @@ struct Plan: Sendable {
         case bytes([UInt8])
         case file(String)
         /// The same bytes, already compressed as this build would, in the previous archive.
-        case previous(archive: String, entry: ArchiveManifest.Entry)
+        case previous(archive: String, entry: ArchiveManifest.Entry, disk: String)
     }
 
     struct Unit: Sendable {
@@ -97,6 +97,8 @@ struct Plan: Sendable {
     var entries: [Entry] = []
     var units: [Unit] = []
     var totalBytes: UInt64 = 0
+    /// Each content file's identity when planned (by disk path), for the next build's ``HashCache``.
+    var identities: [String: HashCache.Identity] = [:]
 
     init(content: ScannedContent, options: PackOptions, previous: PreviousBuild? = nil) {
         productId = content.info.productIdentifier
@@ -128,6 +130,11 @@ struct Plan: Sendable {
             entries.append(Entry(path: path, size: size, source: source, method: method, level: level))
             totalBytes += size
         }
+        // Taken before any file is read: a file changed while it is packed then shows a new
+        // identity to the next build, which hashes it again.
+        for entry in entries {
+            if case .file(let disk) = entry.source, let identity = HashCache.identity(of: disk) { identities[disk] = identity }
+        }
         if let previous, previous.manifest.encoder == chunking.encoder {
             reuse(previous)
         }
@@ -135,7 +142,7 @@ struct Plan: Sendable {
             let entry = entries[index]
             // A reused entry is copied in pieces of its compressed bytes.
             var size = entry.size
-            if case .previous(_, let old) = entry.source { size = old.compressedSize }
+            if case .previous(_, let old, _) = entry.source { size = old.compressedSize }
             let piece = chunking.isMultiChunk(size) || entry.isReused ? UInt64(chunking.chunkSize) : max(1, size)
             let chunks = max(1, Int((size + piece - 1) / piece))
             for chunk in 0..<chunks {
@@ -170,12 +177,17 @@ struct Plan: Sendable {
             }
             return olds.isEmpty ? nil : (index, disk, olds)
         }
-        let digests = Self.parallelMap(candidates) { candidate in try? ArchivePacker.hashFile(candidate.disk).1 }
+        // Files the previous build read and that have not changed since need no hashing.
+        let cache = HashCache.load(besideArchive: previous.archive)
+        let identities = identities
+        let digests = Self.parallelMap(candidates) { candidate in
+            cache.digest(of: candidate.disk, identity: identities[candidate.disk]) ?? (try? ArchivePacker.hashFile(candidate.disk).1)
+        }
         for (candidate, digest) in zip(candidates, digests) {
             guard let digest, let old = candidate.olds.first(where: { $0.sha256 == digest }) else { continue }
             let entry = entries[candidate.index]
             entries[candidate.index] = Entry(
-                path: entry.path, size: entry.size, source: .previous(archive: previous.archive, entry: old),
+                path: entry.path, size: entry.size, source: .previous(archive: previous.archive, entry: old, disk: candidate.disk),
                 method: entry.method, level: entry.level)
         }
     }

@@ -47,6 +47,10 @@ public actor ContentFetcher {
     /// `start()` calls waiting; with none, `outcomes` is emptied so it does not grow for ever.
     private var starts = 0
     var transfers: [String: PartialArchive] = [:]
+    /// The installed versions delta updates were planned from in this run, by product.
+    var planned: [String: InstalledVersion] = [:]
+    /// Manifests of the downloads in progress, by download id, with their SHA-256.
+    var manifests: [String: (sha256: String, manifest: ArchiveManifest)] = [:]
 
     public init(configuration: FetchConfiguration, source: any TransactionSource) throws(FetchError) {
         self.configuration = configuration
@@ -301,12 +305,15 @@ public actor ContentFetcher {
                 let path: String
                 if let delta = download.record.delta {
                     let saved = try loadManifest(id, sha256: delta.manifestSHA256)
-                    path = try installer.installDelta(partial: journal.partialPath(id), manifest: saved, plan: delta, for: download.record)
+                    path = try installer.installDelta(
+                        partial: journal.partialPath(id), manifest: saved, plan: delta, installed: planned[granted.productId], for: download.record)
                 } else {
                     path = try installer.install(archive: journal.partialPath(id), for: download.record)
                 }
                 if let manifest { installer.recordInstalled(manifest, at: path) }
                 unlink(journal.manifestPath(id))
+                manifests[id] = nil
+                planned[granted.productId] = nil
                 try apply(.installed(contentPath: path), to: &download)
                 return
             } catch {
@@ -385,6 +392,7 @@ public actor ContentFetcher {
             manifest.contentVersion.string == granted.contentVersion
         else { return nil }
         try? AtomicFile.write(data, to: journal.manifestPath(id), permissions: 0o644)
+        manifests[id] = (sha256, manifest)
         return manifest
     }
 
@@ -392,9 +400,10 @@ public actor ContentFetcher {
     /// manifest and enough of it can be reused.
     private func planDelta(_ manifest: ArchiveManifest, granted: GrantedDownload) -> DeltaPlan? {
         guard let sha256 = granted.manifestSHA256, let installed = installer.installedVersion(productId: granted.productId),
-            installed.manifest.contentVersion.string != granted.contentVersion
+            installed.contentVersion != granted.contentVersion
         else { return nil }
-        let folder = installer.destination(productId: granted.productId, contentVersion: installed.manifest.contentVersion.string)
+        let folder = installer.destination(productId: granted.productId, contentVersion: installed.contentVersion)
+        planned[granted.productId] = installed
         return DeltaPlan.make(manifest: manifest, manifestSHA256: sha256, installed: installed, installedFolder: folder)
     }
 

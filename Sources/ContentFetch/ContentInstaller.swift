@@ -29,11 +29,17 @@ struct ContentInstaller: Sendable {
 
     /// Builds `record`'s version from a delta update: fetched entries from `partial`, the others
     /// from the installed version `plan` names; returns the installed folder.
-    func installDelta(partial: String, manifest: ArchiveManifest, plan: DeltaPlan, for record: DownloadRecord) throws(FetchError) -> String {
+    func installDelta(
+        partial: String, manifest: ArchiveManifest, plan: DeltaPlan, installed known: InstalledVersion?, for record: DownloadRecord
+    ) throws(FetchError) -> String {
         let previous = destination(productId: record.productId, contentVersion: plan.previousVersion)
+        guard let installed = known ?? installedVersion(productId: record.productId), installed.contentVersion == plan.previousVersion else {
+            throw FetchError(.install, "\(record.productId) \(plan.previousVersion), which the update starts from, is no longer installed")
+        }
+        let reused = DeltaPlan.sources(for: manifest, installed: installed, folder: previous)
         return try install(record) { (destination, expected) throws(ArchiveError) in
             try SafeExtractor.assemble(
-                partialArchive: partial, manifest: manifest, fetched: Set(plan.fetched), reused: plan.reused,
+                partialArchive: partial, manifest: manifest, fetched: Set(plan.fetched), reused: reused,
                 previousFolder: previous, to: destination, expecting: expected)
         }
     }
@@ -65,10 +71,10 @@ struct ContentInstaller: Sendable {
     func installedVersion(productId: String) -> InstalledVersion? {
         let path = InstalledVersion.path(contentDirectory: contentDirectory, productId: productId)
         guard let data = FileManager.default.contents(atPath: path),
-            let installed = try? JSONDecoder().decode(InstalledVersion.self, from: data),
-            installed.manifest.productId.rawValue == productId
+            let installed = InstalledVersion.decode(data),
+            installed.productId == productId
         else { return nil }
-        let folder = destination(productId: productId, contentVersion: installed.manifest.contentVersion.string)
+        let folder = destination(productId: productId, contentVersion: installed.contentVersion)
         return access(folder, F_OK) == 0 ? installed : nil
     }
 
@@ -76,8 +82,7 @@ struct ContentInstaller: Sendable {
     func recordInstalled(_ manifest: ArchiveManifest, at folder: String) {
         let path = InstalledVersion.path(contentDirectory: contentDirectory, productId: manifest.productId.rawValue)
         try? FileManager.default.createDirectory(atPath: (path as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
-        guard let data = try? JSONEncoder().encode(InstalledVersion.record(manifest: manifest, folder: folder)) else { return }
-        try? AtomicFile.write(data, to: path, permissions: 0o644)
+        try? AtomicFile.write(InstalledVersion.record(manifest: manifest, folder: folder).encoded(), to: path, permissions: 0o644)
     }
 
     private func expectedInfo(_ record: DownloadRecord) throws(FetchError) -> ContentInfo {

@@ -268,11 +268,15 @@ extension ContentFetcher {
 
     /// The manifest saved for download `id`, checked against `sha256` again (it is small).
     func loadManifest(_ id: String, sha256: String) throws -> ArchiveManifest {
+        // Decoding a manifest of thousands of entries takes a while: each is decoded once per run.
+        if let cached = manifests[id], cached.sha256 == sha256 { return cached.manifest }
         let path = journal.manifestPath(id)
         guard let data = FileManager.default.contents(atPath: path), Hex.encode(SHA256.hash(data: data)) == sha256 else {
             throw FetchError(.install, "the manifest saved for \(id) is missing or damaged; the download starts over")
         }
-        return try ArchiveManifest.decode(data, source: path)
+        let manifest = try ArchiveManifest.decode(data, source: path)
+        manifests[id] = (sha256, manifest)
+        return manifest
     }
 
     func restart(_ id: String) throws {

@@ -85,6 +85,11 @@ struct Build: ParsableCommand, Reporting {
             discussion: "Unchanged files take their compressed bytes from it; the output is byte for byte what a build without it gives."))
     var previous: String?
 
+    @Flag(
+        name: .customLong("no-sync"),
+        help: "Do not wait for the disk: the archive is complete when the command returns, but a power cut may lose it (build it again).")
+    var noSync = false
+
     @Flag(help: "Print one JSON object describing the result on stdout.")
     var json = false
 
@@ -99,6 +104,7 @@ struct Build: ParsableCommand, Reporting {
         if let productId { options.productId = try ProductIdentifier(productId) }
         if let contentVersion { options.contentVersion = try ContentVersion(contentVersion) }
         options.previous = previous
+        options.sync = !noSync
         let line: ProgressLine? = isatty(STDERR_FILENO) == 1 && !json ? ProgressLine() : nil
         var callback: (@Sendable (PackProgress) -> Void)?
         if let line { callback = { line.update($0) } }

@@ -51,10 +51,46 @@ struct IncrementalPackingTests {
         let changed = incremental.manifest.entries.filter { $0.kind == .file }.count - incremental.reusedEntries
         #expect(changed == 3)  // ContentInfo.plist (new version), level3, level99
 
+        // Without syncing (--no-sync), the same bytes.
+        var unsynced = try options("1.1", tmp.sub("unsynced"), previous: old.archivePath)
+        unsynced.sync = false
+        #expect(try sha256Hex(ArchivePacker.pack(folder: v2, options: unsynced).archivePath) == sha256Hex(full.archivePath))
+
         // Naming the manifest instead of the archive does the same.
         let byManifest = try ArchivePacker.pack(folder: v2, options: try options("1.1", tmp.sub("by-manifest"), previous: old.manifestPath))
         #expect(byManifest.reusedEntries == 15)
         #expect(try sha256Hex(byManifest.archivePath) == sha256Hex(full.archivePath))
+    }
+
+    @Test("unchanged files take their SHA-256 from the previous build's hash cache; a file rewritten in place is hashed again")
+    func hashCache() throws {
+        let tmp = try TemporaryFolder()
+        let v1 = try makeVersion1(tmp)
+        var first = try options("1.0", tmp.sub("old"))
+        first.hashCacheTime = Date().addingTimeInterval(10)
+        let old = try ArchivePacker.pack(folder: v1, options: first)
+        let cache = HashCache.load(besideArchive: old.archivePath)
+        let log = v1 + "/logs/big.log"
+        #expect(cache.digest(of: log, identity: HashCache.identity(of: log)) == old.manifest.entries.first { $0.path == "Contents/logs/big.log" }?.sha256)
+        #expect(cache.digests.count == 16)
+
+        // The same folder edited in place for 1.1: one level rewritten with bytes of the same size
+        // and its modification time put back, which only the change time gives away.
+        let level = v1 + "/levels/level4.json"
+        let before = try FileManager.default.attributesOfItem(atPath: level)[.modificationDate] as! Date
+        let original = try Data(contentsOf: URL(fileURLWithPath: level))
+        try Data(original.map { $0 == UInt8(ascii: "4") ? UInt8(ascii: "7") : $0 }).write(to: URL(fileURLWithPath: level))
+        try FileManager.default.setAttributes([.modificationDate: before], ofItemAtPath: level)
+        #expect(cache.digest(of: level, identity: HashCache.identity(of: level)) == nil)
+        let incremental = try ArchivePacker.pack(folder: v1, options: try options("1.1", tmp.sub("inc"), previous: old.archivePath))
+        let full = try ArchivePacker.pack(folder: v1, options: try options("1.1", tmp.sub("full")))
+        #expect(try sha256Hex(incremental.archivePath) == sha256Hex(full.archivePath))
+        // Its new bytes are level7.json's, which the previous archive has: reused from there.
+        #expect(incremental.reusedEntries == 16)
+
+        // A damaged cache is ignored, not trusted.
+        try Data("iap-pack-hashes 1\nnot a line\n".utf8).write(to: URL(fileURLWithPath: HashCache.path(besideArchive: old.archivePath)))
+        #expect(HashCache.load(besideArchive: old.archivePath).digests.isEmpty)
     }
 
     @Test("the chunk hashes iap-pack writes are the ones computed from the archive alone")
