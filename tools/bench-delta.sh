@@ -9,7 +9,7 @@
 #            1.0 installed (a delta): time, bytes fetched, peak memory;
 #   zstd --patch-from (a patch per version pair) on the same two archives: patch size, time
 #            to make and to apply it.
-# Usage: [RUNS=n] tools/bench-delta.sh [corpus-dir] [scale]   (scale 0.1 for a quick run)
+# Usage: [RUNS=n] [CHANGED_PERCENT=3] tools/bench-delta.sh [corpus-dir] [scale]   (scale 0.1 for a quick run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 corpus=${1:-/tmp/iap-bench-corpus}
@@ -39,7 +39,7 @@ import os, random, sys
 root = sys.argv[1]
 rng = random.Random(17)
 files = sorted(os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs)
-for path in rng.sample(files, max(1, len(files) * 3 // 100)):
+for path in rng.sample(files, max(1, len(files) * int(os.environ.get("CHANGED_PERCENT", "3")) // 100)):
     data = open(path, 'rb').read()
     if path.endswith(('.bin', '.jpg')):
         data = rng.randbytes(len(data))
