@@ -285,6 +285,9 @@ public actor ContentFetcher {
         }
         try apply(.granted(granted), to: &download)
         let manifest = try await fetchManifest(granted, id: id)
+        if manifest != nil, download.record.manifestSHA256 != granted.manifestSHA256 {
+            download.updateBytes { $0.manifestSHA256 = granted.manifestSHA256 }
+        }
         if let manifest, download.record.delta == nil, download.record.recordedLength == 0, download.record.segments == nil,
             let plan = planDelta(manifest, granted: granted)
         {

@@ -67,6 +67,9 @@ public struct DownloadRecord: Codable, Sendable, Equatable {
     public var contentPath: String?
     /// A delta update: only these ranges are fetched, the rest comes from the installed version.
     public var delta: DeltaPlan? = nil
+    /// SHA-256 of the manifest the grant named (saved as `<id>.manifest.json`): its chunk hashes
+    /// locate damaged bytes, so that only what follows them is fetched again.
+    public var manifestSHA256: String? = nil
 }
 
 /// Identifies the running boot of the machine, so that the journal can tell a killed process

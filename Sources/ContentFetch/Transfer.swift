@@ -144,10 +144,24 @@ extension ContentFetcher {
             throw FetchError(.network, "the transfer ended at byte \(partial.hashed) of \(record.expectedLength)")
         }
         guard digest == partial.record.sha256 else {
-            // Corrupt bytes: throw them away and fetch again.
+            // Corrupt bytes: with the manifest's chunk hashes, only what follows the first damaged
+            // chunk is fetched again; without (or when the damage is outside every entry), all of it.
+            let wrong = "the downloaded archive's SHA-256 is \(digest), not the granted \(partial.record.sha256)"
+            if let sha256 = partial.record.manifestSHA256, let manifest = try? loadManifest(record.id, sha256: sha256),
+                let damaged = firstDamagedChunk(partial, manifest: manifest)
+            {
+                partial.download.updateBytes {
+                    $0.segments = nil
+                    $0.durable = nil
+                    $0.recordedLength = damaged
+                    $0.bootId = BootID.current
+                }
+                try journal.save(partial.record)
+                throw FetchError(.integrity, "\(wrong); fetching again from byte \(damaged), where the first damaged chunk starts")
+            }
             try partial.restart()
             try journal.save(partial.record)
-            throw FetchError(.integrity, "the downloaded archive's SHA-256 is \(digest), not the granted \(partial.record.sha256)")
+            throw FetchError(.integrity, wrong)
         }
         // Every byte is here and verified: observers see 100% before the install starts.
         emit(partial.download.update(received: partial.record.expectedLength, rate: partial.rate))
@@ -223,6 +237,7 @@ extension ContentFetcher {
                     guard position == end else {
                         throw FetchError(.network, "the transfer ended at byte \(position) of \(end)")
                     }
+                    try await rangeReceived(id, segment: segment, through: end)
                     Failpoint.hit("range-done")
                     return
                 }
@@ -236,11 +251,19 @@ extension ContentFetcher {
 
     /// Checks every fetched entry's stored bytes against the manifest's chunk hashes; damaged
     /// ones are forgotten (their ranges fetched again by the retry) and reported as an integrity error.
-    private func checkDeltaRanges(_ partial: PartialArchive, delta: DeltaPlan) throws {
+    /// A delta range is complete on disk: its entries are checked now, so a damaged one is
+    /// fetched again at once rather than found when everything else is in.
+    func rangeReceived(_ id: String, segment: Int, through end: Int64) throws {
+        guard let partial = transfers[id], let delta = partial.record.delta, partial.segments.indices.contains(segment) else { return }
+        try checkDeltaRanges(partial, delta: delta, within: partial.segments[segment].start..<end)
+    }
+
+    private func checkDeltaRanges(_ partial: PartialArchive, delta: DeltaPlan, within span: Range<Int64>? = nil) throws {
         let manifest = try loadManifest(partial.record.id, sha256: delta.manifestSHA256)
         let fetched = Set(delta.fetched)
         var damaged: [(path: String, start: Int64, end: Int64)] = []
         for entry in manifest.entries where fetched.contains(entry.path) && entry.compressedSize > 0 {
+            if let span, Int64(entry.dataOffset) < span.lowerBound || Int64(entry.dataOffset + entry.compressedSize) > span.upperBound { continue }
             guard let expected = entry.chunks, let size = manifest.chunkSize else { continue }
             var chunks = ChunkHasher(chunkSize: size)
             var offset = entry.dataOffset
@@ -264,6 +287,34 @@ extension ContentFetcher {
             try partial.refetch(damaged.map { ($0.start, $0.end) })
             throw FetchError(.integrity, "\(damaged.count) updated entries (\(damaged[0].path) first) do not match the manifest's chunk hashes; fetching them again")
         }
+    }
+
+    /// Where the first entry chunk whose bytes on disk do not match the manifest starts; nil when
+    /// every chunk matches (the damage is in headers or the central directory).
+    private func firstDamagedChunk(_ partial: PartialArchive, manifest: ArchiveManifest) -> Int64? {
+        guard let size = manifest.chunkSize else { return nil }
+        var buffer = [UInt8](repeating: 0, count: Int(min(size, 1 << 20)))
+        for entry in manifest.entries.sorted(by: { $0.dataOffset < $1.dataOffset }) where entry.compressedSize > 0 {
+            guard let expected = entry.chunks else { return nil }
+            for (index, digest) in expected.enumerated() {
+                let start = entry.dataOffset + UInt64(index) * size
+                let count = Int(min(size, entry.dataOffset + entry.compressedSize - start))
+                var hasher = SHA256()
+                var done = 0
+                while done < count {
+                    let want = min(buffer.count, count - done)
+                    let n =
+                        (try? buffer.withUnsafeMutableBytes { raw in
+                            try partial.fd.read(fromAbsoluteOffset: Int64(start) + Int64(done), into: UnsafeMutableRawBufferPointer(rebasing: raw[0..<want]))
+                        }) ?? 0
+                    guard n > 0 else { return Int64(start) }
+                    hasher.update(data: buffer[0..<n])
+                    done += n
+                }
+                if Hex.encode(hasher.finalize()) != digest { return Int64(start) }
+            }
+        }
+        return nil
     }
 
     /// The manifest saved for download `id`, checked against `sha256` again (it is small).

@@ -147,6 +147,8 @@ struct DeltaTests {
             try JSONSerialization.jsonObject(
                 with: Data(try run(productsDirectory() + "/iap-fetch", ["status", "--content-dir", shop.content, "--json"]).stdout.utf8)) as? [[String: Any]]
         #expect(records?.contains { $0["delta"] != nil } == true, "no delta was planned")
+        let status = try run(productsDirectory() + "/iap-fetch", ["status", "--content-dir", shop.content])
+        #expect(status.stdout.contains("delta: 4 of 33 entries, "), "\(status.stdout)")
 
         let resumed = try shop.fetch()
         #expect(resumed.status == 0, "\(resumed.stderr)")

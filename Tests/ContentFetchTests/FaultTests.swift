@@ -66,19 +66,23 @@ struct FaultTests {
         #expect(try finishedAt(s) != nil)
     }
 
-    @Test("corrupted bytes on disk fail the SHA-256 check: downloaded again, never installed or finished corrupt")
+    @Test("corrupted bytes on disk fail the SHA-256 check: fetched again from the damaged chunk, never installed or finished corrupt")
     func corruption() throws {
         let s = try halfDownloaded()
         let partial = try DownloadJournal(contentDirectory: s.content).partialPath(s.downloadId)
         let handle = try #require(FileHandle(forUpdatingAtPath: partial))
-        try handle.seek(toOffset: 1_000_000)
+        try handle.seek(toOffset: 3_500_000)
         let byte = try #require(try handle.read(upToCount: 1)).first!
-        try handle.seek(toOffset: 1_000_000)
+        try handle.seek(toOffset: 3_500_000)
         try handle.write(contentsOf: Data([byte ^ 0xFF]))
         try handle.close()
         let result = try fetch(s)
         #expect(result.status == 0, "\(result.stderr)")
         #expect(result.stdout.contains("\"integrity\""), "the mismatch was not reported")
+        // The manifest's chunk hashes locate the damage: only what follows the damaged 1 MiB chunk
+        // (the fourth of payload.bin) is fetched again.
+        let payload = try #require(s.shop.manifests[product]?.entries.first { $0.path == "Contents/payload.bin" })
+        #expect(result.stdout.contains("fetching again from byte \(payload.dataOffset + 3 << 20),"), "\(result.stdout)")
         #expect(installedPayload(s) == s.payload)
         #expect(try finishedAt(s) != nil)
     }
