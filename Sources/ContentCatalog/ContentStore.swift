@@ -131,6 +131,20 @@ public final class ContentStore: Sendable {
     /// The manifest the server computed from archive `sha256` when it was published.
     public func manifestPath(sha256: String) -> String { dataDirectory + "/archives/" + sha256 + ".manifest.json" }
 
+    /// What keeps this server from serving everything it publishes: the database unreadable, or
+    /// published archives missing from `archives/`; empty when ready.
+    public func readinessProblems() -> [String] {
+        let versions: [PublishedVersion]
+        do {
+            versions = try database.read { db in try PublishedVersion.fetchAll(db) }
+        } catch {
+            return ["the catalog database cannot be read: \(error)"]
+        }
+        let missing = versions.filter { access(archivePath(sha256: $0.sha256), R_OK) != 0 }
+        guard let first = missing.first else { return [] }
+        return ["\(missing.count) published archive(s) missing from \(dataDirectory)/archives, \(first.productId) \(first.contentVersion) (\(first.sha256)) first"]
+    }
+
     public func archivePath(sha256: String) -> String { dataDirectory + "/archives/" + sha256 + ".zip" }
 
     /// A fresh path for an upload in progress, inside the data folder so it can be renamed into place.

@@ -40,13 +40,17 @@ public enum RangeEvaluator {
     ///   - size: the representation's length in bytes.
     ///   - etag: the strong entity tag, quotes included (`"abc"`).
     ///   - lastModified: the `Last-Modified` value as sent.
-    ///   - range, ifRange, ifNoneMatch: the request's header values, if present.
+    ///   - range, ifRange, ifNoneMatch, ifModifiedSince: the request's header values, if present.
     public static func evaluate(
         size: UInt64, etag: String, lastModified: String?,
-        range: String?, ifRange: String?, ifNoneMatch: String?,
+        range: String?, ifRange: String?, ifNoneMatch: String?, ifModifiedSince: String? = nil,
         maxRanges: Int = defaultMaxRanges
     ) -> RangeDecision {
-        if let ifNoneMatch, noneMatchMatches(ifNoneMatch, etag: etag) {
+        if let ifNoneMatch {
+            if noneMatchMatches(ifNoneMatch, etag: etag) { return .notModified }
+        } else if let ifModifiedSince, let lastModified, ifModifiedSince.trimmingWhitespace == lastModified {
+            // RFC 9110 §13.1.3, only without If-None-Match; the date must be the Last-Modified
+            // sent, as nginx's default `if_modified_since exact` wants: a client echoes it.
             return .notModified
         }
         guard let range else { return .full }

@@ -14,6 +14,9 @@ public struct ServedFile: Sendable {
     /// `Last-Modified`, as HTTP writes dates.
     public let lastModified: String
     public let contentType: String
+    /// `Repr-Digest` (RFC 9530), `sha-256=:<base64>:`, when the ETag is a quoted SHA-256 in hex:
+    /// caches and clients can check what they hold without a byte of the body.
+    public let reprDigest: String?
 
     public init(handle: NIOFileHandle, size: UInt64, etag: String, modified: Date, contentType: String = "application/zip") {
         self.handle = handle
@@ -21,6 +24,15 @@ public struct ServedFile: Sendable {
         self.etag = etag
         lastModified = HTTPDate.format(modified)
         self.contentType = contentType
+        let hex = Array(etag.utf8.dropFirst().dropLast())
+        var bytes: [UInt8] = []
+        if etag.hasPrefix("\""), etag.hasSuffix("\""), hex.count == 64 {
+            for i in stride(from: 0, to: 64, by: 2) {
+                guard let byte = UInt8(String(decoding: hex[i..<i + 2], as: UTF8.self), radix: 16) else { break }
+                bytes.append(byte)
+            }
+        }
+        reprDigest = bytes.count == 32 ? "sha-256=:\(Data(bytes).base64EncodedString()):" : nil
     }
 }
 
@@ -140,7 +152,7 @@ public final class ContentChannelHandler: ChannelDuplexHandler, RemovableChannel
         let request = ContentRequest(
             method: head.method, uri: head.uri, keepAlive: head.isKeepAlive,
             range: head.headers.first(name: "range"), ifRange: head.headers.first(name: "if-range"),
-            ifNoneMatch: head.headers.first(name: "if-none-match"))
+            ifNoneMatch: head.headers.first(name: "if-none-match"), ifModifiedSince: head.headers.first(name: "if-modified-since"))
         let response = ContentResponse.make(
             request, prefix: prefix, maxRanges: maxRanges, resolver: resolver,
             eventLoop: context.eventLoop, allocator: context.channel.allocator)

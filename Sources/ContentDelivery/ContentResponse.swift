@@ -11,6 +11,7 @@ struct ContentRequest: Sendable, Equatable {
     var range: String?
     var ifRange: String?
     var ifNoneMatch: String?
+    var ifModifiedSince: String? = nil
 }
 
 /// The answer to one content request, decided once for both ways a request can arrive (through
@@ -73,9 +74,10 @@ struct ContentResponse {
         headers.append(("ETag", file.etag))
         headers.append(("Last-Modified", file.lastModified))
         headers.append(("Cache-Control", "private, no-transform"))
+        if let digest = file.reprDigest { headers.append(("Repr-Digest", digest)) }
         let decision = RangeEvaluator.evaluate(
             size: file.size, etag: file.etag, lastModified: file.lastModified,
-            range: request.range, ifRange: request.ifRange, ifNoneMatch: request.ifNoneMatch,
+            range: request.range, ifRange: request.ifRange, ifNoneMatch: request.ifNoneMatch, ifModifiedSince: request.ifModifiedSince,
             maxRanges: maxRanges)
         var status = HTTPResponseStatus.ok
         var pieces: [IOData] = []

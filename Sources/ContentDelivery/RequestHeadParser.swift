@@ -122,6 +122,9 @@ struct RequestHeadParser: Sendable {
             case .ifNoneMatch:
                 guard request.ifNoneMatch == nil else { return .handOff }
                 request.ifNoneMatch = String(decoding: value, as: UTF8.self)
+            case .ifModifiedSince:
+                guard request.ifModifiedSince == nil else { return .handOff }
+                request.ifModifiedSince = String(decoding: value, as: UTF8.self)
             case .connection:
                 for token in value.split(separator: UInt8(ascii: ",")) {
                     let option = token.drop { $0 == 0x20 || $0 == 0x09 }.reversed().drop { $0 == 0x20 || $0 == 0x09 }.reversed()
@@ -148,7 +151,7 @@ struct RequestHeadParser: Sendable {
     }
 
     private enum Field {
-        case range, ifRange, ifNoneMatch, connection, contentLength, handOff, other
+        case range, ifRange, ifNoneMatch, ifModifiedSince, connection, contentLength, handOff, other
     }
 
     private static func field(_ name: UnsafeBufferPointer<UInt8>) -> Field {
@@ -156,6 +159,7 @@ struct RequestHeadParser: Sendable {
         case 5 where equalsIgnoringCase(name, "range"): .range
         case 8 where equalsIgnoringCase(name, "if-range"): .ifRange
         case 13 where equalsIgnoringCase(name, "if-none-match"): .ifNoneMatch
+        case 17 where equalsIgnoringCase(name, "if-modified-since"): .ifModifiedSince
         case 10 where equalsIgnoringCase(name, "connection"): .connection
         case 14 where equalsIgnoringCase(name, "content-length"): .contentLength
         case 17 where equalsIgnoringCase(name, "transfer-encoding"): .handOff

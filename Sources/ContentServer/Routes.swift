@@ -18,6 +18,12 @@ struct APIRoutes: Sendable {
 
     func register(on router: Router<BasicRequestContext>) {
         router.get(RouterPath(Route.health)) { _, _ in json(.ok, HealthStatus()) }
+        router.get(RouterPath(Route.ready)) { _, _ in
+            // The database read and the file checks block: off the event loop.
+            let problems = try await NIOThreadPool.singleton.runIfActive { service.store.readinessProblems() }
+            guard problems.isEmpty else { return apiError(.serviceUnavailable, APIError(.notReady, problems.joined(separator: "; "))) }
+            return json(.ok, HealthStatus(status: "ready"))
+        }
         router.get(RouterPath(Route.metrics)) { _, _ in
             var headers = HTTPFields()
             headers[.contentType] = "text/plain; version=0.0.4"

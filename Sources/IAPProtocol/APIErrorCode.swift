@@ -42,6 +42,8 @@ public struct APIErrorCode: ErrorCode, ExpressibleByStringLiteral, CustomStringC
     public static let invalidArchive: APIErrorCode = "invalid-archive"
     /// The version is not newer than the latest, or other bytes are published under it (409).
     public static let conflict: APIErrorCode = "conflict"
+    /// `/readyz`: the catalog cannot be read or a published archive is missing (503).
+    public static let notReady: APIErrorCode = "not-ready"
 }
 
 /// An error as the API carries it.

@@ -15,6 +15,9 @@ public enum Route {
     public static let metrics = "/metrics"
     /// `GET`: 200 while the process runs.
     public static let health = "/healthz"
+    /// `GET`: 200 when the catalog database answers and every published archive is on disk; 503
+    /// naming what is wrong otherwise (for a load balancer's readiness check).
+    public static let ready = "/readyz"
 
     /// The path of a product's information.
     public static func product(_ productId: String) -> String { "/v1/products/" + productId }

@@ -43,3 +43,41 @@ extension ServerTests {
         #expect(server.stop() == 0)
     }
 }
+
+extension ServerTests {
+    @Test("what caches need: Repr-Digest with the archive's SHA-256, If-Modified-Since answered 304; /readyz names a missing archive")
+    func cacheHeadersAndReadiness() throws {
+        let tmp = try TemporaryFolder()
+        let (store, server, data) = try start(tmp)
+        #expect(try curl([server.base + "/readyz"], folder: tmp).status == 200)
+        let packed = try packSample(tmp)
+        #expect(try upload(packed.archivePath, server: server, tmp: tmp).status == 201)
+        let purchase = try store.purchase(productId: product)
+        let download = try #require((try grant(purchase.signedTransaction, server: server, tmp: tmp).json["downloads"] as? [[String: Any]])?.first)
+        let url = try #require(download["url"] as? String)
+
+        let full = try curl([url], folder: tmp)
+        let digest = Data(SHA256.hash(data: full.body)).base64EncodedString()
+        #expect(full.headers["repr-digest"] == "sha-256=:\(digest):")
+        let ranged = try curl(["-r", "0-99", url], folder: tmp)
+        #expect(ranged.status == 206 && ranged.headers["repr-digest"] == "sha-256=:\(digest):")
+        let lastModified = try #require(full.headers["last-modified"])
+        let notModified = try curl(["-H", "If-Modified-Since: \(lastModified)", url], folder: tmp)
+        #expect(notModified.status == 304 && notModified.body.isEmpty)
+        #expect(notModified.headers["etag"] == full.headers["etag"])
+        // If-None-Match decides when both are sent (RFC 9110 §13.2.2).
+        #expect(try curl(["-H", "If-Modified-Since: \(lastModified)", "-H", "If-None-Match: \"other\"", url], folder: tmp).status == 200)
+        #expect(try curl(["-H", "If-Modified-Since: Thu, 01 Jan 1970 00:00:00 GMT", url], folder: tmp).status == 200)
+
+        #expect(try curl([server.base + "/readyz"], folder: tmp).json["status"] as? String == "ready")
+        let archive = data + "/archives/\(packed.manifest.archiveSHA256).zip"
+        try FileManager.default.moveItem(atPath: archive, toPath: archive + ".away")
+        let missing = try curl([server.base + "/readyz"], folder: tmp)
+        #expect(missing.status == 503 && missing.errorCode == "not-ready")
+        #expect(missing.text.contains(packed.manifest.archiveSHA256))
+        #expect(try curl([server.base + "/healthz"], folder: tmp).status == 200)
+        try FileManager.default.moveItem(atPath: archive + ".away", toPath: archive)
+        #expect(try curl([server.base + "/readyz"], folder: tmp).status == 200)
+        #expect(server.stop() == 0)
+    }
+}
