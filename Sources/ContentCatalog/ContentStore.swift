@@ -41,6 +41,16 @@ public struct PublishedVersion: Codable, Sendable, Equatable, FetchableRecord, P
     /// SHA-256 of the archive's manifest as the server serves it (`archives/<sha256>.manifest.json`),
     /// which clients fetch for delta updates; nil for versions published before manifests were kept.
     public var manifestSHA256: String? = nil
+    /// A staged rollout: the share of purchases (1-99) that get this version; nil when every
+    /// purchase does. Which purchases is stable by transaction id (``ContentStore/rolloutBucket``).
+    public var rolloutPercent: Int? = nil
+    /// When the version was rolled back: no grant names it since, and the version before serves.
+    public var rolledBackAt: Date? = nil
+
+    /// Whether a purchase gets this version: not rolled back, and in its rollout.
+    public func isServed(toBucket bucket: Int) -> Bool {
+        rolledBackAt == nil && bucket < (rolloutPercent ?? 100)
+    }
 }
 
 /// What `publish` did.
@@ -125,6 +135,12 @@ public final class ContentStore: Sendable {
         migrator.registerMigration("v2-manifests") { db in
             try db.alter(table: "versions") { t in t.add(column: "manifestSHA256", .text) }
         }
+        migrator.registerMigration("v3-rollouts") { db in
+            try db.alter(table: "versions") { t in
+                t.add(column: "rolloutPercent", .integer)
+                t.add(column: "rolledBackAt", .datetime)
+            }
+        }
         return migrator
     }
 
@@ -158,7 +174,12 @@ public final class ContentStore: Sendable {
     /// given. Its version must be newer than the product's latest; publishing identical bytes again
     /// changes nothing; anything else is a conflict. With `moveFile` the file is renamed into the
     /// store (it must be on the same file system), otherwise copied.
-    public func publish(archiveAt path: String, manifest: ArchiveManifest? = nil, moveFile: Bool = false, now: Date = Date()) throws(CatalogError) -> PublishOutcome {
+    public func publish(
+        archiveAt path: String, manifest: ArchiveManifest? = nil, moveFile: Bool = false, rolloutPercent: Int? = nil, now: Date = Date()
+    ) throws(CatalogError) -> PublishOutcome {
+        if let rolloutPercent, !(1...100).contains(rolloutPercent) {
+            throw CatalogError(.invalidArchive, "a rollout is 1 to 100 percent of purchases, not \(rolloutPercent)")
+        }
         let computed: ArchiveManifest
         do throws(ArchiveError) {
             computed = try ArchiveVerifier.computeManifest(archive: path)
@@ -178,7 +199,7 @@ public final class ContentStore: Sendable {
         let record = PublishedVersion(
             productId: product, contentVersion: version.string, sha256: computed.archiveSHA256,
             size: Int64(computed.archiveSize), contentLength: Int64(computed.contentLength), publishedAt: now,
-            manifestSHA256: Hex.encode(SHA256.hash(data: manifestData)))
+            manifestSHA256: Hex.encode(SHA256.hash(data: manifestData)), rolloutPercent: rolloutPercent == 100 ? nil : rolloutPercent)
         // Check before touching the store, so a refused upload leaves nothing behind.
         if let existing = try decide(record) { return .unchanged(existing) }
         try store(path, as: computed.archiveSHA256, move: moveFile)
@@ -260,6 +281,60 @@ public final class ContentStore: Sendable {
             throw CatalogError(.storage, "cannot move the archive into \(target): \(reason)")
         }
         do { try Directory.sync(dataDirectory + "/archives") } catch { throw CatalogError(.storage, error.message) }
+    }
+
+    // MARK: Staged rollouts
+
+    /// A purchase's place (0-99) in every rollout of `productId`: the first four bytes of
+    /// SHA-256("<productId>:<transactionId>"). Stable, so a device keeps its version as a rollout
+    /// widens, and spread evenly over transaction ids; per product, so the same purchasers are not
+    /// always first.
+    public static func rolloutBucket(productId: String, transactionId: String) -> Int {
+        let digest = Array(SHA256.hash(data: Data("\(productId):\(transactionId)".utf8)))
+        let value = UInt32(digest[0]) << 24 | UInt32(digest[1]) << 16 | UInt32(digest[2]) << 8 | UInt32(digest[3])
+        return Int(value % 100)
+    }
+
+    /// The version a purchase gets among `versions` (newest first): the newest one served to it.
+    public static func version(forTransaction transactionId: String, productId: String, among versions: [PublishedVersion]) -> PublishedVersion? {
+        let bucket = rolloutBucket(productId: productId, transactionId: transactionId)
+        return versions.first { $0.isServed(toBucket: bucket) }
+    }
+
+    /// Stages a version for `percent` of purchases (1-99), or promotes it to every purchase (100);
+    /// undoes a rollback. Takes effect for the next grant.
+    public func setRollout(productId: String, contentVersion: String, percent: Int) throws(CatalogError) -> PublishedVersion {
+        guard (1...100).contains(percent) else {
+            throw CatalogError(.invalidArchive, "a rollout is 1 to 100 percent of purchases, not \(percent); roll a version back with rollback")
+        }
+        return try update(productId: productId, contentVersion: contentVersion) {
+            $0.rolloutPercent = percent == 100 ? nil : percent
+            $0.rolledBackAt = nil
+        }
+    }
+
+    /// Rolls a version back at once: no new grant names it, and each purchase gets the newest
+    /// version still served to it (grants already made stay valid until they expire).
+    public func rollBack(productId: String, contentVersion: String, now: Date = Date()) throws(CatalogError) -> PublishedVersion {
+        try update(productId: productId, contentVersion: contentVersion) { $0.rolledBackAt = $0.rolledBackAt ?? now }
+    }
+
+    private func update(productId: String, contentVersion: String, _ change: @Sendable (inout PublishedVersion) -> Void) throws(CatalogError) -> PublishedVersion {
+        do {
+            return try database.write { db in
+                guard var version = try PublishedVersion.filter(Column("productId") == productId && Column("contentVersion") == contentVersion).fetchOne(db)
+                else {
+                    throw CatalogError(.notFound, "\(productId) \(contentVersion) is not published: see iap-server catalog")
+                }
+                change(&version)
+                try version.update(db)
+                return version
+            }
+        } catch let error as CatalogError {
+            throw error
+        } catch {
+            throw Self.storageError(error, dataDirectory)
+        }
     }
 
     /// Every version of a product, newest first.

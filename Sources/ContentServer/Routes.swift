@@ -33,6 +33,7 @@ struct APIRoutes: Sendable {
         router.post(RouterPath(Route.downloads)) { request, _ in await downloads(request) }
         router.post(RouterPath(Route.notifications)) { request, _ in await notification(request) }
         router.put(RouterPath(Route.adminArchives)) { request, _ in await upload(request) }
+        router.post(RouterPath(Route.adminRollouts)) { request, _ in await rollout(request) }
     }
 
     // MARK: Products
@@ -50,7 +51,8 @@ struct APIRoutes: Sendable {
                     versions: versions.map {
                         ProductInfo.Version(
                             contentVersion: $0.contentVersion, contentLength: $0.size, extractedLength: $0.contentLength,
-                            sha256: $0.sha256, publishedAt: $0.publishedAt)
+                            sha256: $0.sha256, publishedAt: $0.publishedAt, rolloutPercent: $0.rolloutPercent,
+                            rolledBackAt: $0.rolledBackAt)
                     }))
         } catch {
             return apiError(.serviceUnavailable, error.apiError)
@@ -165,10 +167,15 @@ struct APIRoutes: Sendable {
         }
         do {
             let versions = try service.store.versions(productId: productId)
-            let chosen = contentVersion.map { pinned in versions.first { $0.contentVersion == pinned } } ?? versions.first
+            // Staged rollouts and rollbacks decide which version this purchase gets; a pinned
+            // version too must be served to it.
+            let bucket = ContentStore.rolloutBucket(productId: productId, transactionId: transactionId)
+            let chosen =
+                contentVersion.map { pinned in versions.first { $0.contentVersion == pinned && $0.isServed(toBucket: bucket) } }
+                ?? ContentStore.version(forTransaction: transactionId, productId: productId, among: versions)
             guard let version = chosen else {
                 service.metrics.grant("no-content")
-                let what = contentVersion.map { "version \($0) of \(productId)" } ?? "product \(productId)"
+                let what = contentVersion.map { "version \($0) of \(productId) (or it was rolled back, or its staged rollout does not include this purchase yet)" } ?? "product \(productId)"
                 return .failure(Refusal(status: .notFound, error: APIError(.noContent, "no hosted content is published for \(what)")))
             }
             try service.store.recordGrant(
@@ -238,7 +245,8 @@ struct APIRoutes: Sendable {
 
     // MARK: Admin
 
-    func upload(_ request: Request) async -> Response {
+    /// nil when the request carries the admin token; the refusal otherwise.
+    func refuseUnlessAdmin(_ request: Request) -> Response? {
         guard let expected = service.configuration.adminToken else {
             return apiError(.forbidden, APIError(.adminDisabled, "the admin API is off: start the server with --admin-token-file"))
         }
@@ -246,6 +254,55 @@ struct APIRoutes: Sendable {
         guard constantTimeEqual(presented, expected) else {
             return apiError(.unauthorized, APIError(.unauthorized, "send the admin token as Authorization: Bearer <token>"))
         }
+        return nil
+    }
+
+    /// Stages, promotes or rolls back a version; the next grant on every replica sees it.
+    func rollout(_ request: Request) async -> Response {
+        if let refusal = refuseUnlessAdmin(request) { return refusal }
+        let body: RolloutRequest
+        switch await decodeBody(request, as: RolloutRequest.self, example: RolloutRequest.example) {
+        case .failure(let response): return response
+        case .success(let value): body = value
+        }
+        guard (body.percent != nil) != (body.rollBack == true) else {
+            return apiError(.badRequest, APIError(.malformed, "give either percent (1-100) or rollBack: true; example: \(RolloutRequest.example)"))
+        }
+        let store = service.store
+        let outcome = await Self.blocking { () throws(CatalogError) -> PublishedVersion in
+            if let percent = body.percent {
+                return try store.setRollout(productId: body.productId, contentVersion: body.contentVersion, percent: percent)
+            }
+            return try store.rollBack(productId: body.productId, contentVersion: body.contentVersion)
+        }
+        switch outcome {
+        case .success(let v):
+            return json(
+                .ok,
+                ProductInfo.Version(
+                    contentVersion: v.contentVersion, contentLength: v.size, extractedLength: v.contentLength, sha256: v.sha256,
+                    publishedAt: v.publishedAt, rolloutPercent: v.rolloutPercent, rolledBackAt: v.rolledBackAt))
+        case .failure(let error):
+            let status: HTTPResponse.Status =
+                switch error.code {
+                case .notFound: .notFound
+                case .invalidArchive: .badRequest
+                case .storage: .serviceUnavailable
+                case .conflict: .conflict
+                }
+            return apiError(status, error.apiError)
+        }
+    }
+
+    /// Runs a catalog write off the event loop.
+    static func blocking<T: Sendable>(_ body: @escaping @Sendable () throws(CatalogError) -> T) async -> Result<T, CatalogError> {
+        (try? await NIOThreadPool.singleton.runIfActive { () -> Result<T, CatalogError> in
+            do throws(CatalogError) { return .success(try body()) } catch { return .failure(error) }
+        }) ?? .failure(CatalogError(.storage, "the server is shutting down"))
+    }
+
+    func upload(_ request: Request) async -> Response {
+        if let refusal = refuseUnlessAdmin(request) { return refusal }
         var manifest: ArchiveManifest?
         if let header = request.headers[HTTPField.Name("IAP-Manifest")!] {
             guard let bytes = Base64URL.decode(header.utf8), let decoded = try? ArchiveManifest.decode(Data(bytes), source: "the IAP-Manifest header") else {

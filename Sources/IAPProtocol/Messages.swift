@@ -108,8 +108,17 @@ public struct ProductInfo: Codable, Sendable, Equatable {
         public var extractedLength: Int64
         public var sha256: String
         public var publishedAt: Date
+        /// A staged rollout's share of purchases (1-99); absent when every purchase gets it.
+        public var rolloutPercent: Int?
+        /// Set when the version was rolled back: no purchase gets it.
+        public var rolledBackAt: Date?
 
-        public init(contentVersion: String, contentLength: Int64, extractedLength: Int64, sha256: String, publishedAt: Date) {
+        public init(
+            contentVersion: String, contentLength: Int64, extractedLength: Int64, sha256: String, publishedAt: Date,
+            rolloutPercent: Int? = nil, rolledBackAt: Date? = nil
+        ) {
+            self.rolloutPercent = rolloutPercent
+            self.rolledBackAt = rolledBackAt
             self.contentVersion = contentVersion
             self.contentLength = contentLength
             self.extractedLength = extractedLength
@@ -124,14 +133,34 @@ public struct ProductInfo: Codable, Sendable, Equatable {
     public var sha256: String
     public var versions: [Version]
 
+    /// The top-level fields describe the newest version every purchase gets (staged and
+    /// rolled-back versions are only in `versions`), or the newest at all when there is none.
     public init(productId: String, versions: [Version]) {
         precondition(!versions.isEmpty, "a product is listed once a version is published")
         self.productId = productId
-        contentVersion = versions[0].contentVersion
-        contentLength = versions[0].contentLength
-        sha256 = versions[0].sha256
+        let current = versions.first { $0.rolloutPercent == nil && $0.rolledBackAt == nil } ?? versions[0]
+        contentVersion = current.contentVersion
+        contentLength = current.contentLength
+        sha256 = current.sha256
         self.versions = versions
     }
+}
+
+/// `POST /v1/admin/rollouts`: `percent` (1-100, 100 promotes) or `rollBack: true`.
+public struct RolloutRequest: Codable, Sendable, Equatable {
+    public var productId: String
+    public var contentVersion: String
+    public var percent: Int?
+    public var rollBack: Bool?
+
+    public init(productId: String, contentVersion: String, percent: Int? = nil, rollBack: Bool? = nil) {
+        self.productId = productId
+        self.contentVersion = contentVersion
+        self.percent = percent
+        self.rollBack = rollBack
+    }
+
+    public static let example = #"{"productId": "com.example.levels", "contentVersion": "1.1", "percent": 10} or {..., "rollBack": true}"#
 }
 
 /// `POST /v1/notifications`: an App Store Server Notification V2.

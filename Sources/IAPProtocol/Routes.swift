@@ -8,6 +8,9 @@ public enum Route {
     public static let productPattern = "/v1/products/{productId}"
     /// `PUT` with the admin token: publishes an archive (→ ``PublishReceipt``).
     public static let adminArchives = "/v1/admin/archives"
+    /// `POST` with the admin token: stages, promotes or rolls back a version (``RolloutRequest`` →
+    /// ``ProductInfo/Version``).
+    public static let adminRollouts = "/v1/admin/rollouts"
     /// `GET`, `HEAD`: `<contentPrefix><grant token>/<productId>-<contentVersion>.zip`, the archive bytes;
     /// `...-<contentVersion>.manifest.json`, its manifest.
     public static let contentPrefix = "/v1/content/"

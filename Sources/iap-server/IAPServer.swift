@@ -15,7 +15,7 @@ struct IAPServer: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "iap-server",
         abstract: "The In-App Purchase content server: catalog, verified download grants, range delivery.",
-        subcommands: [Serve.self, Publish.self, Catalog.self, Verify.self, Reconcile.self])
+        subcommands: [Serve.self, Publish.self, Catalog.self, Rollout.self, Rollback.self, Verify.self, Reconcile.self])
 }
 
 /// An environment variable, nil when unset or empty.
@@ -152,6 +152,7 @@ struct Publish: ParsableCommand {
     @Option(help: "The server's data folder.") var data: String
     @Argument(help: "The archive (<id>-<version>.zip); its manifest beside it is checked too.") var archive: String
     @Option(help: "The manifest (default: beside the archive, if present).") var manifest: String?
+    @Option(help: "Stage the version for this percentage of purchases (1-100; default 100: every purchase).") var rollout: Int?
 
     func run() throws {
         do {
@@ -162,9 +163,10 @@ struct Publish: ParsableCommand {
             if let manifestPath {
                 do { decoded = try ArchiveManifest.load(path: manifestPath) } catch { throw CatalogError(.invalidArchive, error.message) }
             }
-            let outcome = try store.publish(archiveAt: archive, manifest: decoded)
+            let outcome = try store.publish(archiveAt: archive, manifest: decoded, rolloutPercent: rollout)
             switch outcome {
-            case .published(let v): print("published \(v.productId) \(v.contentVersion) (\(v.size) bytes, sha256 \(v.sha256))")
+            case .published(let v):
+                print("published \(v.productId) \(v.contentVersion) (\(v.size) bytes, sha256 \(v.sha256))\(v.rolloutPercent.map { ", staged for \($0)% of purchases" } ?? "")")
             case .unchanged(let v): print("unchanged: \(v.productId) \(v.contentVersion) is already published with these bytes")
             }
         } catch let error as CatalogError {
@@ -175,6 +177,57 @@ struct Publish: ParsableCommand {
                 case .storage: 3
                 }
             throw reporter.failure(error, exitCode: code)
+        }
+    }
+}
+
+/// Exit codes of the catalog commands: 1 invalid input or unknown version, 3 storage.
+func catalogFailure(_ error: CatalogError) -> Error {
+    reporter.failure(error, exitCode: error.code == .storage ? 3 : 1)
+}
+
+struct Rollout: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Stage a published version for a percentage of purchases, widen it, or promote it to all.",
+        discussion: """
+            Which purchases get a staged version is stable by transaction id: widening keeps those             that have it. Takes effect with the next grant, on every replica sharing the data folder.             Exit codes: 0 done, 1 unknown version or invalid percentage, 3 storage failure.
+            """)
+
+    @Option(help: "The server's data folder.") var data: String
+    @Argument(help: "The product identifier.") var productId: String
+    @Argument(help: "The content version.") var contentVersion: String
+    @Option(help: "The share of purchases, 1-100.") var percent: Int?
+    @Flag(help: "Give the version to every purchase (the same as --percent 100).") var promote = false
+
+    func validate() throws {
+        guard (percent != nil) != promote else { throw ValidationError("give either --percent <1-100> or --promote") }
+    }
+
+    func run() throws {
+        do throws(CatalogError) {
+            let v = try ContentStore(dataDirectory: data).setRollout(productId: productId, contentVersion: contentVersion, percent: promote ? 100 : percent!)
+            print("\(v.productId) \(v.contentVersion): \(v.rolloutPercent.map { "staged for \($0)% of purchases" } ?? "every purchase")")
+        } catch {
+            throw catalogFailure(error)
+        }
+    }
+}
+
+struct Rollback: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Roll a published version back: from the next grant on, each purchase gets the newest version still served to it.",
+        discussion: "Grants made before stay valid until they expire (--token-ttl). Exit codes: 0 done, 1 unknown version, 3 storage failure.")
+
+    @Option(help: "The server's data folder.") var data: String
+    @Argument(help: "The product identifier.") var productId: String
+    @Argument(help: "The content version.") var contentVersion: String
+
+    func run() throws {
+        do throws(CatalogError) {
+            let v = try ContentStore(dataDirectory: data).rollBack(productId: productId, contentVersion: contentVersion)
+            print("\(v.productId) \(v.contentVersion): rolled back")
+        } catch {
+            throw catalogFailure(error)
         }
     }
 }
@@ -200,7 +253,9 @@ struct Catalog: ParsableCommand {
             for (product, versions) in catalog {
                 print(product)
                 for v in versions {
-                    print("  \(v.contentVersion)  \(v.size) bytes  sha256 \(v.sha256.prefix(16))…  published \(v.publishedAt.formatted(.iso8601))")
+                    let state =
+                        v.rolledBackAt.map { "  rolled back \($0.formatted(.iso8601))" } ?? v.rolloutPercent.map { "  staged: \($0)% of purchases" } ?? ""
+                    print("  \(v.contentVersion)  \(v.size) bytes  sha256 \(v.sha256.prefix(16))…  published \(v.publishedAt.formatted(.iso8601))\(state)")
                 }
             }
         } catch let error as CatalogError {

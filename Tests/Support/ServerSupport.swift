@@ -139,12 +139,12 @@ public func curl(_ arguments: [String], folder: TemporaryFolder) throws -> HTTPR
     return HTTPResult(status: status, headers: headers, body: body)
 }
 
-public func postJSON(_ url: String, _ object: [String: Any], folder: TemporaryFolder) throws -> HTTPResult {
+public func postJSON(_ url: String, _ object: [String: Any], headers: [String] = [], folder: TemporaryFolder) throws -> HTTPResult {
     let data = try JSONSerialization.data(withJSONObject: object)
     let path = folder.sub("req-\(UUID().uuidString).json")
     try data.write(to: URL(fileURLWithPath: path))
     defer { try? FileManager.default.removeItem(atPath: path) }
-    return try curl(["-X", "POST", "-H", "Content-Type: application/json", "--data-binary", "@" + path, url], folder: folder)
+    return try curl(["-X", "POST", "-H", "Content-Type: application/json"] + headers.flatMap { ["-H", $0] } + ["--data-binary", "@" + path, url], folder: folder)
 }
 
 /// Sends raw bytes on one connection and returns everything the server sent until it closed.

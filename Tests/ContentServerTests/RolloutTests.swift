@@ -1,0 +1,66 @@
+import ContentArchive
+import ContentCatalog
+import Foundation
+import IAPTestSupport
+import Testing
+
+extension ServerTests {
+    @Test("staged rollout by transaction id, widened stably, rolled back at once, promoted; the catalog API and CLI show it")
+    func stagedRollout() throws {
+        let tmp = try TemporaryFolder()
+        let (store, server, data) = try start(tmp)
+        #expect(try upload(try packSample(tmp, version: "1.0").archivePath, server: server, tmp: tmp).status == 201)
+        let staged = try run(productsDirectory() + "/iap-server", ["publish", "--data", data, "--rollout", "30", try packSample(tmp, version: "1.1").archivePath])
+        #expect(staged.status == 0 && staged.stdout.contains("staged for 30% of purchases"), "\(staged.stderr)")
+
+        let purchases = try (0..<40).map { _ in try store.purchase(productId: product) }
+        func versions() throws -> [String] {
+            try purchases.map { purchase in
+                let granted = try grant(purchase.signedTransaction, server: server, tmp: tmp)
+                return ((granted.json["downloads"] as? [[String: Any]])?.first?["contentVersion"] as? String) ?? "refused \(granted.status)"
+            }
+        }
+        func expected(_ percent: Int) -> [String] {
+            purchases.map { ContentStore.rolloutBucket(productId: product, transactionId: $0.transaction.transactionId!) < percent ? "1.1" : "1.0" }
+        }
+        let at30 = try versions()
+        #expect(at30 == expected(30))
+        #expect(at30.contains("1.1") && at30.contains("1.0"), "40 purchases all on one side of 30%: \(at30)")
+        let info = try curl([server.base + "/v1/products/\(product)"], folder: tmp)
+        #expect(info.json["contentVersion"] as? String == "1.0")
+        #expect((info.json["versions"] as? [[String: Any]])?.first?["rolloutPercent"] as? Int == 30)
+
+        // Widening keeps every purchase that had 1.1.
+        func admin(_ body: [String: Any], token: String? = nil) throws -> HTTPResult {
+            try postJSON(server.base + "/v1/admin/rollouts", body, headers: ["Authorization: Bearer \(token ?? adminToken)"], folder: tmp)
+        }
+        #expect(try admin(["productId": product, "contentVersion": "1.1", "percent": 60]).status == 200)
+        let at60 = try versions()
+        #expect(at60 == expected(60))
+        #expect(zip(at30, at60).allSatisfy { $0 != "1.1" || $1 == "1.1" })
+        // A pinned request gets a staged version only inside its rollout.
+        let outside = try #require(purchases.first { ContentStore.rolloutBucket(productId: product, transactionId: $0.transaction.transactionId!) >= 60 })
+        #expect(try grant(outside.signedTransaction, server: server, tmp: tmp, version: "1.1").status == 404)
+
+        // Rolled back: everyone gets 1.0 from the next grant on.
+        let rolledBack = try run(productsDirectory() + "/iap-server", ["rollback", "--data", data, product, "1.1"])
+        #expect(rolledBack.status == 0, "\(rolledBack.stderr)")
+        #expect(try versions() == Array(repeating: "1.0", count: 40))
+        let catalog = try run(productsDirectory() + "/iap-server", ["catalog", "--data", data])
+        #expect(catalog.stdout.contains("rolled back"))
+
+        // Promoted: everyone gets 1.1, and the product's current version is 1.1.
+        #expect(try run(productsDirectory() + "/iap-server", ["rollout", "--data", data, product, "1.1", "--promote"]).status == 0)
+        #expect(try versions() == Array(repeating: "1.1", count: 40))
+        #expect(try curl([server.base + "/v1/products/\(product)"], folder: tmp).json["contentVersion"] as? String == "1.1")
+
+        // Bad requests are named.
+        #expect(try admin(["productId": product, "contentVersion": "1.1", "percent": 10], token: "wrong").status == 401)
+        #expect(try admin(["productId": product, "contentVersion": "9.9", "percent": 10]).status == 404)
+        #expect(try admin(["productId": product, "contentVersion": "1.1", "percent": 0]).status == 400)
+        #expect(try admin(["productId": product, "contentVersion": "1.1", "percent": 10, "rollBack": true]).status == 400)
+        let unknown = try run(productsDirectory() + "/iap-server", ["rollout", "--data", data, product, "7.0", "--percent", "5"])
+        #expect(unknown.status == 1 && unknown.stderr.contains("is not published"))
+        #expect(server.stop() == 0)
+    }
+}
