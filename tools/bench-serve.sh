@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Serving benchmark: iap-server against nginx (sendfile on) on the same ~1 GiB archive, in one run.
 # Reports 1 GiB download throughput with curl, server CPU seconds per GiB served, and wrk
-# requests/s and p99 latency for 4 KiB and 1 MiB ranges at 16 and 64 connections. iap-server
+# requests/s and p99 latency for 4 KiB and 1 MiB ranges and 16 x 64 KiB multi-range requests at
+# 16 and 64 connections. iap-server
 # checks a grant token (HMAC + revocation) on every request; nginx serves a plain file.
 # Range measures alternate the servers over several rounds (default 7) and report the ratio of
 # medians, each median with its spread (min-max): what a user sees on a typical run.
@@ -79,19 +80,23 @@ median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] :
 spread() { sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%s-%s", lo, hi }'; }
 # Each range measure alternates the two servers $rounds times and compares medians: single runs on
 # a shared 2-core machine vary by about 10%, more than the differences being measured.
-for range in "0-4095" "0-1048575"; do
+# The third: 16 ranges of 64 KiB 1 MiB apart in one request, as a delta update's entries
+# (multipart/byteranges, one response per request).
+multi=$(seq 0 15 | awk '{ printf "%s%d-%d", (NR > 1 ? "," : ""), $1 * 1048576, $1 * 1048576 + 65535 }')
+for range in "0-4095" "0-1048575" "$multi"; do
   for c in 16 64; do
     : > "$work/ours.runs"; : > "$work/nginx.runs"
     for round in $(seq "$rounds"); do
       wrk_run "$ours_url" "$range" "$c" >> "$work/ours.runs"; echo >> "$work/ours.runs"
       wrk_run "$nginx_url" "$range" "$c" >> "$work/nginx.runs"; echo >> "$work/nginx.runs"
-      echo "  range $range, $c conns, round $round: iap-server $(tail -1 "$work/ours.runs"), nginx $(tail -1 "$work/nginx.runs") (req/s p99-ms)" >&2
+      echo "  range ${range:0:20}, $c conns, round $round: iap-server $(tail -1 "$work/ours.runs"), nginx $(tail -1 "$work/nginx.runs") (req/s p99-ms)" >&2
     done
     ors=$(cut -d' ' -f1 "$work/ours.runs" | median); op=$(cut -d' ' -f2 "$work/ours.runs" | median)
     nrs=$(cut -d' ' -f1 "$work/nginx.runs" | median); np=$(cut -d' ' -f2 "$work/nginx.runs" | median)
     orr=$(cut -d' ' -f1 "$work/ours.runs" | awk '{ printf "%.0f\n", $1 }' | spread); nrr=$(cut -d' ' -f1 "$work/nginx.runs" | awk '{ printf "%.0f\n", $1 }' | spread)
     opr=$(cut -d' ' -f2 "$work/ours.runs" | spread); npr=$(cut -d' ' -f2 "$work/nginx.runs" | spread)
     label="range $range, $c conns"
+    [ "$range" = "$multi" ] && label="16 x 64 KiB ranges, $c conns"
     awk -v l="$label" -v o="$ors" -v n="$nrs" -v a="$orr" -v b="$nrr" 'BEGIN { printf "%-34s %24s %24s %8.2f\n", l " req/s", sprintf("%.0f (%s)", o, a), sprintf("%.0f (%s)", n, b), o/n }'
     awk -v l="$label" -v o="$op" -v n="$np" -v a="$opr" -v b="$npr" 'BEGIN { printf "%-34s %24s %24s %8.2f\n", l " p99 ms", sprintf("%.2f (%s)", o, a), sprintf("%.2f (%s)", n, b), (n > 0 ? o/n : 0) }'
   done

@@ -299,7 +299,12 @@ public actor ContentFetcher {
             emit(download.update())
             Failpoint.hit("delta-planned")
         }
-        try checkSpace(download.record, manifest: manifest)
+        do throws(FetchError) {
+            try checkSpace(download.record, manifest: manifest)
+        } catch {
+            try? apply(.fail(error), to: &download)
+            throw error
+        }
         // A delta update that cannot be installed (an installed file changed meanwhile, a fetched
         // entry that does not match) falls back once to the whole archive.
         for attempt in 0..<2 {

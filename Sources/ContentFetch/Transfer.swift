@@ -148,7 +148,7 @@ extension ContentFetcher {
             // chunk is fetched again; without (or when the damage is outside every entry), all of it.
             let wrong = "the downloaded archive's SHA-256 is \(digest), not the granted \(partial.record.sha256)"
             if let sha256 = partial.record.manifestSHA256, let manifest = try? loadManifest(record.id, sha256: sha256),
-                let damaged = firstDamagedChunk(partial, manifest: manifest)
+                manifest.archiveSHA256 == partial.record.sha256, let damaged = firstDamagedChunk(partial, manifest: manifest)
             {
                 partial.download.updateBytes {
                     $0.segments = nil
