@@ -16,13 +16,8 @@ corpus=${1:-/tmp/iap-bench-corpus}
 scale=${2:-1}
 tools/install-deps.sh
 command -v zstd >/dev/null && [ -x /usr/bin/time ] || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq zstd time >/dev/null; }
-if [ ! -f "$corpus/.complete-$scale" ]; then
-  echo "generating corpus in $corpus (scale $scale)..." >&2
-  rm -rf "$corpus"; mkdir -p "$corpus/Contents"
-  python3 tools/make-corpus.py "$corpus/Contents" "$scale"
-  touch "$corpus/.complete-$scale"
-fi
 . tools/lib.sh
+bench_corpus "$corpus" "$scale"
 build_release iap-server iap-pack iap-sandbox iap-fetch
 work=$(mktemp -d); trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
 runs=${RUNS:-7}

@@ -45,3 +45,12 @@ fetch_bench_setup() {
   archive=$(random_archive bench.fetch "${SIZE:-$((1024 * 1024 * 1024 - 4096))}" "$work" "$work/out")
   start_sandbox_server "$work" com.example.bench "$archive"
 }
+
+# The packing benchmarks' corpus (tools/make-corpus.py) in <dir>/Contents at <scale>, made once.
+bench_corpus() { # dir scale
+  [ -f "$1/.complete-$2" ] && return
+  echo "generating corpus in $1 (scale $2)..." >&2
+  rm -rf "$1"; mkdir -p "$1/Contents"
+  python3 tools/make-corpus.py "$1/Contents" "$2"
+  touch "$1/.complete-$2"
+}

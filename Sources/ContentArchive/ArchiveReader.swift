@@ -228,7 +228,11 @@ public final class ArchiveReader {
 
     /// Streams an entry's uncompressed bytes to `body`, checking its size and CRC-32; throws if
     /// the entry inflates past its declared size (stopping at once) or does not match.
-    public func read(_ entry: ArchiveEntry, into body: (UnsafeRawBufferPointer) throws(ArchiveError) -> Void) throws(ArchiveError) {
+    /// `stored`, when given, sees the entry's stored (compressed) bytes as they are read.
+    public func read(
+        _ entry: ArchiveEntry, stored: ((UnsafeRawBufferPointer) -> Void)? = nil,
+        into body: (UnsafeRawBufferPointer) throws(ArchiveError) -> Void
+    ) throws(ArchiveError) {
         var crc: UInt32 = 0
         var produced: UInt64 = 0
         let declared = entry.uncompressedSize
@@ -249,6 +253,7 @@ public final class ArchiveReader {
             let input = try readFully(fd, at: offset, count: Int(min(UInt64(chunk), end - offset)), path: path)
             guard !input.isEmpty else { break }
             offset += UInt64(input.count)
+            if let stored { input.withUnsafeBytes { stored($0) } }
             if let inflater {
                 try withBuffers(input, &output) { (raw, out) throws(ArchiveError) in
                     _ = try inflater.feed(raw, into: out, emit: deliver)
@@ -267,18 +272,6 @@ public final class ArchiveReader {
         guard crc == entry.crc32 else {
             throw .corrupt(
                 "entry '\(entry.path)' in \(path) fails its CRC-32 check (\(String(format: "%08x", crc)) instead of \(String(format: "%08x", entry.crc32))): the archive is damaged; download it again")
-        }
-    }
-
-    /// Streams an entry's stored (compressed) bytes, as they are in the archive, to `body`.
-    public func readStored(_ entry: ArchiveEntry, into body: (UnsafeRawBufferPointer) throws(ArchiveError) -> Void) throws(ArchiveError) {
-        var offset = entry.dataOffset
-        let end = entry.dataOffset + entry.compressedSize
-        while offset < end {
-            let input = try readFully(fd, at: offset, count: Int(min(UInt64(1 << 20), end - offset)), path: path)
-            guard !input.isEmpty else { throw .corrupt("\(path) ends inside entry '\(entry.path)': the archive is truncated") }
-            offset += UInt64(input.count)
-            try withBytes(input) { (raw) throws(ArchiveError) in try body(raw) }
         }
     }
 

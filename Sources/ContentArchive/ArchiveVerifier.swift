@@ -35,9 +35,8 @@ public enum ArchiveVerifier {
         var entries: [ArchiveManifest.Entry] = []
         for entry in reader.entries {
             var hasher = SHA256()
-            try reader.read(entry) { hasher.update(bufferPointer: $0) }
             var chunks = ChunkHasher(chunkSize: ArchiveManifest.standardChunkSize)
-            try reader.readStored(entry) { chunks.update($0) }
+            try reader.read(entry, stored: { chunks.update($0) }, into: { hasher.update(bufferPointer: $0) })
             entries.append(
                 .init(
                     path: entry.path, kind: entry.isDirectory ? .directory : .file, method: entry.method,

@@ -1,6 +1,7 @@
 import Crypto
 import DurableFiles
 import Foundation
+import SystemPackage
 
 /// SHA-256 (and, when asked, CRC-32) of a stream of bytes, computed on a thread of its own in the
 /// order the bytes are handed over.
@@ -91,6 +92,21 @@ public struct ChunkHasher: Sendable {
                 filled = 0
             }
         }
+    }
+
+    /// The chunk digests of `count` bytes of a file at `offset` (an entry's stored bytes, say),
+    /// read in 1 MiB pieces; nil when the file is shorter.
+    public static func digests(of fd: FileDescriptor, at offset: UInt64, count: UInt64, chunkSize: UInt64) -> [String]? {
+        var hasher = ChunkHasher(chunkSize: chunkSize)
+        var position = offset
+        while position < offset + count {
+            guard let piece = try? readFully(fd, at: position, count: Int(min(1 << 20, offset + count - position)), path: ""), !piece.isEmpty else {
+                return nil
+            }
+            piece.withUnsafeBytes { hasher.update($0) }
+            position += UInt64(piece.count)
+        }
+        return hasher.finalize()
     }
 
     /// The digests, the last (shorter) piece included.

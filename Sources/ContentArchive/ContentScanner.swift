@@ -13,6 +13,8 @@ struct SourceFile: Sendable {
     let archivePath: String
     let diskPath: String
     let size: UInt64
+    /// As the scan saw it, before any byte was read (for the next build's ``HashCache``).
+    let identity: FileIdentity
 }
 
 /// What a content folder holds, checked and sorted, ready to pack.
@@ -117,7 +119,7 @@ enum ContentScanner {
                 // Open it now, so an unreadable file is reported before anything is written.
                 let probe = try openFile(diskPath)
                 try? probe.close()
-                files.append(SourceFile(archivePath: archivePath, diskPath: diskPath, size: size))
+                files.append(SourceFile(archivePath: archivePath, diskPath: diskPath, size: size, identity: FileIdentity(info)))
             case S_IFDIR:
                 directories.append(archivePath + "/")
                 try walk(diskFolder: diskPath, archiveFolder: archivePath, files: &files, directories: &directories, seenKeys: &seenKeys)

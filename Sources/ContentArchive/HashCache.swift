@@ -18,28 +18,13 @@ import Foundation
 /// two seconds of the build are left out: a later change in the same clock tick could keep their
 /// times.
 struct HashCache: Sendable {
-    struct Identity: Sendable, Equatable {
-        var device: UInt64
-        var inode: UInt64
-        var size: UInt64
-        var modified: Int64
-        var changed: Int64
-    }
+    typealias Identity = FileIdentity
 
     private(set) var digests: [String: (identity: Identity, sha256: String)] = [:]
 
     static func path(besideArchive archive: String) -> String {
         let url = URL(fileURLWithPath: archive)
         return url.deletingLastPathComponent().path + "/." + url.lastPathComponent + ".hashes"
-    }
-
-    static func identity(of path: String) -> Identity? {
-        var info = stat()
-        guard lstat(path, &info) == 0 else { return nil }
-        return Identity(
-            device: UInt64(info.st_dev), inode: UInt64(info.st_ino), size: UInt64(info.st_size),
-            modified: Int64(info.st_mtim.tv_sec) * 1_000_000_000 + Int64(info.st_mtim.tv_nsec),
-            changed: Int64(info.st_ctim.tv_sec) * 1_000_000_000 + Int64(info.st_ctim.tv_nsec))
     }
 
     /// The digest of `path` if the cache holds it for the file as it is now.

@@ -130,11 +130,9 @@ struct Plan: Sendable {
             entries.append(Entry(path: path, size: size, source: source, method: method, level: level))
             totalBytes += size
         }
-        // Taken before any file is read: a file changed while it is packed then shows a new
-        // identity to the next build, which hashes it again.
-        for entry in entries {
-            if case .file(let disk) = entry.source, let identity = HashCache.identity(of: disk) { identities[disk] = identity }
-        }
+        // Taken by the scan, before any file is read: a file changed while it is packed then
+        // shows a new identity to the next build, which hashes it again.
+        for file in content.files { identities[file.diskPath] = file.identity }
         if let previous, previous.manifest.encoder == chunking.encoder {
             reuse(previous)
         }

@@ -33,15 +33,8 @@ public enum SafeExtractor {
             throw .corrupt("\(archive) holds \(info.productIdentifier) \(info.contentVersion), not the expected \(expecting.productIdentifier) \(expecting.contentVersion): refusing to install it")
         }
         let needed = reader.entries.reduce(UInt64(0)) { $0 + $1.uncompressedSize }
-        try stage(destination, needing: needed, durable: durable) { (temp, made) throws(ArchiveError) in
-            for entry in reader.entries {
-                if entry.isDirectory {
-                    try makeParents(of: entry.path + "x", root: temp, made: &made)
-                    continue
-                }
-                try makeParents(of: entry.path, root: temp, made: &made)
-                try write(entry, from: reader, to: temp + "/" + entry.path, sha256: nil, durable: durable)
-            }
+        try stage(reader, to: destination, needing: needed, durable: durable) { (entry, target) throws(ArchiveError) in
+            try write(entry, from: reader, to: target, sha256: nil, durable: durable)
         }
         return info
     }
@@ -61,26 +54,19 @@ public enum SafeExtractor {
         let reader = try ArchiveReader(path: partialArchive, manifest: manifest, limits: limits)
         let bySHA = Dictionary(manifest.entries.map { ($0.path, $0.sha256) }, uniquingKeysWith: { a, _ in a })
         let needed = reader.entries.filter { fetched.contains($0.path) }.reduce(UInt64(0)) { $0 + $1.uncompressedSize }
-        try stage(destination, needing: needed, durable: durable) { (temp, made) throws(ArchiveError) in
-            for entry in reader.entries {
-                if entry.isDirectory {
-                    try makeParents(of: entry.path + "x", root: temp, made: &made)
-                    continue
+        try stage(reader, to: destination, needing: needed, durable: durable) { (entry, target) throws(ArchiveError) in
+            if fetched.contains(entry.path) {
+                try write(entry, from: reader, to: target, sha256: bySHA[entry.path], durable: durable)
+            } else if let old = reused[entry.path] {
+                try validateEntryPath(old, archive: previousFolder)
+                let source = previousFolder + "/" + old
+                if link(source, target) != 0 {
+                    try copy(source, to: target, sha256: bySHA[entry.path] ?? "", durable: durable)
                 }
-                try makeParents(of: entry.path, root: temp, made: &made)
-                let target = temp + "/" + entry.path
-                if fetched.contains(entry.path) {
-                    try write(entry, from: reader, to: target, sha256: bySHA[entry.path], durable: durable)
-                } else if let old = reused[entry.path] {
-                    try validateEntryPath(old, archive: previousFolder)
-                    let source = previousFolder + "/" + old
-                    if link(source, target) != 0 {
-                        try copy(source, to: target, sha256: bySHA[entry.path] ?? "", durable: durable)
-                    }
-                } else {
-                    throw .corrupt("the delta update names no source for '\(entry.path)': please report this")
-                }
+            } else {
+                throw .corrupt("the delta update names no source for '\(entry.path)': please report this")
             }
+        } check: { (temp) throws(ArchiveError) in
             let plist = temp + "/" + ContentInfo.fileName
             guard let data = FileManager.default.contents(atPath: plist), (try? ContentInfo(plist: Data(data), source: plist)) == expecting else {
                 throw .corrupt("the updated content is not \(expecting.productIdentifier) \(expecting.contentVersion): refusing to install it")
@@ -88,11 +74,13 @@ public enum SafeExtractor {
         }
     }
 
-    /// Fills a temporary sibling of `destination` with `body`, syncs it when `durable`, and
-    /// renames it into place; removes it on any error.
+    /// Builds a temporary sibling of `destination`: `reader`'s folders, and each file by `place`
+    /// (entry, path to create); runs `check` on the folder, syncs it when `durable`, and renames
+    /// it into place; removes it on any error.
     private static func stage(
-        _ destination: String, needing needed: UInt64, durable: Bool,
-        _ body: (String, inout Set<String>) throws(ArchiveError) -> Void
+        _ reader: ArchiveReader, to destination: String, needing needed: UInt64, durable: Bool,
+        _ place: (ArchiveEntry, String) throws(ArchiveError) -> Void,
+        check: (String) throws(ArchiveError) -> Void = { _ in }
     ) throws(ArchiveError) {
         let destinationURL = URL(fileURLWithPath: destination)
         let parent = destinationURL.deletingLastPathComponent().path
@@ -111,7 +99,15 @@ public enum SafeExtractor {
         guard mkdir(temp, 0o755) == 0 else { throw ioError(errno, action: "create folder", path: temp) }
         do throws(ArchiveError) {
             var made: Set<String> = []
-            try body(temp, &made)
+            for entry in reader.entries {
+                if entry.isDirectory {
+                    try makeParents(of: entry.path + "x", root: temp, made: &made)
+                    continue
+                }
+                try makeParents(of: entry.path, root: temp, made: &made)
+                try place(entry, temp + "/" + entry.path)
+            }
+            try check(temp)
             if durable {
                 for folder in made.sorted(by: >) { try syncDirectory(temp + "/" + folder) }
                 try syncDirectory(temp)

@@ -1,4 +1,5 @@
 import ContentArchive
+import DurableFiles
 import Foundation
 
 /// What a delta update fetches and what it takes from the installed version; saved in the
@@ -100,9 +101,11 @@ public struct InstalledVersion: Sendable {
         var inode: UInt64
         var modified: Int64
 
+        /// The change time is not compared: linking an installed file into the next version and
+        /// removing the old one change it, and neither touches the bytes.
         func isUntouched(in folder: String) -> Bool {
-            guard let now = InstalledVersion.identity(of: folder + "/" + path) else { return false }
-            return now == (device, inode, size, modified)
+            guard let now = FileIdentity.of(folder + "/" + path) else { return false }
+            return (now.device, now.inode, Int64(now.size), now.modified) == (device, inode, size, modified)
         }
     }
 
@@ -145,18 +148,12 @@ public struct InstalledVersion: Sendable {
         return InstalledVersion(productId: String(header[1]), contentVersion: String(header[2]), files: files)
     }
 
-    static func identity(of path: String) -> (UInt64, UInt64, Int64, Int64)? {
-        var info = stat()
-        guard lstat(path, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG else { return nil }
-        return (UInt64(info.st_dev), UInt64(info.st_ino), Int64(info.st_size), Int64(info.st_mtim.tv_sec) * 1_000_000_000 + Int64(info.st_mtim.tv_nsec))
-    }
-
     /// Records the files of `manifest` as installed in `folder` now.
     static func record(manifest: ArchiveManifest, folder: String) -> InstalledVersion {
         var files: [File] = []
         for entry in manifest.entries where entry.kind == .file {
-            guard let (device, inode, size, modified) = identity(of: folder + "/" + entry.path) else { continue }
-            files.append(File(path: entry.path, sha256: entry.sha256, size: size, device: device, inode: inode, modified: modified))
+            guard let id = FileIdentity.of(folder + "/" + entry.path) else { continue }
+            files.append(File(path: entry.path, sha256: entry.sha256, size: Int64(id.size), device: id.device, inode: id.inode, modified: id.modified))
         }
         return InstalledVersion(productId: manifest.productId.rawValue, contentVersion: manifest.contentVersion.string, files: files)
     }

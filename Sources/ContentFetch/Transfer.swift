@@ -265,22 +265,8 @@ extension ContentFetcher {
         for entry in manifest.entries where fetched.contains(entry.path) && entry.compressedSize > 0 {
             if let span, Int64(entry.dataOffset) < span.lowerBound || Int64(entry.dataOffset + entry.compressedSize) > span.upperBound { continue }
             guard let expected = entry.chunks, let size = manifest.chunkSize else { continue }
-            var chunks = ChunkHasher(chunkSize: size)
-            var offset = entry.dataOffset
-            let end = entry.dataOffset + entry.compressedSize
-            var buffer = [UInt8](repeating: 0, count: Int(min(size, 1 << 20)))
-            while offset < end {
-                let want = Int(min(UInt64(buffer.count), end - offset))
-                let n =
-                    (try? buffer.withUnsafeMutableBytes { raw in
-                        try partial.fd.read(fromAbsoluteOffset: Int64(offset), into: UnsafeMutableRawBufferPointer(rebasing: raw[0..<want]))
-                    }) ?? 0
-                guard n > 0 else { break }
-                buffer.withUnsafeBytes { chunks.update(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
-                offset += UInt64(n)
-            }
-            if chunks.finalize() != expected {
-                damaged.append((entry.path, Int64(entry.dataOffset), Int64(end)))
+            if ChunkHasher.digests(of: partial.fd, at: entry.dataOffset, count: entry.compressedSize, chunkSize: size) != expected {
+                damaged.append((entry.path, Int64(entry.dataOffset), Int64(entry.dataOffset + entry.compressedSize)))
             }
         }
         guard damaged.isEmpty else {
@@ -293,25 +279,11 @@ extension ContentFetcher {
     /// every chunk matches (the damage is in headers or the central directory).
     private func firstDamagedChunk(_ partial: PartialArchive, manifest: ArchiveManifest) -> Int64? {
         guard let size = manifest.chunkSize else { return nil }
-        var buffer = [UInt8](repeating: 0, count: Int(min(size, 1 << 20)))
         for entry in manifest.entries.sorted(by: { $0.dataOffset < $1.dataOffset }) where entry.compressedSize > 0 {
             guard let expected = entry.chunks else { return nil }
-            for (index, digest) in expected.enumerated() {
-                let start = entry.dataOffset + UInt64(index) * size
-                let count = Int(min(size, entry.dataOffset + entry.compressedSize - start))
-                var hasher = SHA256()
-                var done = 0
-                while done < count {
-                    let want = min(buffer.count, count - done)
-                    let n =
-                        (try? buffer.withUnsafeMutableBytes { raw in
-                            try partial.fd.read(fromAbsoluteOffset: Int64(start) + Int64(done), into: UnsafeMutableRawBufferPointer(rebasing: raw[0..<want]))
-                        }) ?? 0
-                    guard n > 0 else { return Int64(start) }
-                    hasher.update(data: buffer[0..<n])
-                    done += n
-                }
-                if Hex.encode(hasher.finalize()) != digest { return Int64(start) }
+            let found = ChunkHasher.digests(of: partial.fd, at: entry.dataOffset, count: entry.compressedSize, chunkSize: size) ?? []
+            if let index = expected.indices.first(where: { $0 >= found.count || found[$0] != expected[$0] }) {
+                return Int64(entry.dataOffset + UInt64(index) * size)
             }
         }
         return nil

@@ -283,22 +283,27 @@ struct APIRoutes: Sendable {
                     contentVersion: v.contentVersion, contentLength: v.size, extractedLength: v.contentLength, sha256: v.sha256,
                     publishedAt: v.publishedAt, rolloutPercent: v.rolloutPercent, rolledBackAt: v.rolledBackAt))
         case .failure(let error):
-            let status: HTTPResponse.Status =
-                switch error.code {
-                case .notFound: .notFound
-                case .invalidArchive: .badRequest
-                case .storage: .serviceUnavailable
-                case .conflict: .conflict
-                }
-            return apiError(status, error.apiError)
+            return catalogRefusal(error)
         }
     }
 
-    /// Runs a catalog write off the event loop.
+    /// Runs catalog work (file and database I/O) off the async executor's threads.
     static func blocking<T: Sendable>(_ body: @escaping @Sendable () throws(CatalogError) -> T) async -> Result<T, CatalogError> {
         (try? await NIOThreadPool.singleton.runIfActive { () -> Result<T, CatalogError> in
             do throws(CatalogError) { return .success(try body()) } catch { return .failure(error) }
-        }) ?? .failure(CatalogError(.storage, "the server is shutting down"))
+        }) ?? .failure(CatalogError(.storage, "the server is shutting down: try again"))
+    }
+
+    /// The answer to a catalog error from an admin request.
+    func catalogRefusal(_ error: CatalogError) -> Response {
+        let status: HTTPResponse.Status =
+            switch error.code {
+            case .conflict: .conflict
+            case .invalidArchive: .badRequest
+            case .notFound: .notFound
+            case .storage: .serviceUnavailable
+            }
+        return apiError(status, error.apiError)
     }
 
     func upload(_ request: Request) async -> Response {
@@ -342,16 +347,8 @@ struct APIRoutes: Sendable {
         }
         let store = service.store
         let chosenManifest = manifest
-        let result: Result<PublishOutcome, CatalogError>
-        do {
-            // Publishing reads the whole archive: keep it off the async executor's threads.
-            result = try await NIOThreadPool.singleton.runIfActive {
-                do throws(CatalogError) { return .success(try store.publish(archiveAt: path, manifest: chosenManifest, moveFile: true)) } catch { return .failure(error) }
-            }
-        } catch {
-            unlink(path)
-            return apiError(.serviceUnavailable, APIError(.storage, "the server is shutting down: try again"))
-        }
+        // Publishing reads the whole archive.
+        let result = await Self.blocking { () throws(CatalogError) in try store.publish(archiveAt: path, manifest: chosenManifest, moveFile: true) }
         switch result {
         case .success(.published(let version)):
             return json(.created, PublishReceipt(status: .published, productId: version.productId, contentVersion: version.contentVersion, sha256: version.sha256))
@@ -360,14 +357,7 @@ struct APIRoutes: Sendable {
             return json(.ok, PublishReceipt(status: .unchanged, productId: version.productId, contentVersion: version.contentVersion, sha256: version.sha256))
         case .failure(let error):
             unlink(path)
-            let status: HTTPResponse.Status =
-                switch error.code {
-                case .conflict: .conflict
-                case .invalidArchive: .badRequest
-                case .notFound: .notFound
-                case .storage: .serviceUnavailable
-                }
-            return apiError(status, error.apiError)
+            return catalogRefusal(error)
         }
     }
 

@@ -1,3 +1,4 @@
+import DurableFiles
 import Foundation
 import IAPTestSupport
 import Testing
@@ -71,7 +72,7 @@ struct IncrementalPackingTests {
         let old = try ArchivePacker.pack(folder: v1, options: first)
         let cache = HashCache.load(besideArchive: old.archivePath)
         let log = v1 + "/logs/big.log"
-        #expect(cache.digest(of: log, identity: HashCache.identity(of: log)) == old.manifest.entries.first { $0.path == "Contents/logs/big.log" }?.sha256)
+        #expect(cache.digest(of: log, identity: FileIdentity.of(log)) == old.manifest.entries.first { $0.path == "Contents/logs/big.log" }?.sha256)
         #expect(cache.digests.count == 16)
 
         // The same folder edited in place for 1.1: one level rewritten with bytes of the same size
@@ -81,7 +82,7 @@ struct IncrementalPackingTests {
         let original = try Data(contentsOf: URL(fileURLWithPath: level))
         try Data(original.map { $0 == UInt8(ascii: "4") ? UInt8(ascii: "7") : $0 }).write(to: URL(fileURLWithPath: level))
         try FileManager.default.setAttributes([.modificationDate: before], ofItemAtPath: level)
-        #expect(cache.digest(of: level, identity: HashCache.identity(of: level)) == nil)
+        #expect(cache.digest(of: level, identity: FileIdentity.of(level)) == nil)
         let incremental = try ArchivePacker.pack(folder: v1, options: try options("1.1", tmp.sub("inc"), previous: old.archivePath))
         let full = try ArchivePacker.pack(folder: v1, options: try options("1.1", tmp.sub("full")))
         #expect(try sha256Hex(incremental.archivePath) == sha256Hex(full.archivePath))

@@ -1,6 +1,7 @@
 import ContentArchive
 import Foundation
 import IAPTestSupport
+import SandboxStore
 import Testing
 import TransactionQueue
 
@@ -29,6 +30,21 @@ struct DeltaTests {
         try tmp.write("v2/media/clip99.bin", try #require(FileHandle(forReadingAtPath: "/dev/urandom")).readData(ofLength: 50_000))
         try FileManager.default.removeItem(atPath: v2 + "/media/clip7.bin")
         return v2
+    }
+
+    /// 1.0 installed by `get` (which finishes nothing: the transaction stays unfinished), then 1.1
+    /// published; the sources of both live in the shop's folder (`v1`, `v2`), `tx.jws` there too.
+    func installedWithUpdatePublished() throws -> (shop: Shop, purchase: SandboxStore.Purchase, v1: String, v2: String) {
+        let scratch = try TemporaryFolder()
+        let shop = try Shop(products: [Self.product: .folder(try makeVersion1(scratch))], level: 1)
+        let v1 = shop.tmp.sub("v1")
+        try FileManager.default.copyItem(atPath: scratch.sub("v1"), toPath: v1)
+        let purchase = try shop.store.purchase(productId: Self.product)
+        try purchase.signedTransaction.write(toFile: shop.tmp.sub("tx.jws"), atomically: true, encoding: .utf8)
+        #expect(try get(shop, shop.tmp.sub("tx.jws")).status == 0)
+        let v2 = try makeVersion2(shop.tmp, from: v1)
+        try shop.publish(folder: v2, product: Self.product, version: "1.1")
+        return (shop, purchase, v1, v2)
     }
 
     func events(_ output: String) -> [[String: Any]] {
@@ -127,15 +143,7 @@ struct DeltaTests {
         "killed at any point of a delta update, the next run installs identical bytes, finishes once, and 1.0 stays until 1.1 is in",
         arguments: ["delta-planned", "range-done", "verified", "installed"])
     func killed(at point: String) throws {
-        let tmp = try TemporaryFolder()
-        let v1 = try makeVersion1(tmp)
-        let shop = try Shop(products: [Self.product: .folder(v1)], level: 1)
-        let purchase = try shop.store.purchase(productId: Self.product)
-        try purchase.signedTransaction.write(toFile: tmp.sub("tx.jws"), atomically: true, encoding: .utf8)
-        // 1.0 installed (by `get`, which finishes nothing); the transaction is still unfinished.
-        #expect(try get(shop, tmp.sub("tx.jws")).status == 0)
-        let v2 = try makeVersion2(tmp, from: v1)
-        try shop.publish(folder: v2, product: Self.product, version: "1.1")
+        let (shop, purchase, v1, v2) = try installedWithUpdatePublished()
         let product = shop.content + "/" + Self.product
 
         let killed = try shop.fetch([], prefix: ["export IAP_FETCH_KILL_AT=\(point)"])
@@ -162,14 +170,7 @@ struct DeltaTests {
 
     @Test("a fetched range damaged on disk fails its chunk hash and is fetched again before anything is installed")
     func damagedRange() throws {
-        let tmp = try TemporaryFolder()
-        let v1 = try makeVersion1(tmp)
-        let shop = try Shop(products: [Self.product: .folder(v1)], level: 1)
-        let purchase = try shop.store.purchase(productId: Self.product)
-        try purchase.signedTransaction.write(toFile: tmp.sub("tx.jws"), atomically: true, encoding: .utf8)
-        #expect(try get(shop, tmp.sub("tx.jws")).status == 0)
-        let v2 = try makeVersion2(tmp, from: v1)
-        try shop.publish(folder: v2, product: Self.product, version: "1.1")
+        let (shop, purchase, _, v2) = try installedWithUpdatePublished()
         #expect(try shop.fetch([], prefix: ["export IAP_FETCH_KILL_AT=verified"]).status != 0)
 
         let journal = shop.content + "/.iap-fetch"
