@@ -18,6 +18,7 @@ let package = Package(
         .library(name: "ContentDelivery", targets: ["ContentDelivery"]),
         .library(name: "DownloadGrants", targets: ["DownloadGrants"]),
         .library(name: "ContentCatalog", targets: ["ContentCatalog"]),
+        .library(name: "CatalogPostgres", targets: ["CatalogPostgres"]),
         .library(name: "ContentServer", targets: ["ContentServer"]),
         .library(name: "ContentFetch", targets: ["ContentFetch"]),
         .executable(name: "iap-pack", targets: ["iap-pack"]),
@@ -42,6 +43,8 @@ let package = Package(
         .package(url: "https://github.com/groue/GRDB.swift.git", from: "7.0.0"),
         .package(url: "https://github.com/swift-server/async-http-client.git", from: "1.20.0"),
         .package(url: "https://github.com/vapor/multipart-kit.git", from: "4.7.0"),
+        .package(url: "https://github.com/vapor/postgres-nio.git", from: "1.33.0"),
+        .package(url: "https://github.com/apple/swift-nio-ssl.git", from: "2.37.0"),
     ],
     targets: [
         // libdeflate (Debian: libdeflate-dev) compresses about twice as fast as zlib at the same ratio.
@@ -168,10 +171,20 @@ let package = Package(
                 .product(name: "GRDB", package: "GRDB.swift"),
             ]
         ),
+        // The catalog's state in PostgreSQL, for several replicas (the SQLite default stays in ContentCatalog).
+        .target(
+            name: "CatalogPostgres",
+            dependencies: [
+                "ContentCatalog", "IAPProtocol",
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
         .target(
             name: "ContentServer",
             dependencies: [
-                "AppStoreServerAPI", "AppStoreServerClient", "Base64URL", "ContentArchive", "ContentCatalog", "ContentDelivery",
+                "AppStoreServerAPI", "AppStoreServerClient", "Base64URL", "CatalogPostgres", "ContentArchive", "ContentCatalog", "ContentDelivery",
                 "DownloadGrants", "IAPProtocol", "PurchaseVerification", "ReceiptVerification",
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HummingbirdCore", package: "hummingbird"),
@@ -229,7 +242,7 @@ let package = Package(
         .testTarget(name: "IAPProtocolTests", dependencies: ["IAPProtocol"]),
         .testTarget(name: "DurableFilesTests", dependencies: ["DurableFiles"]),
         .testTarget(name: "DownloadGrantsTests", dependencies: ["DownloadGrants"]),
-        .testTarget(name: "ContentCatalogTests", dependencies: ["ContentCatalog", "ContentArchive"]),
+        .testTarget(name: "ContentCatalogTests", dependencies: ["CatalogPostgres", "ContentCatalog", "ContentArchive", "IAPTestSupport"]),
         .testTarget(name: "TransactionQueueTests", dependencies: ["TransactionQueue", "IAPTestSupport"]),
         .testTarget(
             name: "SandboxStoreTests",

@@ -47,6 +47,21 @@ public struct PublishedVersion: Codable, Sendable, Equatable, FetchableRecord, P
     /// When the version was rolled back: no grant names it since, and the version before serves.
     public var rolledBackAt: Date? = nil
 
+    public init(
+        productId: String, contentVersion: String, sha256: String, size: Int64, contentLength: Int64, publishedAt: Date,
+        manifestSHA256: String? = nil, rolloutPercent: Int? = nil, rolledBackAt: Date? = nil
+    ) {
+        self.productId = productId
+        self.contentVersion = contentVersion
+        self.sha256 = sha256
+        self.size = size
+        self.contentLength = contentLength
+        self.publishedAt = publishedAt
+        self.manifestSHA256 = manifestSHA256
+        self.rolloutPercent = rolloutPercent
+        self.rolledBackAt = rolledBackAt
+    }
+
     /// Whether a purchase gets this version: not rolled back, and in its rollout.
     public func isServed(toBucket bucket: Int) -> Bool {
         rolledBackAt == nil && bucket < (rolloutPercent ?? 100)
@@ -73,98 +88,58 @@ public enum NotificationOutcome: Sendable, Equatable {
     case duplicate
 }
 
-/// The server's durable state in `<data>/`: `catalog.sqlite` (versions, grants, revocations,
-/// notifications) and `archives/<sha256>.zip`, content-addressed and immutable.
+/// The server's durable state: content-addressed, immutable archives in `<data>/archives/`
+/// (`<sha256>.zip` and `<sha256>.manifest.json`), and a ``CatalogDatabase`` for the catalog,
+/// grants, revocations and notifications (SQLite in `<data>/catalog.sqlite` unless another is given).
 public final class ContentStore: Sendable {
     public let dataDirectory: String
-    private let database: DatabaseQueue
+    /// `<data>/archives` unless given: a folder several replicas may share (a network mount).
+    public let archivesDirectory: String
+    /// Uploads in progress: inside the archive folder's file system, so they rename into place.
+    private let uploadsDirectory: String
+    public let database: any CatalogDatabase
 
-    public init(dataDirectory: String) throws(CatalogError) {
+    /// Opens the store in `dataDirectory`, with archives in `archivesDirectory` (default
+    /// `<data>/archives`) and `database` or else the SQLite catalog in `dataDirectory`.
+    public init(dataDirectory: String, archivesDirectory: String? = nil, database: (any CatalogDatabase)? = nil) throws(CatalogError) {
         self.dataDirectory = dataDirectory
-        for folder in [dataDirectory, dataDirectory + "/archives", dataDirectory + "/tmp"] {
+        self.archivesDirectory = archivesDirectory ?? dataDirectory + "/archives"
+        uploadsDirectory = archivesDirectory.map { $0 + "/.uploads" } ?? dataDirectory + "/tmp"
+        for folder in [dataDirectory, self.archivesDirectory, uploadsDirectory] {
             do {
                 try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
             } catch {
                 throw CatalogError(.storage, "cannot create \(folder): \(error.localizedDescription); choose a writable --data folder")
             }
         }
-        do {
-            var configuration = Configuration()
-            configuration.busyMode = .timeout(10)
-            database = try DatabaseQueue(path: dataDirectory + "/catalog.sqlite", configuration: configuration)
-            try Self.migrator.migrate(database)
-        } catch {
-            throw Self.storageError(error, dataDirectory)
+        if let database {
+            self.database = database
+        } else {
+            self.database = try SQLiteCatalogDatabase(dataDirectory: dataDirectory)
         }
-    }
-
-    private static var migrator: DatabaseMigrator {
-        var migrator = DatabaseMigrator()
-        migrator.registerMigration("v1") { db in
-            try db.create(table: "versions") { t in
-                t.column("productId", .text).notNull()
-                t.column("contentVersion", .text).notNull()
-                t.column("sha256", .text).notNull()
-                t.column("size", .integer).notNull()
-                t.column("contentLength", .integer).notNull()
-                t.column("publishedAt", .datetime).notNull()
-                t.primaryKey(["productId", "contentVersion"])
-            }
-            try db.create(table: "grants") { t in
-                t.column("transactionId", .text).primaryKey()
-                t.column("originalTransactionId", .text)
-                t.column("productId", .text).notNull()
-                t.column("environment", .text)
-                t.column("firstGrantedAt", .datetime).notNull()
-                t.column("lastGrantedAt", .datetime).notNull()
-            }
-            try db.create(table: "revocations") { t in
-                t.column("transactionId", .text).primaryKey()
-                t.column("revokedAt", .datetime).notNull()
-                t.column("notificationUUID", .text)
-            }
-            try db.create(table: "notifications") { t in
-                t.column("uuid", .text).primaryKey()
-                t.column("type", .text).notNull()
-                t.column("subtype", .text)
-                t.column("transactionId", .text)
-                t.column("receivedAt", .datetime).notNull()
-                t.column("signedPayload", .text).notNull()
-            }
-        }
-        migrator.registerMigration("v2-manifests") { db in
-            try db.alter(table: "versions") { t in t.add(column: "manifestSHA256", .text) }
-        }
-        migrator.registerMigration("v3-rollouts") { db in
-            try db.alter(table: "versions") { t in
-                t.add(column: "rolloutPercent", .integer)
-                t.add(column: "rolledBackAt", .datetime)
-            }
-        }
-        return migrator
     }
 
     /// The manifest the server computed from archive `sha256` when it was published.
-    public func manifestPath(sha256: String) -> String { dataDirectory + "/archives/" + sha256 + ".manifest.json" }
+    public func manifestPath(sha256: String) -> String { archivesDirectory + "/" + sha256 + ".manifest.json" }
 
-    /// What keeps this server from serving everything it publishes: the database unreadable, or
+    /// What keeps this server from serving everything it publishes: the database unreachable, or
     /// published archives missing from `archives/`; empty when ready.
-    public func readinessProblems() -> [String] {
+    public func readinessProblems() async -> [String] {
         let versions: [PublishedVersion]
         do {
-            versions = try database.read { db in try PublishedVersion.fetchAll(db) }
+            versions = try await database.versions(productId: nil)
         } catch {
-            return ["the catalog database cannot be read: \(error)"]
+            return ["\(database.location) cannot be read: \(error.message)"]
         }
         let missing = versions.filter { access(archivePath(sha256: $0.sha256), R_OK) != 0 }
         guard let first = missing.first else { return [] }
-        return ["\(missing.count) published archive(s) missing from \(dataDirectory)/archives, \(first.productId) \(first.contentVersion) (\(first.sha256)) first"]
+        return ["\(missing.count) published archive(s) missing from \(archivesDirectory), \(first.productId) \(first.contentVersion) (\(first.sha256)) first"]
     }
 
-    public func archivePath(sha256: String) -> String { dataDirectory + "/archives/" + sha256 + ".zip" }
+    public func archivePath(sha256: String) -> String { archivesDirectory + "/" + sha256 + ".zip" }
 
     /// A fresh path for an upload in progress, inside the data folder so it can be renamed into place.
-    public func temporaryUploadPath() -> String { dataDirectory + "/tmp/upload-\(UUID().uuidString)" }
+    public func temporaryUploadPath() -> String { uploadsDirectory + "/upload-\(UUID().uuidString)" }
 
     // MARK: Catalog
 
@@ -173,68 +148,67 @@ public final class ContentStore: Sendable {
     /// The archive must be well-formed, within the 2 GiB cap, and agree with `manifest` when one is
     /// given. Its version must be newer than the product's latest; publishing identical bytes again
     /// changes nothing; anything else is a conflict. With `moveFile` the file is renamed into the
-    /// store (it must be on the same file system), otherwise copied.
+    /// store (it must be on the same file system), otherwise copied. Reading and syncing the
+    /// archive run on a dispatch queue, not on the caller's executor.
     public func publish(
         archiveAt path: String, manifest: ArchiveManifest? = nil, moveFile: Bool = false, rolloutPercent: Int? = nil, now: Date = Date()
-    ) throws(CatalogError) -> PublishOutcome {
+    ) async throws(CatalogError) -> PublishOutcome {
         if let rolloutPercent, !(1...100).contains(rolloutPercent) {
             throw CatalogError(.invalidArchive, "a rollout is 1 to 100 percent of purchases, not \(rolloutPercent)")
         }
-        let computed: ArchiveManifest
+        let computed = try await Self.offload { () throws(CatalogError) in try Self.verify(archiveAt: path, against: manifest) }
+        // What clients trust for delta updates is the manifest computed here from the bytes, not
+        // an uploaded one; its creation time is fixed so that the same archive gives the same file.
+        let manifestData = computed.jsonData()
+        let record = PublishedVersion(
+            productId: computed.productId.rawValue, contentVersion: computed.contentVersion.string, sha256: computed.archiveSHA256,
+            size: Int64(computed.archiveSize), contentLength: Int64(computed.contentLength), publishedAt: now,
+            manifestSHA256: Hex.encode(SHA256.hash(data: manifestData)), rolloutPercent: rolloutPercent == 100 ? nil : rolloutPercent)
+        // Check before touching the store, so a refused upload leaves nothing behind.
+        if let existing = try Self.decide(record, among: try await database.versions(productId: record.productId)) {
+            if moveFile { unlink(path) }
+            return .unchanged(existing)
+        }
+        try await Self.offload { () throws(CatalogError) in
+            try self.store(path, as: computed.archiveSHA256, move: moveFile)
+            do throws(DurableFileError) {
+                try AtomicFile.write(manifestData, to: self.manifestPath(sha256: computed.archiveSHA256), permissions: 0o444)
+            } catch {
+                throw CatalogError(.storage, "cannot write the manifest into \(self.archivesDirectory): \(error.message)")
+            }
+        }
+        // Decided again inside the write transaction: another publisher may have won meanwhile.
+        return try await database.insert(record) { existing throws(CatalogError) in try Self.decide(record, among: existing) }
+    }
+
+    private static func verify(archiveAt path: String, against manifest: ArchiveManifest?) throws(CatalogError) -> ArchiveManifest {
         do throws(ArchiveError) {
-            computed = try ArchiveVerifier.computeManifest(archive: path)
+            let computed = try ArchiveVerifier.computeManifest(archive: path)
             guard computed.archiveSize <= ArchiveLimits.maxArchiveSize else {
                 throw ArchiveError(.capExceeded, "the archive is \(computed.archiveSize) bytes, over the cap of \(ArchiveLimits.maxArchiveSize) bytes (2 GiB): split the content into several products")
             }
             if let manifest {
                 try ArchiveVerifier.check(computed, against: manifest, archive: "the archive", source: "its manifest")
             }
+            return computed
         } catch {
             throw CatalogError(error.code == .io ? .storage : .invalidArchive, error.message)
         }
-        let product = computed.productId.rawValue, version = computed.contentVersion
-        // What clients trust for delta updates is the manifest computed here from the bytes, not
-        // an uploaded one; its creation time is fixed so that the same archive gives the same file.
-        let manifestData = computed.jsonData()
-        let record = PublishedVersion(
-            productId: product, contentVersion: version.string, sha256: computed.archiveSHA256,
-            size: Int64(computed.archiveSize), contentLength: Int64(computed.contentLength), publishedAt: now,
-            manifestSHA256: Hex.encode(SHA256.hash(data: manifestData)), rolloutPercent: rolloutPercent == 100 ? nil : rolloutPercent)
-        // Check before touching the store, so a refused upload leaves nothing behind.
-        if let existing = try decide(record) { return .unchanged(existing) }
-        try store(path, as: computed.archiveSHA256, move: moveFile)
-        do {
-            try AtomicFile.write(manifestData, to: manifestPath(sha256: computed.archiveSHA256), permissions: 0o444)
-        } catch {
-            throw CatalogError(.storage, "cannot write the manifest into \(dataDirectory)/archives: \(error.message)")
-        }
-        do {
-            return try database.write { db throws -> PublishOutcome in
-                // Checked again inside the write transaction: another publisher may have won meanwhile.
-                if let existing = try Self.decide(record, db) { return .unchanged(existing) }
-                try record.insert(db)
-                return .published(record)
-            }
-        } catch let error as CatalogError {
-            throw error
-        } catch {
-            throw Self.storageError(error, dataDirectory)
-        }
     }
 
-    private func decide(_ record: PublishedVersion) throws(CatalogError) -> PublishedVersion? {
-        do {
-            return try database.read { db in try Self.decide(record, db) }
-        } catch let error as CatalogError {
-            throw error
-        } catch {
-            throw Self.storageError(error, dataDirectory)
+    /// Runs file work that blocks (reading a 2 GiB archive, fsync) on a dispatch queue, so that
+    /// it never holds one of the few threads Swift concurrency runs every task on.
+    private static func offload<T: Sendable>(_ work: @escaping @Sendable () throws(CatalogError) -> T) async throws(CatalogError) -> T {
+        let result: Result<T, CatalogError> = await withCheckedContinuation { continuation in
+            DispatchQueue.global(qos: .utility).async {
+                do throws(CatalogError) { continuation.resume(returning: .success(try work())) } catch { continuation.resume(returning: .failure(error)) }
+            }
         }
+        return try result.get()
     }
 
     /// nil: publish it; a version: already published with these bytes; throws on conflict.
-    private static func decide(_ record: PublishedVersion, _ db: Database) throws -> PublishedVersion? {
-        let existing = try PublishedVersion.filter(Column("productId") == record.productId).fetchAll(db)
+    static func decide(_ record: PublishedVersion, among existing: [PublishedVersion]) throws(CatalogError) -> PublishedVersion? {
         if let same = existing.first(where: { $0.contentVersion == record.contentVersion }) {
             if same.sha256 == record.sha256 { return same }
             throw CatalogError(
@@ -242,7 +216,8 @@ public final class ContentStore: Sendable {
                 "\(record.productId) \(record.contentVersion) is already published with other bytes (sha256 \(same.sha256.prefix(16))…): published versions are immutable; raise ContentVersion and publish again"
             )
         }
-        let newVersion = try ContentVersion(record.contentVersion)
+        let newVersion: ContentVersion
+        do throws(ArchiveError) { newVersion = try ContentVersion(record.contentVersion) } catch { throw CatalogError(.invalidArchive, error.message) }
         if let latest = existing.compactMap({ try? ContentVersion($0.contentVersion) }).max(), !(latest < newVersion) || latest.isNumericallyEqual(to: newVersion) {
             throw CatalogError(.conflict, "\(record.productId) \(record.contentVersion) is not newer than the latest published version \(latest): raise ContentVersion above \(latest) and pack again")
         }
@@ -262,7 +237,7 @@ public final class ContentStore: Sendable {
                 try FileManager.default.copyItem(atPath: path, toPath: source)
             } catch {
                 try? FileManager.default.removeItem(atPath: source)
-                throw CatalogError(.storage, "cannot copy the archive into \(dataDirectory)/tmp: \(error.localizedDescription); check free space and permissions")
+                throw CatalogError(.storage, "cannot copy the archive into \(uploadsDirectory): \(error.localizedDescription); check free space and permissions")
             }
         }
         // The bytes reach the disk before their name does: a power cut never publishes a torn archive.
@@ -280,7 +255,7 @@ public final class ContentStore: Sendable {
             if !move { unlink(source) }
             throw CatalogError(.storage, "cannot move the archive into \(target): \(reason)")
         }
-        do { try Directory.sync(dataDirectory + "/archives") } catch { throw CatalogError(.storage, error.message) }
+        do { try Directory.sync(archivesDirectory) } catch { throw CatalogError(.storage, error.message) }
     }
 
     // MARK: Staged rollouts
@@ -303,11 +278,11 @@ public final class ContentStore: Sendable {
 
     /// Stages a version for `percent` of purchases (1-99), or promotes it to every purchase (100);
     /// undoes a rollback. Takes effect for the next grant.
-    public func setRollout(productId: String, contentVersion: String, percent: Int) throws(CatalogError) -> PublishedVersion {
+    public func setRollout(productId: String, contentVersion: String, percent: Int) async throws(CatalogError) -> PublishedVersion {
         guard (1...100).contains(percent) else {
             throw CatalogError(.invalidArchive, "a rollout is 1 to 100 percent of purchases, not \(percent); roll a version back with rollback")
         }
-        return try update(productId: productId, contentVersion: contentVersion) {
+        return try await database.update(productId: productId, contentVersion: contentVersion) {
             $0.rolloutPercent = percent == 100 ? nil : percent
             $0.rolledBackAt = nil
         }
@@ -315,140 +290,52 @@ public final class ContentStore: Sendable {
 
     /// Rolls a version back at once: no new grant names it, and each purchase gets the newest
     /// version still served to it (grants already made stay valid until they expire).
-    public func rollBack(productId: String, contentVersion: String, now: Date = Date()) throws(CatalogError) -> PublishedVersion {
-        try update(productId: productId, contentVersion: contentVersion) { $0.rolledBackAt = $0.rolledBackAt ?? now }
-    }
-
-    private func update(productId: String, contentVersion: String, _ change: @Sendable (inout PublishedVersion) -> Void) throws(CatalogError) -> PublishedVersion {
-        do {
-            return try database.write { db in
-                guard var version = try PublishedVersion.filter(Column("productId") == productId && Column("contentVersion") == contentVersion).fetchOne(db)
-                else {
-                    throw CatalogError(.notFound, "\(productId) \(contentVersion) is not published: see iap-server catalog")
-                }
-                change(&version)
-                try version.update(db)
-                return version
-            }
-        } catch let error as CatalogError {
-            throw error
-        } catch {
-            throw Self.storageError(error, dataDirectory)
-        }
+    public func rollBack(productId: String, contentVersion: String, now: Date = Date()) async throws(CatalogError) -> PublishedVersion {
+        try await database.update(productId: productId, contentVersion: contentVersion) { $0.rolledBackAt = $0.rolledBackAt ?? now }
     }
 
     /// Every version of a product, newest first.
-    public func versions(productId: String) throws(CatalogError) -> [PublishedVersion] {
-        let rows: [PublishedVersion]
-        do {
-            rows = try database.read { db in try PublishedVersion.filter(Column("productId") == productId).fetchAll(db) }
-        } catch {
-            throw Self.storageError(error, dataDirectory)
-        }
-        return rows.sorted { a, b in
+    public func versions(productId: String) async throws(CatalogError) -> [PublishedVersion] {
+        Self.newestFirst(try await database.versions(productId: productId))
+    }
+
+    /// Every product with its versions, newest first.
+    public func catalog() async throws(CatalogError) -> [(productId: String, versions: [PublishedVersion])] {
+        let byProduct = Dictionary(grouping: try await database.versions(productId: nil), by: \.productId)
+        return byProduct.keys.sorted().map { ($0, Self.newestFirst(byProduct[$0]!)) }
+    }
+
+    private static func newestFirst(_ rows: [PublishedVersion]) -> [PublishedVersion] {
+        rows.sorted { a, b in
             guard let va = try? ContentVersion(a.contentVersion), let vb = try? ContentVersion(b.contentVersion) else { return a.contentVersion > b.contentVersion }
             return vb < va
         }
     }
 
-    /// Every product with its versions, newest first.
-    public func catalog() throws(CatalogError) -> [(productId: String, versions: [PublishedVersion])] {
-        let ids: [String]
-        do {
-            ids = try database.read { db in try String.fetchAll(db, sql: "SELECT DISTINCT productId FROM versions ORDER BY productId") }
-        } catch {
-            throw Self.storageError(error, dataDirectory)
-        }
-        var result: [(String, [PublishedVersion])] = []
-        for id in ids { result.append((id, try versions(productId: id))) }
-        return result
-    }
-
     // MARK: Ledger
 
     /// Records that a transaction was granted a download.
-    public func recordGrant(transactionId: String, originalTransactionId: String?, productId: String, environment: String?, now: Date = Date()) throws(CatalogError) {
-        do {
-            try database.write { db in
-                try db.execute(
-                    sql: """
-                        INSERT INTO grants (transactionId, originalTransactionId, productId, environment, firstGrantedAt, lastGrantedAt)
-                        VALUES (?, ?, ?, ?, ?, ?)
-                        ON CONFLICT(transactionId) DO UPDATE SET lastGrantedAt = excluded.lastGrantedAt
-                        """, arguments: [transactionId, originalTransactionId, productId, environment, now, now])
-            }
-        } catch {
-            throw Self.storageError(error, dataDirectory)
-        }
+    public func recordGrant(transactionId: String, originalTransactionId: String?, productId: String, environment: String?, now: Date = Date()) async throws(CatalogError) {
+        try await database.recordGrant(
+            GrantRecord(transactionId: transactionId, originalTransactionId: originalTransactionId, productId: productId, environment: environment, grantedAt: now))
     }
 
-    public func isRevoked(transactionId: String) throws(CatalogError) -> Bool {
-        do {
-            return try database.read { db in
-                try Bool.fetchOne(db, sql: "SELECT 1 FROM revocations WHERE transactionId = ?", arguments: [transactionId]) ?? false
-            }
-        } catch {
-            throw Self.storageError(error, dataDirectory)
-        }
-    }
+    public func isRevoked(transactionId: String) async throws(CatalogError) -> Bool { try await database.isRevoked(transactionId: transactionId) }
 
     /// Every revoked transaction id: servers keep this set in memory to check each content request.
-    public func revokedTransactionIds() throws(CatalogError) -> Set<String> {
-        do {
-            return Set(try database.read { db in try String.fetchAll(db, sql: "SELECT transactionId FROM revocations") })
-        } catch {
-            throw Self.storageError(error, dataDirectory)
-        }
-    }
+    public func revokedTransactionIds() async throws(CatalogError) -> Set<String> { try await database.revokedTransactionIds() }
 
     /// Stores a notification and applies its effect in one transaction, once per UUID: `revoke`
     /// true cuts access for `transactionId`, false restores it, nil changes nothing.
     public func apply(
         notificationUUID: String, type: String, subtype: String?, transactionId: String?, revoke: Bool?,
         revokedAt: Date, signedPayload: String, now: Date = Date()
-    ) throws(CatalogError) -> NotificationOutcome {
-        do {
-            return try database.write { db -> NotificationOutcome in
-                if try Bool.fetchOne(db, sql: "SELECT 1 FROM notifications WHERE uuid = ?", arguments: [notificationUUID]) == true {
-                    return .duplicate
-                }
-                try db.execute(
-                    sql: "INSERT INTO notifications (uuid, type, subtype, transactionId, receivedAt, signedPayload) VALUES (?, ?, ?, ?, ?, ?)",
-                    arguments: [notificationUUID, type, subtype, transactionId, now, signedPayload])
-                if let transactionId, let revoke {
-                    if revoke {
-                        try db.execute(
-                            sql: "INSERT OR REPLACE INTO revocations (transactionId, revokedAt, notificationUUID) VALUES (?, ?, ?)",
-                            arguments: [transactionId, revokedAt, notificationUUID])
-                    } else {
-                        try db.execute(sql: "DELETE FROM revocations WHERE transactionId = ?", arguments: [transactionId])
-                    }
-                }
-                return .applied
-            }
-        } catch {
-            throw Self.storageError(error, dataDirectory)
-        }
+    ) async throws(CatalogError) -> NotificationOutcome {
+        try await database.apply(
+            NotificationRecord(
+                uuid: notificationUUID, type: type, subtype: subtype, transactionId: transactionId, revoke: revoke, revokedAt: revokedAt, receivedAt: now,
+                signedPayload: signedPayload))
     }
 
-    public func notificationCount() throws(CatalogError) -> Int {
-        do { return try database.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM notifications") ?? 0 } } catch {
-            throw Self.storageError(error, dataDirectory)
-        }
-    }
-
-    static func storageError(_ error: any Error, _ data: String) -> CatalogError {
-        if let error = error as? CatalogError { return error }
-        if let db = error as? DatabaseError {
-            switch db.resultCode {
-            case .SQLITE_READONLY, .SQLITE_CANTOPEN, .SQLITE_PERM:
-                return CatalogError(.storage, "the catalog database in \(data) cannot be written (\(db.resultCode)): make the folder and catalog.sqlite writable by the server")
-            case .SQLITE_FULL:
-                return CatalogError(.storage, "the disk holding \(data) is full: free space; nothing was changed")
-            default:
-                return CatalogError(.storage, "the catalog database in \(data) failed: \(db.message ?? "\(db.resultCode)")")
-            }
-        }
-        return CatalogError(.storage, "the catalog in \(data) failed: \(error)")
-    }
+    public func notificationCount() async throws(CatalogError) -> Int { try await database.notificationCount() }
 }

@@ -15,7 +15,7 @@ public enum ContentServerApp {
         configuration: ServerConfiguration, logger: Logger,
         onListening: @escaping @Sendable (Int) async -> Void = { _ in }
     ) async throws {
-        let service = try ContentService(configuration: configuration)
+        let service = try await ContentService(configuration: configuration)
         let router = Router(context: BasicRequestContext.self)
         router.add(middleware: LogRequestsMiddleware(.info))
         router.add(middleware: ErrorFormatMiddleware())
@@ -40,20 +40,32 @@ public enum ContentServerApp {
         group.maximumGracefulShutdownDuration = configuration.drainTimeout
         try await ServiceGroup(configuration: group).run()
         service.closeFiles()
+        await service.store.database.close()
     }
 }
 
-/// Reloads revocations from the ledger every few seconds, so replicas sharing a data folder
-/// refuse a refunded transaction within seconds of any one of them receiving the notification.
+/// Keeps the in-memory revocations current with what other replicas write: PostgreSQL announces
+/// each one as it commits (LISTEN/NOTIFY), and a reload every few seconds covers SQLite shared
+/// by replicas and any announcement lost while the listening connection was down.
 struct RevocationRefresher: Service {
     let service: ContentService
     let interval: Duration
 
     func run() async throws {
         await cancelWhenGracefulShutdown {
-            while !Task.isCancelled {
-                do { try await Task.sleep(for: interval) } catch { return }
-                try? service.refreshRevocations()
+            await withTaskGroup(of: Void.self) { group in
+                group.addTask {
+                    _ = await service.store.database.watchRevocations { change in
+                        Task { await service.apply(change) }
+                    }
+                }
+                group.addTask {
+                    while !Task.isCancelled {
+                        do { try await Task.sleep(for: interval) } catch { return }
+                        try? await service.refreshRevocations()
+                    }
+                }
+                await group.waitForAll()
             }
         }
     }

@@ -1,4 +1,5 @@
 import AppStoreServerClient
+import CatalogPostgres
 import ContentArchive
 import ContentCatalog
 import ContentDelivery
@@ -40,9 +41,10 @@ final class ContentService: ContentResolver, Sendable {
     private let verifiedGrants = Mutex<[String: Grant]>([:])
     private static let verifiedGrantsLimit = 4096
 
-    init(configuration: ServerConfiguration) throws {
+    init(configuration: ServerConfiguration) async throws {
         self.configuration = configuration
-        store = try ContentStore(dataDirectory: configuration.dataDirectory)
+        store = try await ContentStore.open(
+            dataDirectory: configuration.dataDirectory, archivesDirectory: configuration.archivesDirectory, databaseURL: configuration.databaseURL)
         verifier = SignedDataVerifier(
             configuration: .init(
                 bundleId: configuration.bundleId, trustRoots: configuration.trustRoots,
@@ -58,8 +60,8 @@ final class ContentService: ContentResolver, Sendable {
                 productionURL: configuration.verifyReceiptURL, sandboxURL: configuration.verifyReceiptSandboxURL,
                 sharedSecret: configuration.receiptSharedSecret, timeout: configuration.verifyReceiptTimeout),
             bundleId: configuration.bundleId, environments: configuration.environments)
-        grants = try GrantKeyRing.loadOrCreate(path: configuration.dataDirectory + "/grant-keys.json")
-        revoked = Mutex(try store.revokedTransactionIds())
+        grants = try GrantKeyRing.loadOrCreate(path: configuration.grantKeysPath)
+        revoked = Mutex(try await store.revokedTransactionIds())
     }
 
     /// Whether a transaction's access was cut (in memory, refreshed from the ledger).
@@ -74,17 +76,26 @@ final class ContentService: ContentResolver, Sendable {
     /// For grants: the in-memory set, then the ledger itself, so a revocation written by
     /// `iap-server reconcile` or another replica refuses a new grant at once, not at the next
     /// refresh; one found there is added to the set, so the content path refuses at once too.
-    func isRevokedInLedger(_ transactionId: String) -> Bool {
+    func isRevokedInLedger(_ transactionId: String) async -> Bool {
         if isRevoked(transactionId) { return true }
-        guard (try? store.isRevoked(transactionId: transactionId)) == true else { return false }
+        guard (try? await store.isRevoked(transactionId: transactionId)) == true else { return false }
         markRevoked(transactionId, true)
         return true
     }
 
-    /// Picks up revocations written by other replicas sharing the data folder.
-    func refreshRevocations() throws {
-        let current = try store.revokedTransactionIds()
+    /// Picks up revocations written by other replicas (sharing the data folder or the database).
+    func refreshRevocations() async throws {
+        let current = try await store.revokedTransactionIds()
         revoked.withLock { $0 = current }
+    }
+
+    /// Applies what the database announces (PostgreSQL: at once, as other replicas commit).
+    func apply(_ change: RevocationChange) async {
+        switch change {
+        case .revoked(let id): markRevoked(id, true)
+        case .restored(let id): markRevoked(id, false)
+        case .resynchronize: try? await refreshRevocations()
+        }
     }
 
     // MARK: ContentResolver (runs on the event loop)

@@ -21,11 +21,11 @@ public struct NotificationLedger: Sendable {
     }
 
     /// Stores the notification and applies it in one database transaction.
-    public func record(_ notification: NotificationPayload, transaction: Transaction?, signedPayload: String, now: Date = Date()) throws(CatalogError)
+    public func record(_ notification: NotificationPayload, transaction: Transaction?, signedPayload: String, now: Date = Date()) async throws(CatalogError)
         -> NotificationOutcome
     {
         let type = notification.notificationType ?? NotificationType(rawValue: "UNKNOWN")
-        return try store.apply(
+        return try await store.apply(
             notificationUUID: notification.notificationUUID ?? "", type: type.rawValue, subtype: notification.subtype,
             transactionId: transaction?.transactionId, revoke: Self.revokes(type), revokedAt: transaction?.revocationDate ?? now,
             signedPayload: signedPayload, now: now)

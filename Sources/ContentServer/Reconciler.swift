@@ -53,7 +53,7 @@ public struct Reconciler: Sendable {
                     continue
                 }
                 let outcome: NotificationOutcome
-                do { outcome = try ledger.record(notification, transaction: transaction, signedPayload: item.signedPayload) } catch {
+                do { outcome = try await ledger.record(notification, transaction: transaction, signedPayload: item.signedPayload) } catch {
                     throw ReconcileError(.storage, error.message)
                 }
                 guard outcome == .applied else {

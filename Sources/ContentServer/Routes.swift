@@ -19,8 +19,7 @@ struct APIRoutes: Sendable {
     func register(on router: Router<BasicRequestContext>) {
         router.get(RouterPath(Route.health)) { _, _ in json(.ok, HealthStatus()) }
         router.get(RouterPath(Route.ready)) { _, _ in
-            // The database read and the file checks block: off the event loop.
-            let problems = try await NIOThreadPool.singleton.runIfActive { service.store.readinessProblems() }
+            let problems = await service.store.readinessProblems()
             guard problems.isEmpty else { return apiError(.serviceUnavailable, APIError(.notReady, problems.joined(separator: "; "))) }
             return json(.ok, HealthStatus(status: "ready"))
         }
@@ -29,7 +28,7 @@ struct APIRoutes: Sendable {
             headers[.contentType] = "text/plain; version=0.0.4"
             return Response(status: .ok, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: service.metrics.registry.emitToBuffer())))
         }
-        router.get(RouterPath(Route.productPattern)) { _, context in try product(context.parameters.require("productId")) }
+        router.get(RouterPath(Route.productPattern)) { _, context in await product(try context.parameters.require("productId")) }
         router.post(RouterPath(Route.downloads)) { request, _ in await downloads(request) }
         router.post(RouterPath(Route.notifications)) { request, _ in await notification(request) }
         router.put(RouterPath(Route.adminArchives)) { request, _ in await upload(request) }
@@ -38,9 +37,9 @@ struct APIRoutes: Sendable {
 
     // MARK: Products
 
-    func product(_ id: String) -> Response {
-        do {
-            let versions = try service.store.versions(productId: id)
+    func product(_ id: String) async -> Response {
+        do throws(CatalogError) {
+            let versions = try await service.store.versions(productId: id)
             guard !versions.isEmpty else {
                 return apiError(.notFound, APIError(.noContent, "no content is published for product \(id)"))
             }
@@ -93,7 +92,7 @@ struct APIRoutes: Sendable {
             service.metrics.grant(error.code.rawValue)
             return apiError(status(for: error.code), error.apiError)
         }
-        switch grant(transaction, contentVersion: contentVersion) {
+        switch await grant(transaction, contentVersion: contentVersion) {
         case .failure(let refusal): return apiError(refusal.status, refusal.error)
         case .success(let download): return json(.ok, DownloadGrants(transactionId: transaction.transactionId ?? "", downloads: [download]))
         }
@@ -125,7 +124,7 @@ struct APIRoutes: Sendable {
             }
             // Among several purchases of the product, the first that entitles (a renewal after an expired one).
             let chosen = matching.first { entitlement(for: $0, configuration: service.verifier.configuration).isGranted } ?? first
-            switch grant(chosen, contentVersion: body.contentVersion) {
+            switch await grant(chosen, contentVersion: body.contentVersion) {
             case .failure(let refusal): return apiError(refusal.status, refusal.error)
             case .success(let download): return json(.ok, DownloadGrants(transactionId: chosen.transactionId, downloads: [download]))
             }
@@ -135,7 +134,7 @@ struct APIRoutes: Sendable {
         for transaction in transactions {
             let product = transaction.productId ?? ""
             guard !done.contains(product) else { continue }
-            switch grant(transaction, contentVersion: nil) {
+            switch await grant(transaction, contentVersion: nil) {
             case .success(let download):
                 downloads.append(download)
                 done.insert(product)
@@ -152,21 +151,21 @@ struct APIRoutes: Sendable {
 
     /// The one grant decision: entitlement, the revocation ledger, published content; then the
     /// ledger row and a signed URL.
-    func grant(_ transaction: Transaction, contentVersion: String?) -> Result<GrantedDownload, Refusal> {
+    func grant(_ transaction: Transaction, contentVersion: String?) async -> Result<GrantedDownload, Refusal> {
         let transactionId = transaction.transactionId ?? ""
         if case .denied(let reason) = entitlement(for: transaction, configuration: service.verifier.configuration) {
             service.metrics.grant(reason.code)
             return .failure(Refusal(status: .forbidden, error: APIError(APIErrorCode(rawValue: reason.code), "no download: \(reason)")))
         }
-        for id in [transaction.transactionId, transaction.originalTransactionId].compactMap({ $0 }) where service.isRevokedInLedger(id) {
+        for id in [transaction.transactionId, transaction.originalTransactionId].compactMap({ $0 }) where await service.isRevokedInLedger(id) {
             service.metrics.grant("revoked")
             return .failure(Refusal(status: .forbidden, error: APIError(.revoked, "no download: transaction \(id) was refunded or revoked")))
         }
         guard let productId = transaction.productId else {
             return .failure(Refusal(status: .badRequest, error: APIError(.malformed, "the transaction has no productId")))
         }
-        do {
-            let versions = try service.store.versions(productId: productId)
+        do throws(CatalogError) {
+            let versions = try await service.store.versions(productId: productId)
             // Staged rollouts and rollbacks decide which version this purchase gets; a pinned
             // version too must be served to it.
             let bucket = ContentStore.rolloutBucket(productId: productId, transactionId: transactionId)
@@ -178,7 +177,7 @@ struct APIRoutes: Sendable {
                 let what = contentVersion.map { "version \($0) of \(productId) (or it was rolled back, or its staged rollout does not include this purchase yet)" } ?? "product \(productId)"
                 return .failure(Refusal(status: .notFound, error: APIError(.noContent, "no hosted content is published for \(what)")))
             }
-            try service.store.recordGrant(
+            try await service.store.recordGrant(
                 transactionId: transactionId, originalTransactionId: transaction.originalTransactionId,
                 productId: productId, environment: transaction.environment?.rawValue)
             let expires = Date().addingTimeInterval(TimeInterval(service.configuration.tokenTTL.components.seconds))
@@ -228,7 +227,7 @@ struct APIRoutes: Sendable {
         let type = notification.notificationType ?? NotificationType(rawValue: "UNKNOWN")
         let revoke = NotificationLedger.revokes(type)
         do {
-            let outcome = try NotificationLedger(store: service.store).record(notification, transaction: transaction, signedPayload: body.signedPayload)
+            let outcome = try await NotificationLedger(store: service.store).record(notification, transaction: transaction, signedPayload: body.signedPayload)
             // The ledger is durable now; the in-memory set makes the content path refuse at once.
             if outcome == .applied, let id = transaction?.transactionId, let revoke { service.markRevoked(id, revoke) }
             service.metrics.notification(type.rawValue, outcome == .applied ? "applied" : "duplicate")
@@ -268,30 +267,21 @@ struct APIRoutes: Sendable {
         guard (body.percent != nil) != (body.rollBack == true) else {
             return apiError(.badRequest, APIError(.malformed, "give either percent (1-100) or rollBack: true; example: \(RolloutRequest.example)"))
         }
-        let store = service.store
-        let outcome = await Self.blocking { () throws(CatalogError) -> PublishedVersion in
-            if let percent = body.percent {
-                return try store.setRollout(productId: body.productId, contentVersion: body.contentVersion, percent: percent)
-            }
-            return try store.rollBack(productId: body.productId, contentVersion: body.contentVersion)
-        }
-        switch outcome {
-        case .success(let v):
+        do throws(CatalogError) {
+            let v =
+                if let percent = body.percent {
+                    try await service.store.setRollout(productId: body.productId, contentVersion: body.contentVersion, percent: percent)
+                } else {
+                    try await service.store.rollBack(productId: body.productId, contentVersion: body.contentVersion)
+                }
             return json(
                 .ok,
                 ProductInfo.Version(
                     contentVersion: v.contentVersion, contentLength: v.size, extractedLength: v.contentLength, sha256: v.sha256,
                     publishedAt: v.publishedAt, rolloutPercent: v.rolloutPercent, rolledBackAt: v.rolledBackAt))
-        case .failure(let error):
+        } catch {
             return catalogRefusal(error)
         }
-    }
-
-    /// Runs catalog work (file and database I/O) off the async executor's threads.
-    static func blocking<T: Sendable>(_ body: @escaping @Sendable () throws(CatalogError) -> T) async -> Result<T, CatalogError> {
-        (try? await NIOThreadPool.singleton.runIfActive { () -> Result<T, CatalogError> in
-            do throws(CatalogError) { return .success(try body()) } catch { return .failure(error) }
-        }) ?? .failure(CatalogError(.storage, "the server is shutting down: try again"))
     }
 
     /// The answer to a catalog error from an admin request.
@@ -324,7 +314,7 @@ struct APIRoutes: Sendable {
             } catch {
                 throw UploadError(
                     .serviceUnavailable, .storage,
-                    "cannot create an upload file in \(folder)/tmp: \(error); check that the data folder is writable")
+                    "cannot create an upload file in \((path as NSString).deletingLastPathComponent): \(error); check that the folder is writable")
             }
             defer { try? fd.close() }
             let length = request.headers[.contentLength].flatMap(UInt64.init)
@@ -345,17 +335,15 @@ struct APIRoutes: Sendable {
             unlink(path)
             return apiError(error.status, error.error)
         }
-        let store = service.store
-        let chosenManifest = manifest
-        // Publishing reads the whole archive.
-        let result = await Self.blocking { () throws(CatalogError) in try store.publish(archiveAt: path, manifest: chosenManifest, moveFile: true) }
-        switch result {
-        case .success(.published(let version)):
-            return json(.created, PublishReceipt(status: .published, productId: version.productId, contentVersion: version.contentVersion, sha256: version.sha256))
-        case .success(.unchanged(let version)):
-            unlink(path)
-            return json(.ok, PublishReceipt(status: .unchanged, productId: version.productId, contentVersion: version.contentVersion, sha256: version.sha256))
-        case .failure(let error):
+        do throws(CatalogError) {
+            switch try await service.store.publish(archiveAt: path, manifest: manifest, moveFile: true) {
+            case .published(let version):
+                return json(.created, PublishReceipt(status: .published, productId: version.productId, contentVersion: version.contentVersion, sha256: version.sha256))
+            case .unchanged(let version):
+                unlink(path)
+                return json(.ok, PublishReceipt(status: .unchanged, productId: version.productId, contentVersion: version.contentVersion, sha256: version.sha256))
+            }
+        } catch {
             unlink(path)
             return catalogRefusal(error)
         }

@@ -8,6 +8,13 @@ import X509
 public struct ServerConfiguration: Sendable {
     /// Holds `catalog.sqlite`, `archives/`, `grant-keys.json`.
     public var dataDirectory: String
+    /// `postgres://user:password@host:port/database`: the catalog, ledger and notifications live
+    /// there instead of `catalog.sqlite`, shared by every replica given the same URL.
+    public var databaseURL: String?
+    /// Where archives live (default `<data>/archives`): a folder every replica mounts, for several machines.
+    public var archivesDirectory: String?
+    /// The grant key file; replicas given the same one accept each other's download URLs.
+    public var grantKeysPath: String
     public var bundleId: String
     public var host: String = "127.0.0.1"
     /// 0 picks a free port.
@@ -45,11 +52,13 @@ public struct ServerConfiguration: Sendable {
     public init(dataDirectory: String, bundleId: String) {
         self.dataDirectory = dataDirectory
         self.bundleId = bundleId
+        grantKeysPath = dataDirectory + "/grant-keys.json"
     }
 
     /// The environment variables read, with their meaning.
     public static let environmentVariables: [(String, String)] = [
-        ("IAP_DATA", "--data"), ("IAP_BUNDLE_ID", "--bundle-id"), ("IAP_HOST", "--host"), ("IAP_PORT", "--port"),
+        ("IAP_DATA", "--data"), ("IAP_DATABASE_URL", "--database"), ("IAP_ARCHIVES", "--archives"), ("IAP_GRANT_KEYS", "--grant-keys"), ("IAP_BUNDLE_ID", "--bundle-id"), ("IAP_HOST", "--host"),
+        ("IAP_PORT", "--port"),
         ("IAP_TRUST_ROOTS", "--trust-root, colon-separated"), ("IAP_ENVIRONMENT", "--environment"),
         ("IAP_TOKEN_TTL", "--token-ttl"), ("IAP_ADMIN_TOKEN_FILE", "--admin-token-file"), ("IAP_PUBLIC_URL", "--public-url"),
         ("IAP_HEADER_TIMEOUT", "--header-timeout"), ("IAP_IDLE_TIMEOUT", "--idle-timeout"),

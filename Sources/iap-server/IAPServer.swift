@@ -1,6 +1,7 @@
 import AppStoreServerAPI
 import AppStoreServerClient
 import ArgumentParser
+import CatalogPostgres
 import CommandLineReporting
 import ContentArchive
 import ContentCatalog
@@ -21,6 +22,21 @@ struct IAPServer: AsyncParsableCommand {
 /// An environment variable, nil when unset or empty.
 func env(_ name: String) -> String? {
     ProcessInfo.processInfo.environment[name].flatMap { $0.isEmpty ? nil : $0 }
+}
+
+/// `--database` (or IAP_DATABASE_URL) and `--archives` (or IAP_ARCHIVES), shared by every command that opens the store.
+struct StoreOptions: ParsableArguments {
+    @Option(help: "postgres://user:password@host:5432/database: keep the catalog, ledger and notifications in PostgreSQL (shared by replicas) instead of <data>/catalog.sqlite.")
+    var database: String?
+    @Option(help: "The archive folder, e.g. a mount every replica shares (default <data>/archives).") var archives: String?
+
+    var databaseURL: String? { database ?? env("IAP_DATABASE_URL") }
+    var archivesDirectory: String? { archives ?? env("IAP_ARCHIVES") }
+
+    /// Opens the store; the caller closes its database when done.
+    func open(data: String) async throws(CatalogError) -> ContentStore {
+        try await ContentStore.open(dataDirectory: data, archivesDirectory: archivesDirectory, databaseURL: databaseURL)
+    }
 }
 
 /// Errors go to stderr with the exit code each subcommand documents.
@@ -44,6 +60,9 @@ struct Serve: AsyncParsableCommand {
             """)
 
     @Option(help: "The data folder (catalog.sqlite, archives/, grant-keys.json); created if missing.") var data: String?
+    @OptionGroup var store: StoreOptions
+    @Option(name: .customLong("grant-keys"), help: "The grant key file every replica shares (default <data>/grant-keys.json; created with one key if missing).")
+    var grantKeys: String?
     @Option(name: .customLong("bundle-id"), help: "The app's bundle identifier.") var bundleId: String?
     @Option(help: "The address to listen on.") var host: String?
     @Option(help: "The port to listen on; 0 picks a free one.") var port: Int?
@@ -90,6 +109,9 @@ struct Serve: AsyncParsableCommand {
         guard let dataDirectory = data ?? env("IAP_DATA") else { throw ValidationError("--data (or IAP_DATA) is required: the folder for the catalog and archives") }
         guard let bundle = bundleId ?? env("IAP_BUNDLE_ID") else { throw ValidationError("--bundle-id (or IAP_BUNDLE_ID) is required: the app's bundle identifier") }
         var configuration = ServerConfiguration(dataDirectory: dataDirectory, bundleId: bundle)
+        configuration.databaseURL = store.databaseURL
+        configuration.archivesDirectory = store.archivesDirectory
+        configuration.grantKeysPath = grantKeys ?? env("IAP_GRANT_KEYS") ?? configuration.grantKeysPath
         configuration.host = host ?? env("IAP_HOST") ?? configuration.host
         if let value = port ?? env("IAP_PORT").flatMap(Int.init) { configuration.port = value }
         let environmentName = env("IAP_ENVIRONMENT") ?? "production"
@@ -144,7 +166,7 @@ struct Serve: AsyncParsableCommand {
     }
 }
 
-struct Publish: ParsableCommand {
+struct Publish: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Publish an archive into the catalog (the same checks as PUT /v1/admin/archives).",
         discussion: "Exit codes: 0 published (or identical bytes already published), 1 invalid archive, 2 version conflict, 3 storage failure.")
@@ -153,23 +175,25 @@ struct Publish: ParsableCommand {
     @Argument(help: "The archive (<id>-<version>.zip); its manifest beside it is checked too.") var archive: String
     @Option(help: "The manifest (default: beside the archive, if present).") var manifest: String?
     @Option(help: "Stage the version for this percentage of purchases (1-100; default 100: every purchase).") var rollout: Int?
+    @OptionGroup var storeOptions: StoreOptions
 
-    func run() throws {
-        do {
-            let store = try ContentStore(dataDirectory: data)
+    func run() async throws {
+        do throws(CatalogError) {
+            let store = try await storeOptions.open(data: data)
+            defer { Task { await store.database.close() } }
             let beside = ArchiveVerifier.manifestBeside(archive)
             let manifestPath = manifest ?? (FileManager.default.fileExists(atPath: beside) ? beside : nil)
             var decoded: ArchiveManifest?
             if let manifestPath {
                 do { decoded = try ArchiveManifest.load(path: manifestPath) } catch { throw CatalogError(.invalidArchive, error.message) }
             }
-            let outcome = try store.publish(archiveAt: archive, manifest: decoded, rolloutPercent: rollout)
+            let outcome = try await store.publish(archiveAt: archive, manifest: decoded, rolloutPercent: rollout)
             switch outcome {
             case .published(let v):
                 print("published \(v.productId) \(v.contentVersion) (\(v.size) bytes, sha256 \(v.sha256))\(v.rolloutPercent.map { ", staged for \($0)% of purchases" } ?? "")")
             case .unchanged(let v): print("unchanged: \(v.productId) \(v.contentVersion) is already published with these bytes")
             }
-        } catch let error as CatalogError {
+        } catch {
             let code: Int32 =
                 switch error.code {
                 case .invalidArchive, .notFound: 1
@@ -186,7 +210,7 @@ func catalogFailure(_ error: CatalogError) -> Error {
     reporter.failure(error, exitCode: error.code == .storage ? 3 : 1)
 }
 
-struct Rollout: ParsableCommand {
+struct Rollout: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Stage a published version for a percentage of purchases, widen it, or promote it to all.",
         discussion: """
@@ -198,14 +222,17 @@ struct Rollout: ParsableCommand {
     @Argument(help: "The content version.") var contentVersion: String
     @Option(help: "The share of purchases, 1-100.") var percent: Int?
     @Flag(help: "Give the version to every purchase (the same as --percent 100).") var promote = false
+    @OptionGroup var storeOptions: StoreOptions
 
     func validate() throws {
         guard (percent != nil) != promote else { throw ValidationError("give either --percent <1-100> or --promote") }
     }
 
-    func run() throws {
+    func run() async throws {
         do throws(CatalogError) {
-            let v = try ContentStore(dataDirectory: data).setRollout(productId: productId, contentVersion: contentVersion, percent: promote ? 100 : percent!)
+            let store = try await storeOptions.open(data: data)
+            defer { Task { await store.database.close() } }
+            let v = try await store.setRollout(productId: productId, contentVersion: contentVersion, percent: promote ? 100 : percent!)
             print("\(v.productId) \(v.contentVersion): \(v.rolloutPercent.map { "staged for \($0)% of purchases" } ?? "every purchase")")
         } catch {
             throw catalogFailure(error)
@@ -213,7 +240,7 @@ struct Rollout: ParsableCommand {
     }
 }
 
-struct Rollback: ParsableCommand {
+struct Rollback: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Roll a published version back: from the next grant on, each purchase gets the newest version still served to it.",
         discussion: "Grants made before stay valid until they expire (--token-ttl). Exit codes: 0 done, 1 unknown version, 3 storage failure.")
@@ -221,10 +248,13 @@ struct Rollback: ParsableCommand {
     @Option(help: "The server's data folder.") var data: String
     @Argument(help: "The product identifier.") var productId: String
     @Argument(help: "The content version.") var contentVersion: String
+    @OptionGroup var storeOptions: StoreOptions
 
-    func run() throws {
+    func run() async throws {
         do throws(CatalogError) {
-            let v = try ContentStore(dataDirectory: data).rollBack(productId: productId, contentVersion: contentVersion)
+            let store = try await storeOptions.open(data: data)
+            defer { Task { await store.database.close() } }
+            let v = try await store.rollBack(productId: productId, contentVersion: contentVersion)
             print("\(v.productId) \(v.contentVersion): rolled back")
         } catch {
             throw catalogFailure(error)
@@ -232,15 +262,18 @@ struct Rollback: ParsableCommand {
     }
 }
 
-struct Catalog: ParsableCommand {
+struct Catalog: AsyncParsableCommand {
     static let configuration = CommandConfiguration(abstract: "List published products and versions.")
 
     @Option(help: "The server's data folder.") var data: String
     @Flag(help: "Print JSON.") var json = false
+    @OptionGroup var storeOptions: StoreOptions
 
-    func run() throws {
+    func run() async throws {
         do {
-            let catalog = try ContentStore(dataDirectory: data).catalog()
+            let store = try await storeOptions.open(data: data)
+            defer { Task { await store.database.close() } }
+            let catalog = try await store.catalog()
             if json {
                 let encoder = JSONEncoder()
                 encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
@@ -383,6 +416,7 @@ struct Reconcile: AsyncParsableCommand {
             """)
 
     @Option(help: "The server's data folder.") var data: String?
+    @OptionGroup var storeOptions: StoreOptions
     @Option(name: .customLong("bundle-id"), help: "The app's bundle identifier.") var bundleId: String?
     @Option(help: "Start of the window: ISO 8601 (2026-11-20T00:00:00Z or 2026-11-20); Apple keeps 180 days.") var since: String
     @Option(help: "End of the window (ISO 8601; default now).") var until: String?
@@ -446,7 +480,8 @@ struct Reconcile: AsyncParsableCommand {
             var roots = [AppleRoots.rootCAG3]
             for path in trustRoots + (env("IAP_TRUST_ROOTS")?.split(separator: ":").map(String.init) ?? []) { roots.append(try AppleRoots.load(path: path)) }
             let verifier = SignedDataVerifier(configuration: .init(bundleId: bundle, trustRoots: roots, environments: choice.policy))
-            let store = try ContentStore(dataDirectory: dataDirectory)
+            let store = try await storeOptions.open(data: dataDirectory)
+            defer { Task { await store.database.close() } }
             let reconciler = Reconciler(store: store, verifier: verifier, clients: urls.map { StoreAPIClient(baseURL: $0, key: key, timeout: .seconds(timeout)) })
             report = try await reconciler.run(since: start, until: end)
         } catch let error as VerificationError {

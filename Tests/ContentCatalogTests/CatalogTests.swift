@@ -1,12 +1,29 @@
+import CatalogPostgres
 import ContentArchive
 import ContentCatalog
 import Foundation
+import IAPTestSupport
 import Testing
+
+/// The two places the catalog's state can live; every test here runs against both.
+enum Backend: String, CaseIterable, CustomTestStringConvertible, Sendable {
+    case sqlite, postgres
+
+    var testDescription: String { rawValue }
+
+    /// A fresh state: SQLite in `dir`, or a new database on the test PostgreSQL server.
+    func freshURL() async throws -> String? {
+        switch self {
+        case .sqlite: nil
+        case .postgres: try await PostgresServer.shared().createDatabase()
+        }
+    }
+}
 
 @Suite("The catalog")
 struct CatalogTests {
-    @Test("publishing: newer versions only, identical bytes are a no-op, anything else conflicts; lies are refused")
-    func publishing() throws {
+    @Test("publishing: newer versions only, identical bytes are a no-op, anything else conflicts; lies are refused", arguments: Backend.allCases)
+    func publishing(backend: Backend) async throws {
         let dir = FileManager.default.temporaryDirectory.path + "/catalog-" + UUID().uuidString
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let content = dir + "/content"
@@ -17,51 +34,75 @@ struct CatalogTests {
             try ArchivePacker.pack(folder: content, options: .init(productId: id, contentVersion: try ContentVersion(version), outputDirectory: dir + "/" + out))
         }
         let v1 = try pack("1.0", "a"), v2 = try pack("1.2", "a")
-        let store = try ContentStore(dataDirectory: dir + "/data")
-        guard case .published = try store.publish(archiveAt: v1.archivePath, manifest: v1.manifest) else { Issue.record("not published"); return }
-        guard case .unchanged = try store.publish(archiveAt: v1.archivePath) else { Issue.record("republish was not a no-op"); return }
-        guard case .published = try store.publish(archiveAt: v2.archivePath) else { Issue.record("1.2 not published"); return }
-        #expect(try store.versions(productId: id.rawValue).map(\.contentVersion) == ["1.2", "1.0"])
+        let store = try await ContentStore.open(dataDirectory: dir + "/data", databaseURL: try await backend.freshURL())
+        guard case .published = try await store.publish(archiveAt: v1.archivePath, manifest: v1.manifest) else { Issue.record("not published"); return }
+        guard case .unchanged = try await store.publish(archiveAt: v1.archivePath) else { Issue.record("republish was not a no-op"); return }
+        guard case .published = try await store.publish(archiveAt: v2.archivePath) else { Issue.record("1.2 not published"); return }
+        #expect(try await store.versions(productId: id.rawValue).map(\.contentVersion) == ["1.2", "1.0"])
         #expect(FileManager.default.fileExists(atPath: store.archivePath(sha256: v1.manifest.archiveSHA256)))
 
         let older = try pack("1.1", "b")
-        let conflict = try #require(throws: CatalogError.self) { try store.publish(archiveAt: older.archivePath) }
+        let conflict = try await #require(throws: CatalogError.self) { try await store.publish(archiveAt: older.archivePath) }
         #expect(conflict.code == .conflict)
         #expect(conflict.message.contains("not newer than the latest published version 1.2"))
 
         try Data("changed\n".utf8).write(to: URL(fileURLWithPath: content + "/level.json"))
         let changed = try pack("1.2", "c")
-        let immutable = try #require(throws: CatalogError.self) { try store.publish(archiveAt: changed.archivePath) }
+        let immutable = try await #require(throws: CatalogError.self) { try await store.publish(archiveAt: changed.archivePath) }
         #expect(immutable.code == .conflict)
 
         var lying = changed.manifest
         lying.entries[1].sha256 = String(repeating: "0", count: 64)
-        let liar = try #require(throws: CatalogError.self) { try store.publish(archiveAt: changed.archivePath, manifest: lying) }
+        let liar = try await #require(throws: CatalogError.self) { try await store.publish(archiveAt: changed.archivePath, manifest: lying) }
         #expect(liar.code == .invalidArchive)
         try Data("not a zip".utf8).write(to: URL(fileURLWithPath: dir + "/junk.zip"))
-        #expect((try? store.publish(archiveAt: dir + "/junk.zip")) == nil)
+        #expect((try? await store.publish(archiveAt: dir + "/junk.zip")) == nil)
         // Refused uploads leave no files in the store: two archives, each with the manifest computed from it.
         let stored = try FileManager.default.contentsOfDirectory(atPath: dir + "/data/archives")
         #expect(stored.filter { $0.hasSuffix(".zip") }.count == 2)
         #expect(stored.filter { $0.hasSuffix(".manifest.json") }.count == 2)
         #expect(stored.count == 4)
+
+        // Rollouts and rollbacks change the row, and only an existing one.
+        let staged = try await store.setRollout(productId: id.rawValue, contentVersion: "1.2", percent: 30)
+        #expect(staged.rolloutPercent == 30 && staged.rolledBackAt == nil)
+        let rolledBack = try await store.rollBack(productId: id.rawValue, contentVersion: "1.2")
+        #expect(rolledBack.rolledBackAt != nil)
+        let listed = try #require(try await store.catalog().first?.versions.first)
+        #expect(listed.contentVersion == "1.2" && listed.rolloutPercent == 30 && listed.rolledBackAt != nil)
+        let missing = try await #require(throws: CatalogError.self) { try await store.rollBack(productId: id.rawValue, contentVersion: "9.9") }
+        #expect(missing.code == .notFound)
+        await store.database.close()
     }
 
-    @Test("notifications apply once per UUID; REFUND_REVERSED restores access")
-    func ledger() throws {
+    @Test("notifications apply once per UUID; REFUND_REVERSED restores access; grants are recorded once per transaction", arguments: Backend.allCases)
+    func ledger(backend: Backend) async throws {
         let dir = FileManager.default.temporaryDirectory.path + "/ledger-" + UUID().uuidString
         defer { try? FileManager.default.removeItem(atPath: dir) }
-        let store = try ContentStore(dataDirectory: dir)
-        #expect(try store.apply(notificationUUID: "n1", type: "REFUND", subtype: nil, transactionId: "t1", revoke: true, revokedAt: Date(), signedPayload: "x") == .applied)
-        #expect(try store.apply(notificationUUID: "n1", type: "REFUND", subtype: nil, transactionId: "t1", revoke: true, revokedAt: Date(), signedPayload: "x") == .duplicate)
-        #expect(try store.isRevoked(transactionId: "t1"))
-        #expect(try store.apply(notificationUUID: "n2", type: "REFUND_REVERSED", subtype: nil, transactionId: "t1", revoke: false, revokedAt: Date(), signedPayload: "y") == .applied)
-        #expect(try !store.isRevoked(transactionId: "t1"))
+        let url = try await backend.freshURL()
+        let store = try await ContentStore.open(dataDirectory: dir, databaseURL: url)
+        func refund(_ uuid: String, _ type: String, revoke: Bool) async throws -> NotificationOutcome {
+            try await store.apply(notificationUUID: uuid, type: type, subtype: nil, transactionId: "t1", revoke: revoke, revokedAt: Date(), signedPayload: "x")
+        }
+        #expect(try await refund("n1", "REFUND", revoke: true) == .applied)
+        #expect(try await refund("n1", "REFUND", revoke: true) == .duplicate)
+        #expect(try await store.isRevoked(transactionId: "t1"))
+        #expect(try await store.revokedTransactionIds() == ["t1"])
+        #expect(try await refund("n2", "REFUND_REVERSED", revoke: false) == .applied)
+        #expect(try await !store.isRevoked(transactionId: "t1"))
         // A replay of the old REFUND changes nothing.
-        #expect(try store.apply(notificationUUID: "n1", type: "REFUND", subtype: nil, transactionId: "t1", revoke: true, revokedAt: Date(), signedPayload: "x") == .duplicate)
-        #expect(try !store.isRevoked(transactionId: "t1"))
-        #expect(try store.notificationCount() == 2)
+        #expect(try await refund("n1", "REFUND", revoke: true) == .duplicate)
+        #expect(try await !store.isRevoked(transactionId: "t1"))
+        #expect(try await store.notificationCount() == 2)
+        try await store.recordGrant(transactionId: "t1", originalTransactionId: "t1", productId: "p", environment: "Sandbox")
+        try await store.recordGrant(transactionId: "t1", originalTransactionId: "t1", productId: "p", environment: "Sandbox")
+        try await store.recordGrant(transactionId: "t2", originalTransactionId: "t1", productId: "p", environment: nil)
+        #expect(try await store.database.grantCount() == 2)
+        await store.database.close()
         // State survives reopening.
-        #expect(try ContentStore(dataDirectory: dir).notificationCount() == 2)
+        let reopened = try await ContentStore.open(dataDirectory: dir, databaseURL: url)
+        #expect(try await reopened.notificationCount() == 2)
+        #expect(try await reopened.database.grantCount() == 2)
+        await reopened.database.close()
     }
 }

@@ -141,7 +141,7 @@ struct HardeningTests {
     }
 
     @Test("a full disk: uploads get 507 and notifications 503, nothing half-applied; once space is back both work")
-    func fullDisk() throws {
+    func fullDisk() async throws {
         let tmp = try TemporaryFolder()
         let (store, server) = try start(tmp)
         let v1 = try pack(tmp, version: "1.0"), v2 = try pack(tmp, version: "1.1")
@@ -159,7 +159,7 @@ struct HardeningTests {
 
         #expect(try run("prlimit", ["--pid", String(server.process.processIdentifier), "--fsize=unlimited:unlimited"]).status == 0)
         #expect(leftovers(tmp).isEmpty)
-        #expect(try ContentStore(dataDirectory: tmp.sub("data")).notificationCount() == 0, "the refused notification left no trace")
+        #expect(try await ContentStore(dataDirectory: tmp.sub("data")).notificationCount() == 0, "the refused notification left no trace")
         #expect(try postJSON(server.base + "/v1/notifications", ["signedPayload": refund.signedPayload], folder: tmp).status == 200)
         let cut = try postJSON(server.base + "/v1/downloads", ["signedTransaction": purchase.signedTransaction], folder: tmp)
         #expect(cut.status == 403 && cut.errorCode == "revoked")

@@ -7,7 +7,7 @@ import Testing
 extension ServerTests {
     /// `iap-server reconcile` with the sandbox's App Store Server API as the notification history.
     @Test("a refund sent while the server was down is applied by reconcile: new grants and the old URL are refused; repeating changes nothing")
-    func reconcileMissedRefund() throws {
+    func reconcileMissedRefund() async throws {
         let tmp = try TemporaryFolder()
         var (store, server, data) = try start(tmp)
         let packed = try packSample(tmp)
@@ -67,7 +67,7 @@ extension ServerTests {
         // Safe to repeat; the ledger holds the notification once, as if it had been POSTed.
         let again = try run(reconcile, ["reconcile", "--trust-root", store.rootCertificatePath] + credentials)
         #expect(again.status == 0 && again.stdout.contains("0 applied, 1 already known"), "\(again.stdout)")
-        #expect(try ContentStore(dataDirectory: data).notificationCount() == 1)
+        #expect(try await ContentStore(dataDirectory: data).notificationCount() == 1)
 
         // Clear errors: an API nobody answers, a wrong key, a window Apple does not keep.
         let closed = credentials.map { $0 == api.base ? "http://127.0.0.1:1" : $0 }

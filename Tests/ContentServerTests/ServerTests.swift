@@ -62,7 +62,7 @@ struct ServerTests {
     }
 
     @Test("publish, buy, grant, download with every kind of range, refund, and access is cut")
-    func purchasePath() throws {
+    func purchasePath() async throws {
         let tmp = try TemporaryFolder()
         let (store, server, _) = try start(tmp)
         let packed = try packSample(tmp)
@@ -152,7 +152,7 @@ struct ServerTests {
             let replay = try postJSON(server.base + "/v1/notifications", ["signedPayload": refund.signedPayload], folder: tmp)
             #expect(replay.status == 200 && replay.json["status"] as? String == "duplicate")
         }
-        #expect(try ContentStore(dataDirectory: tmp.sub("data")).notificationCount() == 1)
+        #expect(try await ContentStore(dataDirectory: tmp.sub("data")).notificationCount() == 1)
         let metrics = try curl([server.base + "/metrics"], folder: tmp)
         #expect(metrics.text.contains("iap_content_bytes_served_total"))
         #expect(metrics.text.contains("iap_grants_total{outcome=\"granted\"} 1"))

@@ -1,0 +1,359 @@
+import ContentCatalog
+import Foundation
+import IAPProtocol
+import Logging
+import NIOSSL
+import PostgresNIO
+
+/// The catalog, grants ledger, revocations and notifications in PostgreSQL (PostgresNIO), so
+/// that several `iap-server` replicas share one state. Migrations run on open under an advisory
+/// lock, so replicas starting together migrate once. Revocations are announced with
+/// `NOTIFY iap_revocations` in the transaction that writes them, so every replica hears of a
+/// refund when it commits (``watchRevocations(_:)``).
+public final class PostgresCatalog: CatalogDatabase {
+    public let location: String
+    private let client: PostgresClient
+    private let runner: Task<Void, Never>
+    private let logger: Logger
+
+    /// The channel revocations are announced on; the payload is `+<transactionId>` (revoked) or
+    /// `-<transactionId>` (restored).
+    static let channel = "iap_revocations"
+
+    /// Connects to `url` (`postgres://user:password@host:port/database?sslmode=disable|prefer|require`)
+    /// and brings the schema up to date.
+    public init(url: String, logger: Logger = Logger(label: "iap.catalog.postgres")) async throws(CatalogError) {
+        let (configuration, probe) = try Self.configuration(url)
+        location = "PostgreSQL at \(configuration.host ?? configuration.unixSocketPath ?? "?")\(configuration.port.map { ":\($0)" } ?? "")/\(configuration.database ?? configuration.username)"
+        // PostgresNIO logs each failed connection attempt at info; an operator needs the warnings.
+        var logger = logger
+        if logger.logLevel < .warning { logger.logLevel = .warning }
+        self.logger = logger
+        // One connection first, so that a wrong address, user or password fails now with the
+        // server's reason; the pool would keep retrying it quietly.
+        do {
+            let connection = try await PostgresConnection.connect(configuration: probe, id: 0, logger: logger)
+            try? await connection.close()
+        } catch {
+            throw CatalogError(
+                .storage, "cannot connect to \(location): \(Self.describe(error)); check that it runs and that --database is right")
+        }
+        let client = PostgresClient(configuration: configuration, backgroundLogger: logger)
+        self.client = client
+        runner = Task { await client.run() }
+        do {
+            try await migrate()
+        } catch {
+            runner.cancel()
+            throw error
+        }
+    }
+
+    /// The client configuration for a `postgres://` URL, or an error naming what is wrong with it.
+    static func configuration(_ url: String) throws(CatalogError) -> (PostgresClient.Configuration, PostgresConnection.Configuration) {
+        let hint = "give --database as postgres://user:password@host:5432/database"
+        guard let parts = URLComponents(string: url), let scheme = parts.scheme, ["postgres", "postgresql"].contains(scheme) else {
+            throw CatalogError(.storage, "'\(url)' is not a PostgreSQL URL: \(hint)")
+        }
+        guard let user = parts.user, !user.isEmpty else { throw CatalogError(.storage, "the database URL names no user: \(hint)") }
+        let database = parts.path.hasPrefix("/") ? String(parts.path.dropFirst()) : parts.path
+        let query = Dictionary((parts.queryItems ?? []).map { ($0.name, $0.value ?? "") }, uniquingKeysWith: { $1 })
+        let tls: PostgresClient.Configuration.TLS
+        let probeTLS: PostgresConnection.Configuration.TLS
+        do {
+            switch query["sslmode"] ?? "prefer" {
+            case "disable":
+                (tls, probeTLS) = (.disable, .disable)
+            case "prefer", "allow":
+                (tls, probeTLS) = (.prefer(.makeClientConfiguration()), .prefer(try NIOSSLContext(configuration: .makeClientConfiguration())))
+            case "require", "verify-ca", "verify-full":
+                (tls, probeTLS) = (.require(.makeClientConfiguration()), .require(try NIOSSLContext(configuration: .makeClientConfiguration())))
+            case let other: throw CatalogError(.storage, "sslmode=\(other) is not one of disable, prefer, require")
+            }
+        } catch let error as CatalogError {
+            throw error
+        } catch {
+            throw CatalogError(.storage, "cannot set up TLS for the database: \(error)")
+        }
+        let name = database.isEmpty ? nil : database
+        var configuration: PostgresClient.Configuration
+        let probe: PostgresConnection.Configuration
+        if let socket = query["host"], socket.hasPrefix("/") {
+            let path = socket + "/.s.PGSQL.\(parts.port ?? 5432)"
+            configuration = .init(unixSocketPath: path, username: user, password: parts.password, database: name)
+            probe = .init(unixSocketPath: path, username: user, password: parts.password, database: name)
+        } else {
+            guard let host = parts.host, !host.isEmpty else { throw CatalogError(.storage, "the database URL names no host: \(hint)") }
+            configuration = .init(host: host, port: parts.port ?? 5432, username: user, password: parts.password, database: name, tls: tls)
+            probe = .init(host: host, port: parts.port ?? 5432, username: user, password: parts.password, database: name, tls: probeTLS)
+        }
+        // A replica that lost the database answers 503 soon rather than holding grant requests.
+        configuration.options.connectTimeout = .seconds(3)
+        return (configuration, probe)
+    }
+
+    // MARK: Schema
+
+    /// Each migration runs once, in order, in one transaction with the schema version.
+    private static let migrations: [[String]] = [
+        [
+            """
+            CREATE TABLE versions (
+                product_id TEXT NOT NULL, content_version TEXT NOT NULL, sha256 TEXT NOT NULL,
+                size BIGINT NOT NULL, content_length BIGINT NOT NULL, published_at TIMESTAMPTZ NOT NULL,
+                manifest_sha256 TEXT, rollout_percent BIGINT, rolled_back_at TIMESTAMPTZ,
+                PRIMARY KEY (product_id, content_version))
+            """,
+            """
+            CREATE TABLE grants (
+                transaction_id TEXT PRIMARY KEY, original_transaction_id TEXT, product_id TEXT NOT NULL,
+                environment TEXT, first_granted_at TIMESTAMPTZ NOT NULL, last_granted_at TIMESTAMPTZ NOT NULL)
+            """,
+            "CREATE TABLE revocations (transaction_id TEXT PRIMARY KEY, revoked_at TIMESTAMPTZ NOT NULL, notification_uuid TEXT)",
+            """
+            CREATE TABLE notifications (
+                uuid TEXT PRIMARY KEY, type TEXT NOT NULL, subtype TEXT, transaction_id TEXT,
+                received_at TIMESTAMPTZ NOT NULL, signed_payload TEXT NOT NULL)
+            """,
+        ]
+    ]
+
+    private func migrate() async throws(CatalogError) {
+        try await run(timeout: Self.openTimeout) { client, logger in
+            try await client.withTransaction(logger: logger) { connection in
+                // Replicas starting together wait here for the first one's migration.
+                try await connection.query("SELECT pg_advisory_xact_lock(7291530001)", logger: logger)
+                try await connection.query("CREATE TABLE IF NOT EXISTS iap_schema (version BIGINT PRIMARY KEY, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())", logger: logger)
+                var current = 0
+                for try await version in try await connection.query("SELECT COALESCE(MAX(version), 0) FROM iap_schema", logger: logger).decode(Int.self) {
+                    current = version
+                }
+                for (index, statements) in Self.migrations.enumerated() where index + 1 > current {
+                    for statement in statements { try await connection.query(PostgresQuery(unsafeSQL: statement), logger: logger) }
+                    try await connection.query("INSERT INTO iap_schema (version) VALUES (\(index + 1))", logger: logger)
+                }
+            }
+        }
+    }
+
+    // MARK: CatalogDatabase
+
+    public func versions(productId: String?) async throws(CatalogError) -> [PublishedVersion] {
+        try await run { client, logger in
+            try await client.withConnection { connection in try await Self.versions(productId: productId, on: connection, logger: logger) }
+        }
+    }
+
+    private static let versionColumns = "product_id, content_version, sha256, size, content_length, published_at, manifest_sha256, rollout_percent, rolled_back_at"
+
+    private static func versions(productId: String?, on connection: PostgresConnection, logger: Logger) async throws -> [PublishedVersion] {
+        var query: PostgresQuery = "SELECT \(unescaped: versionColumns) FROM versions"
+        if let productId { query = "SELECT \(unescaped: versionColumns) FROM versions WHERE product_id = \(productId)" }
+        var result: [PublishedVersion] = []
+        let rows = try await connection.query(query, logger: logger)
+        for try await (product, version, sha, size, length, published, manifest, rollout, rolledBack) in rows.decode(
+            (String, String, String, Int64, Int64, Date, String?, Int?, Date?).self)
+        {
+            result.append(
+                PublishedVersion(
+                    productId: product, contentVersion: version, sha256: sha, size: size, contentLength: length, publishedAt: published,
+                    manifestSHA256: manifest, rolloutPercent: rollout, rolledBackAt: rolledBack))
+        }
+        return result
+    }
+
+    public func insert(
+        _ version: PublishedVersion, unless decide: @escaping @Sendable ([PublishedVersion]) throws(CatalogError) -> PublishedVersion?
+    ) async throws(CatalogError) -> PublishOutcome {
+        try await run { client, logger in
+            try await client.withTransaction(logger: logger) { connection -> PublishOutcome in
+                // One publisher of a product at a time, across replicas: the lock is the product's.
+                try await connection.query("SELECT pg_advisory_xact_lock(hashtext(\(version.productId)))", logger: logger)
+                let existing = try await Self.versions(productId: version.productId, on: connection, logger: logger)
+                if let same = try decide(existing) { return .unchanged(same) }
+                try await connection.query(
+                    """
+                    INSERT INTO versions (product_id, content_version, sha256, size, content_length, published_at, manifest_sha256, rollout_percent, rolled_back_at)
+                    VALUES (\(version.productId), \(version.contentVersion), \(version.sha256), \(version.size), \(version.contentLength), \(version.publishedAt),
+                            \(version.manifestSHA256), \(version.rolloutPercent), \(version.rolledBackAt))
+                    """, logger: logger)
+                return .published(version)
+            }
+        }
+    }
+
+    public func update(
+        productId: String, contentVersion: String, _ change: @escaping @Sendable (inout PublishedVersion) -> Void
+    ) async throws(CatalogError) -> PublishedVersion {
+        try await run { client, logger in
+            try await client.withTransaction(logger: logger) { connection -> PublishedVersion in
+                try await connection.query("SELECT pg_advisory_xact_lock(hashtext(\(productId)))", logger: logger)
+                let existing = try await Self.versions(productId: productId, on: connection, logger: logger)
+                guard var version = existing.first(where: { $0.contentVersion == contentVersion }) else { throw CatalogError.unpublished(productId, contentVersion) }
+                change(&version)
+                try await connection.query(
+                    """
+                    UPDATE versions SET rollout_percent = \(version.rolloutPercent), rolled_back_at = \(version.rolledBackAt)
+                    WHERE product_id = \(productId) AND content_version = \(contentVersion)
+                    """, logger: logger)
+                return version
+            }
+        }
+    }
+
+    public func recordGrant(_ grant: GrantRecord) async throws(CatalogError) {
+        try await run { client, logger in
+            try await client.query(
+                """
+                INSERT INTO grants (transaction_id, original_transaction_id, product_id, environment, first_granted_at, last_granted_at)
+                VALUES (\(grant.transactionId), \(grant.originalTransactionId), \(grant.productId), \(grant.environment), \(grant.grantedAt), \(grant.grantedAt))
+                ON CONFLICT (transaction_id) DO UPDATE SET last_granted_at = excluded.last_granted_at
+                """, logger: logger)
+        }
+    }
+
+    public func grantCount() async throws(CatalogError) -> Int {
+        try await count("SELECT COUNT(*) FROM grants")
+    }
+
+    public func isRevoked(transactionId: String) async throws(CatalogError) -> Bool {
+        try await run { client, logger in
+            for try await _ in try await client.query("SELECT 1 FROM revocations WHERE transaction_id = \(transactionId)", logger: logger) { return true }
+            return false
+        }
+    }
+
+    public func revokedTransactionIds() async throws(CatalogError) -> Set<String> {
+        try await run { client, logger in
+            var ids = Set<String>()
+            for try await id in try await client.query("SELECT transaction_id FROM revocations", logger: logger).decode(String.self) { ids.insert(id) }
+            return ids
+        }
+    }
+
+    public func apply(_ n: NotificationRecord) async throws(CatalogError) -> NotificationOutcome {
+        try await run { client, logger in
+            try await client.withTransaction(logger: logger) { connection -> NotificationOutcome in
+                // The primary key decides between two replicas given the same notification at once.
+                var inserted = false
+                for try await _ in try await connection.query(
+                    """
+                    INSERT INTO notifications (uuid, type, subtype, transaction_id, received_at, signed_payload)
+                    VALUES (\(n.uuid), \(n.type), \(n.subtype), \(n.transactionId), \(n.receivedAt), \(n.signedPayload))
+                    ON CONFLICT (uuid) DO NOTHING RETURNING 1
+                    """, logger: logger)
+                {
+                    inserted = true
+                }
+                guard inserted else { return .duplicate }
+                if let transactionId = n.transactionId, let revoke = n.revoke {
+                    if revoke {
+                        try await connection.query(
+                            """
+                            INSERT INTO revocations (transaction_id, revoked_at, notification_uuid) VALUES (\(transactionId), \(n.revokedAt), \(n.uuid))
+                            ON CONFLICT (transaction_id) DO UPDATE SET revoked_at = excluded.revoked_at, notification_uuid = excluded.notification_uuid
+                            """, logger: logger)
+                    } else {
+                        try await connection.query("DELETE FROM revocations WHERE transaction_id = \(transactionId)", logger: logger)
+                    }
+                    // Delivered to every listener when (and only if) this transaction commits.
+                    let payload = (revoke ? "+" : "-") + transactionId
+                    try await connection.query("SELECT pg_notify(\(Self.channel), \(payload))", logger: logger)
+                }
+                return .applied
+            }
+        }
+    }
+
+    public func notificationCount() async throws(CatalogError) -> Int {
+        try await count("SELECT COUNT(*) FROM notifications")
+    }
+
+    /// Listens on `iap_revocations` until cancelled. After every (re)connection it asks for a
+    /// resynchronization first, since notifications sent while no connection listened are lost.
+    public func watchRevocations(_ onChange: @escaping @Sendable (RevocationChange) -> Void) async -> Bool {
+        while !Task.isCancelled {
+            do {
+                try await client.withConnection { connection in
+                    try await connection.listen(on: Self.channel) { notifications in
+                        onChange(.resynchronize)
+                        for try await notification in notifications {
+                            let id = String(notification.payload.dropFirst())
+                            onChange(notification.payload.hasPrefix("+") ? .revoked(transactionId: id) : .restored(transactionId: id))
+                        }
+                    }
+                }
+            } catch {
+                if Task.isCancelled { break }
+                logger.warning("listening for revocations failed, listening again", metadata: ["error": "\(Self.describe(error))"])
+                // Back off a little while the database is away; the periodic refresh covers the gap.
+                try? await Task.sleep(for: .milliseconds(250))
+            }
+        }
+        return true
+    }
+
+    public func close() async {
+        runner.cancel()
+        _ = await runner.value
+    }
+
+    // MARK: Helpers
+
+    private func count(_ sql: String) async throws(CatalogError) -> Int {
+        try await run { client, logger in
+            for try await value in try await client.query(PostgresQuery(unsafeSQL: sql), logger: logger).decode(Int.self) { return value }
+            return 0
+        }
+    }
+
+    /// How long one database operation may take, waiting for a connection included. PostgresNIO
+    /// waits for a connection as long as the server is away; a grant request should get its 503.
+    static let operationTimeout: Duration = .seconds(10)
+    /// Opening waits longer: replicas starting together queue for the migration lock.
+    static let openTimeout: Duration = .seconds(60)
+
+    private struct TimedOut: Error {}
+
+    @discardableResult
+    private func run<T: Sendable>(
+        timeout: Duration = operationTimeout, _ body: @escaping @Sendable (PostgresClient, Logger) async throws -> T
+    ) async throws(CatalogError) -> T {
+        let client = client, logger = logger
+        do {
+            return try await withThrowingTaskGroup(of: T.self) { group in
+                group.addTask { try await body(client, logger) }
+                group.addTask {
+                    try await Task.sleep(for: timeout)
+                    throw TimedOut()
+                }
+                defer { group.cancelAll() }
+                return try await group.next()!
+            }
+        } catch let error as CatalogError {
+            throw error
+        } catch let error as PostgresTransactionError where error.closureError is CatalogError {
+            // A decision inside the transaction (a conflict, an unknown version), rolled back.
+            throw error.closureError as! CatalogError
+        } catch is TimedOut {
+            throw CatalogError(.storage, "\(location) did not answer within \(timeout): check that it runs and that --database is right")
+        } catch {
+            throw CatalogError(.storage, "\(location) failed: \(Self.describe(error)); check that it runs and that --database is right")
+        }
+    }
+
+    /// PSQLError's own description hides the server's message (it may hold data); ours names
+    /// what an operator needs: the server's message and SQL state, or the connection problem.
+    static func describe(_ error: any Error) -> String {
+        if let error = error as? PostgresTransactionError {
+            guard let cause = error.closureError ?? error.beginError ?? error.commitError ?? error.rollbackError else { return "a transaction failed" }
+            return describe(cause)
+        }
+        guard let error = error as? PSQLError else { return "\(error)" }
+        if let info = error.serverInfo, let message = info[.message] {
+            return message + (info[.sqlState].map { " (SQLSTATE \($0))" } ?? "")
+        }
+        if let underlying = error.underlying { return "\(error.code): \(underlying)" }
+        return "\(error.code)"
+    }
+}

@@ -1,0 +1,195 @@
+import Foundation
+import GRDB
+
+/// The catalog in `<data>/catalog.sqlite` (GRDB): the embedded default, for one machine or for
+/// replicas that share the data folder.
+public final class SQLiteCatalogDatabase: CatalogDatabase {
+    public let location: String
+    private let database: DatabaseQueue
+
+    /// Opens (creating and migrating) `<dataDirectory>/catalog.sqlite`.
+    public init(dataDirectory: String) throws(CatalogError) {
+        location = "the catalog database in \(dataDirectory)"
+        do {
+            var configuration = Configuration()
+            configuration.busyMode = .timeout(10)
+            database = try DatabaseQueue(path: dataDirectory + "/catalog.sqlite", configuration: configuration)
+            try Self.migrator.migrate(database)
+        } catch {
+            throw Self.storageError(error, location)
+        }
+    }
+
+    private static var migrator: DatabaseMigrator {
+        var migrator = DatabaseMigrator()
+        migrator.registerMigration("v1") { db in
+            try db.create(table: "versions") { t in
+                t.column("productId", .text).notNull()
+                t.column("contentVersion", .text).notNull()
+                t.column("sha256", .text).notNull()
+                t.column("size", .integer).notNull()
+                t.column("contentLength", .integer).notNull()
+                t.column("publishedAt", .datetime).notNull()
+                t.primaryKey(["productId", "contentVersion"])
+            }
+            try db.create(table: "grants") { t in
+                t.column("transactionId", .text).primaryKey()
+                t.column("originalTransactionId", .text)
+                t.column("productId", .text).notNull()
+                t.column("environment", .text)
+                t.column("firstGrantedAt", .datetime).notNull()
+                t.column("lastGrantedAt", .datetime).notNull()
+            }
+            try db.create(table: "revocations") { t in
+                t.column("transactionId", .text).primaryKey()
+                t.column("revokedAt", .datetime).notNull()
+                t.column("notificationUUID", .text)
+            }
+            try db.create(table: "notifications") { t in
+                t.column("uuid", .text).primaryKey()
+                t.column("type", .text).notNull()
+                t.column("subtype", .text)
+                t.column("transactionId", .text)
+                t.column("receivedAt", .datetime).notNull()
+                t.column("signedPayload", .text).notNull()
+            }
+        }
+        migrator.registerMigration("v2-manifests") { db in
+            try db.alter(table: "versions") { t in t.add(column: "manifestSHA256", .text) }
+        }
+        migrator.registerMigration("v3-rollouts") { db in
+            try db.alter(table: "versions") { t in
+                t.add(column: "rolloutPercent", .integer)
+                t.add(column: "rolledBackAt", .datetime)
+            }
+        }
+        return migrator
+    }
+
+    public func versions(productId: String?) async throws(CatalogError) -> [PublishedVersion] {
+        try await run { [database] in
+            try await database.read { db in
+                if let productId { return try PublishedVersion.filter(Column("productId") == productId).fetchAll(db) }
+                return try PublishedVersion.fetchAll(db)
+            }
+        }
+    }
+
+    public func insert(
+        _ version: PublishedVersion, unless decide: @escaping @Sendable ([PublishedVersion]) throws(CatalogError) -> PublishedVersion?
+    ) async throws(CatalogError) -> PublishOutcome {
+        try await run { [database] in
+            // A write transaction is exclusive in SQLite: no other publisher runs between the read and the insert.
+            try await database.write { db throws -> PublishOutcome in
+                let existing = try PublishedVersion.filter(Column("productId") == version.productId).fetchAll(db)
+                if let same = try decide(existing) { return .unchanged(same) }
+                try version.insert(db)
+                return .published(version)
+            }
+        }
+    }
+
+    public func update(
+        productId: String, contentVersion: String, _ change: @escaping @Sendable (inout PublishedVersion) -> Void
+    ) async throws(CatalogError) -> PublishedVersion {
+        try await run { [database] in
+            try await database.write { db in
+                guard var version = try PublishedVersion.filter(Column("productId") == productId && Column("contentVersion") == contentVersion).fetchOne(db)
+                else { throw CatalogError.unpublished(productId, contentVersion) }
+                change(&version)
+                try version.update(db)
+                return version
+            }
+        }
+    }
+
+    public func recordGrant(_ grant: GrantRecord) async throws(CatalogError) {
+        try await run { [database] in
+            try await database.write { db in
+                try db.execute(
+                    sql: """
+                        INSERT INTO grants (transactionId, originalTransactionId, productId, environment, firstGrantedAt, lastGrantedAt)
+                        VALUES (?, ?, ?, ?, ?, ?)
+                        ON CONFLICT(transactionId) DO UPDATE SET lastGrantedAt = excluded.lastGrantedAt
+                        """,
+                    arguments: [grant.transactionId, grant.originalTransactionId, grant.productId, grant.environment, grant.grantedAt, grant.grantedAt])
+            }
+        }
+    }
+
+    public func grantCount() async throws(CatalogError) -> Int {
+        try await run { [database] in try await database.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM grants") ?? 0 } }
+    }
+
+    public func isRevoked(transactionId: String) async throws(CatalogError) -> Bool {
+        try await run { [database] in
+            try await database.read { db in
+                try Bool.fetchOne(db, sql: "SELECT 1 FROM revocations WHERE transactionId = ?", arguments: [transactionId]) ?? false
+            }
+        }
+    }
+
+    public func revokedTransactionIds() async throws(CatalogError) -> Set<String> {
+        try await run { [database] in
+            Set(try await database.read { db in try String.fetchAll(db, sql: "SELECT transactionId FROM revocations") })
+        }
+    }
+
+    public func apply(_ n: NotificationRecord) async throws(CatalogError) -> NotificationOutcome {
+        try await run { [database] in
+            try await database.write { db -> NotificationOutcome in
+                if try Bool.fetchOne(db, sql: "SELECT 1 FROM notifications WHERE uuid = ?", arguments: [n.uuid]) == true {
+                    return .duplicate
+                }
+                try db.execute(
+                    sql: "INSERT INTO notifications (uuid, type, subtype, transactionId, receivedAt, signedPayload) VALUES (?, ?, ?, ?, ?, ?)",
+                    arguments: [n.uuid, n.type, n.subtype, n.transactionId, n.receivedAt, n.signedPayload])
+                if let transactionId = n.transactionId, let revoke = n.revoke {
+                    if revoke {
+                        try db.execute(
+                            sql: "INSERT OR REPLACE INTO revocations (transactionId, revokedAt, notificationUUID) VALUES (?, ?, ?)",
+                            arguments: [transactionId, n.revokedAt, n.uuid])
+                    } else {
+                        try db.execute(sql: "DELETE FROM revocations WHERE transactionId = ?", arguments: [transactionId])
+                    }
+                }
+                return .applied
+            }
+        }
+    }
+
+    public func notificationCount() async throws(CatalogError) -> Int {
+        try await run { [database] in try await database.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM notifications") ?? 0 } }
+    }
+
+    /// SQLite cannot tell other processes; they poll ``revokedTransactionIds()``.
+    public func watchRevocations(_ onChange: @escaping @Sendable (RevocationChange) -> Void) async -> Bool { false }
+
+    public func close() async {}
+
+    private func run<T: Sendable>(_ body: @Sendable () async throws -> T) async throws(CatalogError) -> T {
+        do { return try await body() } catch { throw Self.storageError(error, location) }
+    }
+
+    static func storageError(_ error: any Error, _ location: String) -> CatalogError {
+        if let error = error as? CatalogError { return error }
+        if let db = error as? DatabaseError {
+            switch db.resultCode {
+            case .SQLITE_READONLY, .SQLITE_CANTOPEN, .SQLITE_PERM:
+                return CatalogError(.storage, "\(location) cannot be written (\(db.resultCode)): make the folder and catalog.sqlite writable by the server")
+            case .SQLITE_FULL:
+                return CatalogError(.storage, "the disk holding \(location) is full: free space; nothing was changed")
+            default:
+                return CatalogError(.storage, "\(location) failed: \(db.message ?? "\(db.resultCode)")")
+            }
+        }
+        return CatalogError(.storage, "\(location) failed: \(error)")
+    }
+}
+
+extension CatalogError {
+    /// The one message for a version that is not in the catalog.
+    public static func unpublished(_ productId: String, _ contentVersion: String) -> CatalogError {
+        CatalogError(.notFound, "\(productId) \(contentVersion) is not published: see iap-server catalog")
+    }
+}

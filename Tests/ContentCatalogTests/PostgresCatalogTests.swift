@@ -1,0 +1,84 @@
+import CatalogPostgres
+import ContentArchive
+import ContentCatalog
+import Foundation
+import IAPTestSupport
+import Synchronization
+import Testing
+
+/// What only PostgreSQL does: several processes (replicas) on one database.
+@Suite("The catalog in PostgreSQL")
+struct PostgresCatalogTests {
+    @Test("replicas starting together migrate once; two publishing the same version at once: one publishes, the other finds it unchanged")
+    func concurrentReplicas() async throws {
+        let url = try await PostgresServer.shared().createDatabase()
+        let folder = try TemporaryFolder()
+        let catalogs = try await withThrowingTaskGroup(of: PostgresCatalog.self) { group in
+            for _ in 0..<4 { group.addTask { try await PostgresCatalog(url: url) } }
+            return try await group.reduce(into: []) { $0.append($1) }
+        }
+        #expect(try await PostgresServer.shared().psql(url, "SELECT string_agg(version::text, ',') FROM iap_schema") == "1")
+
+        try folder.write("content/level.json", "level\n")
+        let packed = try ArchivePacker.pack(
+            folder: folder.sub("content"),
+            options: .init(productId: try ProductIdentifier("com.example.race"), contentVersion: try ContentVersion("1.0"), outputDirectory: folder.sub("out")))
+        let stores = try catalogs.map { try ContentStore(dataDirectory: folder.sub("data"), database: $0) }
+        let outcomes = try await withThrowingTaskGroup(of: PublishOutcome.self) { group in
+            for store in stores { group.addTask { try await store.publish(archiveAt: packed.archivePath) } }
+            return try await group.reduce(into: []) { $0.append($1) }
+        }
+        #expect(outcomes.filter { if case .published = $0 { true } else { false } }.count == 1)
+        #expect(outcomes.filter { if case .unchanged = $0 { true } else { false } }.count == 3)
+        #expect(try await PostgresServer.shared().psql(url, "SELECT COUNT(*) FROM versions") == "1")
+        for catalog in catalogs { await catalog.close() }
+    }
+
+    @Test("a refund applied through one connection is announced to another that listens (LISTEN/NOTIFY)")
+    func revocationsAreAnnounced() async throws {
+        let url = try await PostgresServer.shared().createDatabase()
+        let writer = try await PostgresCatalog(url: url), listener = try await PostgresCatalog(url: url)
+        let (changes, continuation) = AsyncStream.makeStream(of: RevocationChange.self)
+        let watching = Task { _ = await listener.watchRevocations { continuation.yield($0) } }
+        var iterator = changes.makeAsyncIterator()
+        // The first thing a listener hears is to read everything (it may have missed changes).
+        #expect(await iterator.next() == .resynchronize)
+        let refund = NotificationRecord(
+            uuid: "n1", type: "REFUND", subtype: nil, transactionId: "t42", revoke: true, revokedAt: Date(), receivedAt: Date(), signedPayload: "x")
+        #expect(try await writer.apply(refund) == .applied)
+        #expect(await iterator.next() == .revoked(transactionId: "t42"))
+        // A duplicate changes nothing and announces nothing; the reversal is announced.
+        #expect(try await writer.apply(refund) == .duplicate)
+        var reversal = refund
+        reversal.uuid = "n2"
+        reversal.type = "REFUND_REVERSED"
+        reversal.revoke = false
+        #expect(try await writer.apply(reversal) == .applied)
+        #expect(await iterator.next() == .restored(transactionId: "t42"))
+        watching.cancel()
+        await writer.close()
+        await listener.close()
+    }
+
+    @Test("bad URLs and unreachable servers are named, with the fix")
+    func errors() async throws {
+        for (url, expected) in [
+            ("mysql://u@h/db", "is not a PostgreSQL URL"), ("postgres://127.0.0.1/db", "names no user"),
+            ("postgres://u@127.0.0.1/db?sslmode=sometimes", "sslmode=sometimes"),
+        ] {
+            let error = try await #require(throws: CatalogError.self) { try await PostgresCatalog(url: url) }
+            #expect(error.message.contains(expected), "\(error.message)")
+        }
+        let port = try freePort()
+        let error = try await #require(throws: CatalogError.self) { try await PostgresCatalog(url: "postgres://iap@127.0.0.1:\(port)/none?sslmode=disable") }
+        #expect(error.code == .storage)
+        #expect(error.message.contains("PostgreSQL at 127.0.0.1:\(port)/none"), "\(error.message)")
+        #expect(error.message.contains("check that it runs"), "\(error.message)")
+        // The server's own reason, not a retry loop.
+        let server = try await PostgresServer.shared()
+        let wrong = try await #require(throws: CatalogError.self) {
+            try await PostgresCatalog(url: "postgres://iap@127.0.0.1:\(server.port)/nosuch?sslmode=disable")
+        }
+        #expect(wrong.message.contains("database \"nosuch\" does not exist"), "\(wrong.message)")
+    }
+}

@@ -1,0 +1,131 @@
+import Foundation
+
+/// A real PostgreSQL server from Debian's packages (`tools/install-deps.sh` installs them), in a
+/// temporary folder on a free loopback port, with trust authentication for user `iap`. As root,
+/// it runs as the `postgres` user (PostgreSQL refuses root). A watchdog shell removes it when the
+/// test process exits, however it exits: it waits for the end of a pipe only this process holds.
+public final class PostgresServer: @unchecked Sendable {
+    public let port: Int
+    public let folder: String
+    private let bin: String
+    private let asPostgres: [String]
+    private let watchdog: Process
+    private let watchdogInput = Pipe()
+
+    private actor Shared {
+        var starting: Task<PostgresServer, any Error>?
+        func server() -> Task<PostgresServer, any Error> {
+            if let starting { return starting }
+            let task = Task { try await offThread { try PostgresServer() } }
+            starting = task
+            return task
+        }
+    }
+
+    private static let sharedServer = Shared()
+
+    /// One server for the whole test process, started on first use; tests take a database each.
+    public static func shared() async throws -> PostgresServer { try await sharedServer.server().value }
+
+    /// A server of its own (for a test that stops and restarts it).
+    public static func start() async throws -> PostgresServer { try await offThread { try PostgresServer() } }
+
+    private init() throws {
+        let versions = ((try? FileManager.default.contentsOfDirectory(atPath: "/usr/lib/postgresql")) ?? []).sorted { $0.compare($1, options: .numeric) == .orderedDescending }
+        guard let version = versions.first(where: { FileManager.default.isExecutableFile(atPath: "/usr/lib/postgresql/\($0)/bin/postgres") }) else {
+            throw ServerError(description: "PostgreSQL is not installed: run tools/install-deps.sh (Debian: apt-get install postgresql)")
+        }
+        bin = "/usr/lib/postgresql/\(version)/bin"
+        folder = FileManager.default.temporaryDirectory.path + "/iap-pg-" + UUID().uuidString
+        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+        asPostgres = getuid() == 0 ? ["/usr/bin/setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups"] : []
+        if getuid() == 0 { try Self.check(run("/bin/chown", ["postgres:postgres", folder]), "chown") }
+        port = try freePort()
+        // Only this process may hold the watchdog's pipe open: no child (pg_ctl, postgres) inherits it.
+        _ = fcntl(watchdogInput.fileHandleForWriting.fileDescriptor, F_SETFD, FD_CLOEXEC)
+        try Self.check(
+            run(
+                asPostgres.first ?? bin + "/initdb",
+                Array(asPostgres.dropFirst()) + (asPostgres.isEmpty ? [] : [bin + "/initdb"]) + ["-D", folder + "/db", "-U", "iap", "--auth=trust", "-E", "UTF8", "--no-sync"]),
+            "initdb")
+        watchdog = try launch(
+            "/bin/sh", ["-c", "read _; \(asPostgres.joined(separator: " ")) \(bin)/pg_ctl -D '\(folder)/db' -m immediate -w stop >/dev/null 2>&1; rm -rf '\(folder)'"],
+            stdin: watchdogInput)
+        try startBlocking()
+    }
+
+    /// Starts the server again after ``stop(mode:)`` and waits until it accepts connections.
+    public func restart() async throws { try await offThread { try self.startBlocking() } }
+
+    private func startBlocking() throws {
+        try pgCtl(["-l", folder + "/server.log", "-w", "-t", "30", "-o", "-p \(port) -k \(folder) -c listen_addresses=127.0.0.1", "start"])
+    }
+
+    /// Stops the server: `fast` disconnects clients and shuts down cleanly, `immediate` is a crash.
+    public func stop(mode: String = "fast") async throws {
+        try await offThread { try self.pgCtl(["-m", mode, "-w", "stop"]) }
+    }
+
+    /// pg_ctl through bash that first closes every descriptor above 2: Foundation learns that a
+    /// child ended when a socket the child inherited closes, and the server pg_ctl leaves running
+    /// would otherwise hold it open, so that `run` never returned.
+    private func pgCtl(_ arguments: [String]) throws {
+        let closeInherited = #"for fd in /proc/$$/fd/*; do n=${fd##*/}; [ "$n" -gt 2 ] && { eval "exec $n>&-"; } 2>/dev/null; done; exec "$@""#
+        let command = asPostgres + [bin + "/pg_ctl", "-D", folder + "/db"] + arguments
+        try Self.check(run("/bin/bash", ["-c", closeInherited, "pg_ctl"] + command), "pg_ctl \(arguments.last!)")
+    }
+
+    /// A new, empty database; its URL for `--database`.
+    public func createDatabase() async throws -> String {
+        try await offThread { try self.createDatabaseBlocking() }
+    }
+
+    private func createDatabaseBlocking() throws -> String {
+        let name = "t_" + UUID().uuidString.replacingOccurrences(of: "-", with: "").lowercased()
+        try Self.check(run(bin + "/psql", ["-h", "127.0.0.1", "-p", String(port), "-U", "iap", "-d", "postgres", "-q", "-c", "CREATE DATABASE \(name)"]), "CREATE DATABASE")
+        return "postgres://iap@127.0.0.1:\(port)/\(name)?sslmode=disable"
+    }
+
+    /// Runs SQL with psql and returns what it prints (unaligned, tuples only).
+    public func psql(_ url: String, _ sql: String) async throws -> String {
+        try await offThread { try self.psqlBlocking(url, sql) }
+    }
+
+    private func psqlBlocking(_ url: String, _ sql: String) throws -> String {
+        let database = String(url.split(separator: "/").last!.split(separator: "?").first!)
+        let result = try run(bin + "/psql", ["-h", "127.0.0.1", "-p", String(port), "-U", "iap", "-d", database, "-At", "-c", sql])
+        try Self.check(result, "psql")
+        return result.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+    }
+
+    deinit { try? watchdogInput.fileHandleForWriting.close() }
+
+    private static func check(_ result: ProcessResult, _ what: String) throws {
+        guard result.status == 0 else { throw ServerError(description: "\(what) failed (\(result.status)): \(result.stderr)\(result.stdout)") }
+    }
+}
+
+/// Runs blocking work (waiting for child processes) on a thread of its own. Tests run in
+/// parallel on Swift's small cooperative pool (two threads here); when every one of them waits
+/// for a child, Foundation cannot deliver the child's exit and all of them wait forever.
+public func offThread<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async throws -> T {
+    try await withCheckedThrowingContinuation { continuation in
+        Thread { continuation.resume(with: Result { try work() }) }.start()
+    }
+}
+
+/// A port nothing listens on now (the kernel's choice for an ephemeral bind).
+public func freePort() throws -> Int {
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    defer { close(fd) }
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_addr.s_addr = inet_addr("127.0.0.1")
+    address.sin_port = 0
+    var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+    let bound = withUnsafeMutablePointer(to: &address) { pointer in
+        pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) == 0 && getsockname(fd, $0, &length) == 0 }
+    }
+    guard bound else { throw ServerError(description: "cannot find a free port: \(String(cString: strerror(errno)))") }
+    return Int(UInt16(bigEndian: address.sin_port))
+}
