@@ -64,7 +64,7 @@ public struct ServerConfiguration: Sendable {
         ("IAP_HEADER_TIMEOUT", "--header-timeout"), ("IAP_IDLE_TIMEOUT", "--idle-timeout"),
         ("IAP_RECEIPT_VERIFICATION", "--receipt-verification"), ("IAP_VERIFY_RECEIPT_URL", "--verify-receipt-url"),
         ("IAP_VERIFY_RECEIPT_SANDBOX_URL", "--verify-receipt-sandbox-url"), ("IAP_RECEIPT_SHARED_SECRET_FILE", "--receipt-shared-secret-file"),
-        ("IAP_VERIFY_RECEIPT_TIMEOUT", "--verify-receipt-timeout"),
+        ("IAP_VERIFY_RECEIPT_TIMEOUT", "--verify-receipt-timeout"), ("IAP_REVOCATION_REFRESH", "--revocation-refresh"),
     ]
 }
 

@@ -73,6 +73,10 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .customLong("public-url"), help: "The base of download URLs, e.g. https://content.example.com (default http://<host>:<port>).") var publicURL: String?
     @Option(name: .customLong("header-timeout"), help: "Seconds a client has to send a complete request head (default 30).") var headerTimeout: Int?
     @Option(name: .customLong("idle-timeout"), help: "Seconds a connection may send nothing between requests (default 60).") var idleTimeout: Int?
+    @Option(
+        name: .customLong("revocation-refresh"),
+        help: "Seconds between full reloads of revocations other replicas wrote (default 2); with --database PostgreSQL announces each one at once anyway.")
+    var revocationRefresh: Int?
     @Option(name: .customLong("port-file"), help: "Write the bound port to this file once listening (for scripts).") var portFile: String?
     @Flag(name: .customLong("allow-local-testing"), help: "Also accept Xcode and LocalTesting transactions.") var allowLocalTesting = false
     @Option(name: .customLong("receipt-verification"), help: "How StoreKit 1 app receipts are verified: local (libcrypto, the default), apple (verifyReceipt) or both (must agree).")
@@ -151,6 +155,7 @@ struct Serve: AsyncParsableCommand {
         }
         if let seconds = try timeout(headerTimeout, "IAP_HEADER_TIMEOUT", "--header-timeout") { configuration.headerTimeout = seconds }
         if let seconds = try timeout(idleTimeout, "IAP_IDLE_TIMEOUT", "--idle-timeout") { configuration.idleTimeout = seconds }
+        if let seconds = try timeout(revocationRefresh, "IAP_REVOCATION_REFRESH", "--revocation-refresh") { configuration.revocationRefresh = seconds }
         var logger = Logger(label: "iap-server")
         logger.logLevel = env("LOG_LEVEL").flatMap(Logger.Level.init(rawValue:)) ?? .info
         let portFile = self.portFile

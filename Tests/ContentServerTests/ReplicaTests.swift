@@ -1,0 +1,133 @@
+import ContentArchive
+import Foundation
+import IAPTestSupport
+import SandboxStore
+import Testing
+
+/// Several `iap-server` processes sharing one PostgreSQL database, one archive folder and one
+/// grant key file: any replica grants, serves and takes notifications for all.
+@Suite("Replicas on PostgreSQL", .serialized)
+struct ReplicaTests {
+    let bundleId = "com.example.app"
+    let product = "com.example.cosmos.levels1"
+    let adminToken = "admin-token-for-tests-0123456789"
+
+    /// Replicas that reload revocations only hourly, so that only PostgreSQL's announcement can
+    /// make one refuse a refund another received.
+    func startReplicas(_ tmp: TemporaryFolder, databaseURL: String, count: Int) throws -> (SandboxStore, [ServerProcess]) {
+        let sandbox =
+            FileManager.default.fileExists(atPath: tmp.sub("sandbox/store.json"))
+            ? try SandboxStore(folder: tmp.sub("sandbox")) : try SandboxStore.initialize(folder: tmp.sub("sandbox"), bundleId: bundleId)
+        try tmp.write("admin-token", adminToken)
+        let replicas = try (0..<count).map { index in
+            try ServerProcess(
+                data: tmp.sub("replica-\(index)"),
+                arguments: [
+                    "--bundle-id", bundleId, "--trust-root", sandbox.rootCertificatePath, "--environment", "sandbox",
+                    "--admin-token-file", tmp.sub("admin-token"), "--database", databaseURL, "--archives", tmp.sub("shared/archives"),
+                    "--grant-keys", tmp.sub("shared/grant-keys.json"), "--revocation-refresh", "3600",
+                ], folder: tmp)
+        }
+        return (sandbox, replicas)
+    }
+
+    func packSample(_ tmp: TemporaryFolder) throws -> PackResult {
+        let content = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+            .appendingPathComponent("content/com.example.cosmos.levels1/Contents").path
+        return try ArchivePacker.pack(
+            folder: content, options: .init(productId: try ProductIdentifier(product), contentVersion: try ContentVersion("1.0"), outputDirectory: tmp.sub("out")))
+    }
+
+    func upload(_ archive: String, to server: ServerProcess, _ tmp: TemporaryFolder) throws -> HTTPResult {
+        try curl(["-X", "PUT", "-T", archive, "-H", "Authorization: Bearer \(adminToken)", server.base + "/v1/admin/archives"], folder: tmp)
+    }
+
+    /// The download URL a grant from `granting` names, pointed at `serving` instead.
+    func grantURL(_ signed: String, from granting: ServerProcess, servedBy serving: ServerProcess, _ tmp: TemporaryFolder) throws -> String {
+        let granted = try postJSON(granting.base + "/v1/downloads", ["signedTransaction": signed], folder: tmp)
+        #expect(granted.status == 200, "\(granted.text)")
+        let url = try #require(((granted.json["downloads"] as? [[String: Any]])?.first)?["url"] as? String)
+        return serving.base + url.dropFirst(granting.base.count)
+    }
+
+    /// Asks until `condition` holds, for at most `limit`; how long it took, or nil.
+    func waitUntil(_ limit: Duration, _ condition: () throws -> Bool) async rethrows -> Duration? {
+        let clock = ContinuousClock(), start = clock.now
+        while clock.now - start < limit {
+            if try condition() { return clock.now - start }
+            try? await Task.sleep(for: .milliseconds(10))
+        }
+        return nil
+    }
+
+    @Test("three replicas: publish on A, grant on B, download from C; a refund posted to A cuts C through NOTIFY; one ledger")
+    func threeReplicas() async throws {
+        let tmp = try TemporaryFolder()
+        let url = try await PostgresServer.shared().createDatabase()
+        let (sandbox, replicas) = try startReplicas(tmp, databaseURL: url, count: 3)
+        let (a, b, c) = (replicas[0], replicas[1], replicas[2])
+        let packed = try packSample(tmp)
+        let bytes = try Data(contentsOf: URL(fileURLWithPath: packed.archivePath))
+
+        #expect(try upload(packed.archivePath, to: a, tmp).status == 201)
+        for replica in replicas {
+            #expect(try curl([replica.base + "/v1/products/\(product)"], folder: tmp).json["sha256"] as? String == packed.manifest.archiveSHA256)
+            #expect(try curl([replica.base + "/readyz"], folder: tmp).status == 200)
+        }
+        let purchase = try sandbox.purchase(productId: product)
+        let onC = try grantURL(purchase.signedTransaction, from: b, servedBy: c, tmp)
+        let whole = try curl([onC], folder: tmp)
+        #expect(whole.status == 200 && whole.body == bytes)
+        let range = try curl(["-H", "Range: bytes=100-199", onC], folder: tmp)
+        #expect(range.status == 206 && range.body == bytes[100..<200])
+
+        let refund = try sandbox.refund(transactionId: purchase.transaction.transactionId!)
+        #expect(try postJSON(a.base + "/v1/notifications", ["signedPayload": refund.signedPayload], folder: tmp).status == 200)
+        let cut = try await waitUntil(.seconds(10)) { try curl([onC], folder: tmp).status == 403 }
+        #expect(cut != nil, "C still serves a refunded transaction's URL")
+        let regrant = try postJSON(c.base + "/v1/downloads", ["signedTransaction": purchase.signedTransaction], folder: tmp)
+        #expect(regrant.status == 403 && regrant.errorCode == "revoked")
+        // The same notification posted to another replica is a duplicate: one row, applied once.
+        #expect(try postJSON(b.base + "/v1/notifications", ["signedPayload": refund.signedPayload], folder: tmp).status == 200)
+        let server = try await PostgresServer.shared()
+        #expect(try await server.psql(url, "SELECT COUNT(*) FROM notifications") == "1")
+        #expect(try await server.psql(url, "SELECT transaction_id FROM revocations") == purchase.transaction.transactionId!)
+        #expect(try await server.psql(url, "SELECT COUNT(*) FROM grants") == "1")
+    }
+
+    @Test("PostgreSQL restarted mid-run: grants get 503 while it is down, downloads go on, replicas recover by themselves, nothing acknowledged is lost")
+    func databaseRestart() async throws {
+        let tmp = try TemporaryFolder()
+        let database = try await PostgresServer.start()
+        let url = try await database.createDatabase()
+        let (sandbox, replicas) = try startReplicas(tmp, databaseURL: url, count: 2)
+        let (a, b) = (replicas[0], replicas[1])
+        let packed = try packSample(tmp)
+        #expect(try upload(packed.archivePath, to: a, tmp).status == 201)
+        let first = try sandbox.purchase(productId: product), second = try sandbox.purchase(productId: product)
+        let firstURL = try grantURL(first.signedTransaction, from: a, servedBy: b, tmp)
+        let refundBefore = try sandbox.refund(transactionId: second.transaction.transactionId!)
+        #expect(try postJSON(a.base + "/v1/notifications", ["signedPayload": refundBefore.signedPayload], folder: tmp).status == 200)
+
+        try await database.stop()
+        let refused = try postJSON(a.base + "/v1/downloads", ["signedTransaction": first.signedTransaction], folder: tmp)
+        #expect(refused.status == 503, "\(refused.text)")
+        #expect(try curl([a.base + "/readyz"], folder: tmp).status == 503)
+        // A grant the replica can check itself is still served.
+        #expect(try curl(["-o", "/dev/null", firstURL], folder: tmp).status == 200)
+
+        try await database.restart()
+        let recovered = try await waitUntil(.seconds(30)) {
+            try postJSON(a.base + "/v1/downloads", ["signedTransaction": first.signedTransaction], folder: tmp).status == 200
+        }
+        #expect(recovered != nil, "the replica did not recover after PostgreSQL came back")
+        #expect(try await database.psql(url, "SELECT COUNT(*) FROM notifications") == "1")
+        #expect(try await database.psql(url, "SELECT transaction_id FROM revocations") == second.transaction.transactionId!)
+        // B listens again: a refund posted to A after the restart still reaches it.
+        let refundAfter = try sandbox.refund(transactionId: first.transaction.transactionId!)
+        #expect(try postJSON(a.base + "/v1/notifications", ["signedPayload": refundAfter.signedPayload], folder: tmp).status == 200)
+        let cut = try await waitUntil(.seconds(10)) { try curl([firstURL], folder: tmp).status == 403 }
+        #expect(cut != nil, "B did not hear of the refund after PostgreSQL restarted")
+        try await database.stop(mode: "immediate")
+    }
+}
