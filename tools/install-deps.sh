@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the project needs, only those missing (run as root, or with sudo).
 set -euo pipefail
-# postgresql: the catalog tests and the replica tests start their own server from its binaries.
-packages=(libdeflate-dev zlib1g-dev libsqlite3-dev libssl-dev curl unzip zip python3 util-linux openssl postgresql)
+# postgresql and nginx: the catalog, replica and edge tests start their own servers from their binaries.
+packages=(libdeflate-dev zlib1g-dev libsqlite3-dev libssl-dev curl unzip zip python3 util-linux openssl postgresql nginx)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -22,7 +22,12 @@ public final class PostgresCatalog: CatalogDatabase {
 
     /// Connects to `url` (`postgres://user:password@host:port/database?sslmode=disable|prefer|require`)
     /// and brings the schema up to date.
-    public init(url: String, logger: Logger = Logger(label: "iap.catalog.postgres")) async throws(CatalogError) {
+    /// `operationTimeout` bounds each operation, waiting for a connection included (PostgresNIO
+    /// waits as long as the server is away): a grant request gets its 503 after that long.
+    public init(
+        url: String, operationTimeout: Duration = .seconds(10), logger: Logger = Logger(label: "iap.catalog.postgres")
+    ) async throws(CatalogError) {
+        self.operationTimeout = operationTimeout
         let (configuration, probe) = try Self.configuration(url)
         location = "PostgreSQL at \(configuration.host ?? configuration.unixSocketPath ?? "?")\(configuration.port.map { ":\($0)" } ?? "")/\(configuration.database ?? configuration.username)"
         // PostgresNIO logs each failed connection attempt at info; an operator needs the warnings.
@@ -307,9 +312,7 @@ public final class PostgresCatalog: CatalogDatabase {
         }
     }
 
-    /// How long one database operation may take, waiting for a connection included. PostgresNIO
-    /// waits for a connection as long as the server is away; a grant request should get its 503.
-    static let operationTimeout: Duration = .seconds(10)
+    private let operationTimeout: Duration
     /// Opening waits longer: replicas starting together queue for the migration lock.
     static let openTimeout: Duration = .seconds(60)
 
@@ -317,9 +320,9 @@ public final class PostgresCatalog: CatalogDatabase {
 
     @discardableResult
     private func run<T: Sendable>(
-        timeout: Duration = operationTimeout, _ body: @escaping @Sendable (PostgresClient, Logger) async throws -> T
+        timeout: Duration? = nil, _ body: @escaping @Sendable (PostgresClient, Logger) async throws -> T
     ) async throws(CatalogError) -> T {
-        let client = client, logger = logger
+        let client = client, logger = logger, timeout = timeout ?? operationTimeout
         do {
             return try await withThrowingTaskGroup(of: T.self) { group in
                 group.addTask { try await body(client, logger) }

@@ -38,8 +38,9 @@ public struct ServedFile: Sendable {
 
 /// What a content path resolves to.
 public enum ContentResolution: Sendable {
-    /// Serve this file; `fileName` goes into `Content-Disposition`.
-    case file(ServedFile, fileName: String)
+    /// Serve this file; `fileName` goes into `Content-Disposition`; `freshFor` is how long (in
+    /// seconds) the URL stays valid, the `max-age` a private cache may keep the bytes.
+    case file(ServedFile, fileName: String, freshFor: Int64)
     /// Answer with this status and a JSON error body.
     case refuse(HTTPResponseStatus, APIError)
 }

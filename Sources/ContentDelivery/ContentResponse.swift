@@ -59,7 +59,11 @@ struct ContentResponse {
         switch resolver.resolve(key: key, name: name, on: eventLoop) {
         case .refuse(let status, let refusal):
             return error(status, refusal, headers: headers, method: method, keepAlive: keepAlive, allocator: allocator)
-        case .file(let file, let fileName):
+        case .file(let file, let fileName, let freshFor):
+            // Bytes behind a grant: only the buyer's own cache keeps them (an edge caches them
+            // by explicit configuration, after asking the server about the grant), never
+            // revalidated while the URL is valid (the archive under a URL never changes).
+            headers.append(("Cache-Control", "private, max-age=\(max(0, freshFor)), immutable, no-transform"))
             return serve(file, fileName: fileName, request: request, maxRanges: maxRanges, headers: headers, allocator: allocator)
         }
     }
@@ -73,7 +77,6 @@ struct ContentResponse {
         headers.append(("Accept-Ranges", "bytes"))
         headers.append(("ETag", file.etag))
         headers.append(("Last-Modified", file.lastModified))
-        headers.append(("Cache-Control", "private, no-transform"))
         if let digest = file.reprDigest { headers.append(("Repr-Digest", digest)) }
         let decision = RangeEvaluator.evaluate(
             size: file.size, etag: file.etag, lastModified: file.lastModified,

@@ -9,6 +9,7 @@ import DurableFiles
 import Foundation
 import IAPProtocol
 import NIOCore
+import NIOHTTP1
 import PurchaseVerification
 import ReceiptVerification
 import Synchronization
@@ -101,15 +102,41 @@ final class ContentService: ContentResolver, Sendable {
     // MARK: ContentResolver (runs on the event loop)
 
     func resolve(key token: Substring, name: Substring, on eventLoop: any EventLoop) -> ContentResolution {
-        let key = String(token)
         let now = Date()
+        let grant: Grant
+        switch check(token: token, now: now) {
+        case .failure(let refusal): return .refuse(refusal.status, refusal.error)
+        case .success(let valid): grant = valid
+        }
+        // The manifest is served under the same grant as its archive, for delta updates.
+        let manifest = name.hasSuffix(Route.manifestSuffix)
+        guard let file = openFile(sha256: grant.sha256, manifest: manifest, for: ObjectIdentifier(eventLoop)) else {
+            let what = manifest ? "manifest" : "archive"
+            return .refuse(.notFound, APIError(.noContent, "the \(what) for \(grant.productId) \(grant.contentVersion) is not on this server"))
+        }
+        return .file(
+            file, fileName: "\(grant.productId)-\(grant.contentVersion)" + (manifest ? Route.manifestSuffix : ".zip"),
+            freshFor: grant.expiresAt - Int64(now.timeIntervalSince1970))
+    }
+
+    /// A content request's refusal: its status and error body.
+    struct GrantRefusal: Error {
+        let status: HTTPResponseStatus
+        let error: APIError
+    }
+
+    /// Whether a grant token lets its holder download now: signed by a key of the ring, not
+    /// expired, its transaction not revoked. Runs on the event loop for every content request
+    /// and for every grant check an edge asks.
+    func check(token: Substring, now: Date) -> Result<Grant, GrantRefusal> {
+        let key = String(token)
         let grant: Grant
         if let known = verifiedGrants.withLock({ $0[key] }), Int64(now.timeIntervalSince1970) < known.expiresAt {
             grant = known
         } else {
             switch grants.verify(token, now: now) {
             case .failure(let error):
-                return .refuse(.unauthorized, APIError(APIErrorCode(rawValue: error.code), error.description))
+                return .failure(GrantRefusal(status: .unauthorized, error: APIError(APIErrorCode(rawValue: error.code), error.description)))
             case .success(let value):
                 grant = value
             }
@@ -119,15 +146,12 @@ final class ContentService: ContentResolver, Sendable {
             }
         }
         if isRevoked(grant.transactionId) {
-            return .refuse(.forbidden, APIError(.revoked, "transaction \(grant.transactionId) was refunded or revoked: its content can no longer be downloaded"))
+            return .failure(
+                GrantRefusal(
+                    status: .forbidden,
+                    error: APIError(.revoked, "transaction \(grant.transactionId) was refunded or revoked: its content can no longer be downloaded")))
         }
-        // The manifest is served under the same grant as its archive, for delta updates.
-        let manifest = name.hasSuffix(Route.manifestSuffix)
-        guard let file = openFile(sha256: grant.sha256, manifest: manifest, for: ObjectIdentifier(eventLoop)) else {
-            let what = manifest ? "manifest" : "archive"
-            return .refuse(.notFound, APIError(.noContent, "the \(what) for \(grant.productId) \(grant.contentVersion) is not on this server"))
-        }
-        return .file(file, fileName: "\(grant.productId)-\(grant.contentVersion)" + (manifest ? Route.manifestSuffix : ".zip"))
+        return .success(grant)
     }
 
     /// Archives are immutable and named by hash, so each is opened once per event loop and the

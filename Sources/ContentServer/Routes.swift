@@ -28,11 +28,37 @@ struct APIRoutes: Sendable {
             headers[.contentType] = "text/plain; version=0.0.4"
             return Response(status: .ok, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: service.metrics.registry.emitToBuffer())))
         }
+        router.get(RouterPath(Route.grantCheck)) { request, _ in grantCheck(request) }
         router.get(RouterPath(Route.productPattern)) { _, context in await product(try context.parameters.require("productId")) }
         router.post(RouterPath(Route.downloads)) { request, _ in await downloads(request) }
         router.post(RouterPath(Route.notifications)) { request, _ in await notification(request) }
         router.put(RouterPath(Route.adminArchives)) { request, _ in await upload(request) }
         router.post(RouterPath(Route.adminRollouts)) { request, _ in await rollout(request) }
+    }
+
+    // MARK: Edge
+
+    /// nginx's `auth_request`: is the grant in the content path of `X-Original-URI` valid now?
+    /// Every answer may be cached for a second, so a refund reaches an edge within one.
+    func grantCheck(_ request: Request) -> Response {
+        var headers = HTTPFields()
+        headers[.cacheControl] = "max-age=1"
+        let uri = request.headers[HTTPField.Name(Route.grantCheckURIHeader)!] ?? ""
+        guard uri.hasPrefix(Route.contentPrefix) else {
+            return apiError(
+                .unauthorized,
+                APIError(.malformed, "send the content path in \(Route.grantCheckURIHeader) (nginx: proxy_set_header \(Route.grantCheckURIHeader) $request_uri)"),
+                headers: headers)
+        }
+        let rest = uri.dropFirst(Route.contentPrefix.count)
+        let token = rest.prefix { $0 != "/" && $0 != "?" }
+        switch service.check(token: token, now: Date()) {
+        case .failure(let refusal):
+            return apiError(HTTPResponse.Status(code: Int(refusal.status.code)), refusal.error, headers: headers)
+        case .success(let grant):
+            headers[HTTPField.Name(Route.grantCheckArchiveHeader)!] = grant.sha256
+            return Response(status: .ok, headers: headers)
+        }
     }
 
     // MARK: Products
@@ -370,16 +396,18 @@ struct APIRoutes: Sendable {
     }
 }
 
-func json<T: Encodable>(_ status: HTTPResponse.Status, _ value: T) -> Response {
+/// A JSON answer; not cached unless `headers` say otherwise.
+func json<T: Encodable>(_ status: HTTPResponse.Status, _ value: T, headers extra: HTTPFields = [:]) -> Response {
     var headers = HTTPFields()
     headers[.contentType] = "application/json"
     headers[.cacheControl] = "no-store"
+    for field in extra { headers[field.name] = field.value }
     return Response(status: status, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: WireJSON.line(value))))
 }
 
 /// An error answer: the envelope of ``APIError``.
-func apiError(_ status: HTTPResponse.Status, _ error: APIError) -> Response {
-    json(status, error.envelope)
+func apiError(_ status: HTTPResponse.Status, _ error: APIError, headers: HTTPFields = [:]) -> Response {
+    json(status, error.envelope, headers: headers)
 }
 
 func constantTimeEqual(_ a: String, _ b: String) -> Bool {

@@ -14,6 +14,14 @@ public enum Route {
     /// `GET`, `HEAD`: `<contentPrefix><grant token>/<productId>-<contentVersion>.zip`, the archive bytes;
     /// `...-<contentVersion>.manifest.json`, its manifest.
     public static let contentPrefix = "/v1/content/"
+    /// `GET` with ``grantCheckURIHeader`` holding a content path: 200 (empty) when its grant is valid and
+    /// not revoked, with the archive's SHA-256 in ``grantCheckArchiveHeader`` (an edge cache's key),
+    /// 401 or 403 otherwise; every answer may be cached for one second. For nginx's `auth_request`.
+    public static let grantCheck = "/v1/grant-check"
+    /// The content path a grant check is about (nginx: `proxy_set_header X-Original-URI $request_uri`).
+    public static let grantCheckURIHeader = "X-Original-URI"
+    /// The checked grant's archive, so an edge caches bytes by content, not by token.
+    public static let grantCheckArchiveHeader = "IAP-Archive-SHA256"
     /// `GET`: Prometheus text.
     public static let metrics = "/metrics"
     /// `GET`: 200 while the process runs.

@@ -14,7 +14,7 @@ struct PostgresCatalogTests {
         let url = try await PostgresServer.shared().createDatabase()
         let folder = try TemporaryFolder()
         let catalogs = try await withThrowingTaskGroup(of: PostgresCatalog.self) { group in
-            for _ in 0..<4 { group.addTask { try await PostgresCatalog(url: url) } }
+            for _ in 0..<4 { group.addTask { try await testCatalog(url) } }
             return try await group.reduce(into: []) { $0.append($1) }
         }
         #expect(try await PostgresServer.shared().psql(url, "SELECT string_agg(version::text, ',') FROM iap_schema") == "1")
@@ -37,7 +37,7 @@ struct PostgresCatalogTests {
     @Test("a refund applied through one connection is announced to another that listens (LISTEN/NOTIFY)")
     func revocationsAreAnnounced() async throws {
         let url = try await PostgresServer.shared().createDatabase()
-        let writer = try await PostgresCatalog(url: url), listener = try await PostgresCatalog(url: url)
+        let writer = try await testCatalog(url), listener = try await testCatalog(url)
         let (changes, continuation) = AsyncStream.makeStream(of: RevocationChange.self)
         let watching = Task { _ = await listener.watchRevocations { continuation.yield($0) } }
         var iterator = changes.makeAsyncIterator()

@@ -30,7 +30,7 @@ final class OneFileResolver: ContentResolver {
     }
 
     func resolve(key: Substring, name: Substring, on eventLoop: any EventLoop) -> ContentResolution {
-        key == "ok" ? .file(file, fileName: "p-1.0.zip") : .refuse(.forbidden, APIError(.revoked, "refunded"))
+        key == "ok" ? .file(file, fileName: "p-1.0.zip", freshFor: 900) : .refuse(.forbidden, APIError(.revoked, "refunded"))
     }
 }
 
