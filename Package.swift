@@ -185,7 +185,9 @@ let package = Package(
             name: "ContentServer",
             dependencies: [
                 "AppStoreServerAPI", "AppStoreServerClient", "Base64URL", "CatalogPostgres", "ContentArchive", "ContentCatalog", "ContentDelivery",
-                "DownloadGrants", "IAPProtocol", "PurchaseVerification", "ReceiptVerification",
+                "DownloadGrants", "DurableFiles", "IAPProtocol", "PurchaseVerification", "ReceiptVerification",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HummingbirdCore", package: "hummingbird"),
                 .product(name: "MultipartKit", package: "multipart-kit"),

@@ -8,7 +8,7 @@ import PostgresNIO
 /// The catalog, grants ledger, revocations and notifications in PostgreSQL (PostgresNIO), so
 /// that several `iap-server` replicas share one state. Migrations run on open under an advisory
 /// lock, so replicas starting together migrate once. Revocations are announced with
-/// `NOTIFY iap_revocations` in the transaction that writes them, so every replica hears of a
+/// `NOTIFY iap_changes` in the transaction that writes them, so every replica hears of a
 /// refund when it commits (``watchRevocations(_:)``).
 public final class PostgresCatalog: CatalogDatabase {
     public let location: String
@@ -16,9 +16,9 @@ public final class PostgresCatalog: CatalogDatabase {
     private let runner: Task<Void, Never>
     private let logger: Logger
 
-    /// The channel revocations are announced on; the payload is `+<transactionId>` (revoked) or
-    /// `-<transactionId>` (restored).
-    static let channel = "iap_revocations"
+    /// The channel changes are announced on; the payload is `+<transactionId>` (revoked),
+    /// `-<transactionId>` (restored) or `*<sha256>` (a version was published).
+    static let channel = "iap_changes"
 
     /// Connects to `url` (`postgres://user:password@host:port/database?sslmode=disable|prefer|require`)
     /// and brings the schema up to date.
@@ -120,7 +120,8 @@ public final class PostgresCatalog: CatalogDatabase {
                 uuid TEXT PRIMARY KEY, type TEXT NOT NULL, subtype TEXT, transaction_id TEXT,
                 received_at TIMESTAMPTZ NOT NULL, signed_payload TEXT NOT NULL)
             """,
-        ]
+        ],
+        ["ALTER TABLE versions ADD COLUMN origin_url TEXT"],
     ]
 
     private func migrate() async throws(CatalogError) {
@@ -149,20 +150,20 @@ public final class PostgresCatalog: CatalogDatabase {
         }
     }
 
-    private static let versionColumns = "product_id, content_version, sha256, size, content_length, published_at, manifest_sha256, rollout_percent, rolled_back_at"
+    private static let versionColumns = "product_id, content_version, sha256, size, content_length, published_at, manifest_sha256, rollout_percent, rolled_back_at, origin_url"
 
     private static func versions(productId: String?, on connection: PostgresConnection, logger: Logger) async throws -> [PublishedVersion] {
         var query: PostgresQuery = "SELECT \(unescaped: versionColumns) FROM versions"
         if let productId { query = "SELECT \(unescaped: versionColumns) FROM versions WHERE product_id = \(productId)" }
         var result: [PublishedVersion] = []
         let rows = try await connection.query(query, logger: logger)
-        for try await (product, version, sha, size, length, published, manifest, rollout, rolledBack) in rows.decode(
-            (String, String, String, Int64, Int64, Date, String?, Int?, Date?).self)
+        for try await (product, version, sha, size, length, published, manifest, rollout, rolledBack, origin) in rows.decode(
+            (String, String, String, Int64, Int64, Date, String?, Int?, Date?, String?).self)
         {
             result.append(
                 PublishedVersion(
                     productId: product, contentVersion: version, sha256: sha, size: size, contentLength: length, publishedAt: published,
-                    manifestSHA256: manifest, rolloutPercent: rollout, rolledBackAt: rolledBack))
+                    manifestSHA256: manifest, rolloutPercent: rollout, rolledBackAt: rolledBack, originURL: origin))
         }
         return result
     }
@@ -178,10 +179,11 @@ public final class PostgresCatalog: CatalogDatabase {
                 if let same = try decide(existing) { return .unchanged(same) }
                 try await connection.query(
                     """
-                    INSERT INTO versions (product_id, content_version, sha256, size, content_length, published_at, manifest_sha256, rollout_percent, rolled_back_at)
+                    INSERT INTO versions (product_id, content_version, sha256, size, content_length, published_at, manifest_sha256, rollout_percent, rolled_back_at, origin_url)
                     VALUES (\(version.productId), \(version.contentVersion), \(version.sha256), \(version.size), \(version.contentLength), \(version.publishedAt),
-                            \(version.manifestSHA256), \(version.rolloutPercent), \(version.rolledBackAt))
+                            \(version.manifestSHA256), \(version.rolloutPercent), \(version.rolledBackAt), \(version.originURL))
                     """, logger: logger)
+                try await connection.query("SELECT pg_notify(\(Self.channel), \("*" + version.sha256))", logger: logger)
                 return .published(version)
             }
         }
@@ -283,8 +285,13 @@ public final class PostgresCatalog: CatalogDatabase {
                     try await connection.listen(on: Self.channel) { notifications in
                         onChange(.resynchronize)
                         for try await notification in notifications {
-                            let id = String(notification.payload.dropFirst())
-                            onChange(notification.payload.hasPrefix("+") ? .revoked(transactionId: id) : .restored(transactionId: id))
+                            let value = String(notification.payload.dropFirst())
+                            switch notification.payload.first {
+                            case "+": onChange(.revoked(transactionId: value))
+                            case "-": onChange(.restored(transactionId: value))
+                            case "*": onChange(.published(sha256: value))
+                            default: onChange(.resynchronize)
+                            }
                         }
                     }
                 }

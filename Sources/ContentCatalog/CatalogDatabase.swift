@@ -43,11 +43,13 @@ public struct GrantRecord: Sendable, Equatable {
     }
 }
 
-/// What another process changed about access, pushed by databases that can (PostgreSQL's
+/// What another process changed about access or the catalog, pushed by databases that can (PostgreSQL's
 /// LISTEN/NOTIFY).
 public enum RevocationChange: Sendable, Equatable {
     case revoked(transactionId: String)
     case restored(transactionId: String)
+    /// A version was published (on another replica, perhaps): its archive may need fetching.
+    case published(sha256: String)
     /// Changes may have been missed (the listening connection was lost and is back): read the
     /// whole set again.
     case resynchronize

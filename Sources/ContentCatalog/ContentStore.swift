@@ -46,11 +46,15 @@ public struct PublishedVersion: Codable, Sendable, Equatable, FetchableRecord, P
     public var rolloutPercent: Int? = nil
     /// When the version was rolled back: no grant names it since, and the version before serves.
     public var rolledBackAt: Date? = nil
+    /// The replica that received the archive (its `--advertise-url`), from which replicas without
+    /// a shared archive folder fetch it; nil when archives are shared or there is one server.
+    public var originURL: String? = nil
 
     public init(
         productId: String, contentVersion: String, sha256: String, size: Int64, contentLength: Int64, publishedAt: Date,
-        manifestSHA256: String? = nil, rolloutPercent: Int? = nil, rolledBackAt: Date? = nil
+        manifestSHA256: String? = nil, rolloutPercent: Int? = nil, rolledBackAt: Date? = nil, originURL: String? = nil
     ) {
+        self.originURL = originURL
         self.productId = productId
         self.contentVersion = contentVersion
         self.sha256 = sha256
@@ -151,7 +155,8 @@ public final class ContentStore: Sendable {
     /// store (it must be on the same file system), otherwise copied. Reading and syncing the
     /// archive run on a dispatch queue, not on the caller's executor.
     public func publish(
-        archiveAt path: String, manifest: ArchiveManifest? = nil, moveFile: Bool = false, rolloutPercent: Int? = nil, now: Date = Date()
+        archiveAt path: String, manifest: ArchiveManifest? = nil, moveFile: Bool = false, rolloutPercent: Int? = nil, originURL: String? = nil,
+        now: Date = Date()
     ) async throws(CatalogError) -> PublishOutcome {
         if let rolloutPercent, !(1...100).contains(rolloutPercent) {
             throw CatalogError(.invalidArchive, "a rollout is 1 to 100 percent of purchases, not \(rolloutPercent)")
@@ -163,7 +168,7 @@ public final class ContentStore: Sendable {
         let record = PublishedVersion(
             productId: computed.productId.rawValue, contentVersion: computed.contentVersion.string, sha256: computed.archiveSHA256,
             size: Int64(computed.archiveSize), contentLength: Int64(computed.contentLength), publishedAt: now,
-            manifestSHA256: Hex.encode(SHA256.hash(data: manifestData)), rolloutPercent: rolloutPercent == 100 ? nil : rolloutPercent)
+            manifestSHA256: Hex.encode(SHA256.hash(data: manifestData)), rolloutPercent: rolloutPercent == 100 ? nil : rolloutPercent, originURL: originURL)
         // Check before touching the store, so a refused upload leaves nothing behind.
         if let existing = try Self.decide(record, among: try await database.versions(productId: record.productId)) {
             if moveFile { unlink(path) }

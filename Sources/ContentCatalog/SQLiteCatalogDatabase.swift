@@ -63,6 +63,9 @@ public final class SQLiteCatalogDatabase: CatalogDatabase {
                 t.add(column: "rolledBackAt", .datetime)
             }
         }
+        migrator.registerMigration("v4-origins") { db in
+            try db.alter(table: "versions") { t in t.add(column: "originURL", .text) }
+        }
         return migrator
     }
 

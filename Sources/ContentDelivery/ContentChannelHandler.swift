@@ -43,6 +43,8 @@ public enum ContentResolution: Sendable {
     case file(ServedFile, fileName: String, freshFor: Int64)
     /// Answer with this status and a JSON error body.
     case refuse(HTTPResponseStatus, APIError)
+    /// Answer 307 Temporary Redirect to this URL: another server has the bytes (for now).
+    case redirect(String)
 }
 
 /// Maps a content key (the first path segment after the prefix: a grant token, say) to a file or

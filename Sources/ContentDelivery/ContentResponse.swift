@@ -59,6 +59,11 @@ struct ContentResponse {
         switch resolver.resolve(key: key, name: name, on: eventLoop) {
         case .refuse(let status, let refusal):
             return error(status, refusal, headers: headers, method: method, keepAlive: keepAlive, allocator: allocator)
+        case .redirect(let location):
+            headers.append(("Location", location))
+            return error(
+                .temporaryRedirect, APIError(.noContent, "this server is still fetching the archive: get it from \(location)"),
+                headers: headers, method: method, keepAlive: keepAlive, allocator: allocator)
         case .file(let file, let fileName, let freshFor):
             // Bytes behind a grant: only the buyer's own cache keeps them (an edge caches them
             // by explicit configuration, after asking the server about the grant), never

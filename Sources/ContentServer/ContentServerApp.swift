@@ -60,9 +60,11 @@ struct RevocationRefresher: Service {
                     }
                 }
                 group.addTask {
+                    await service.peers.catchUp()
                     while !Task.isCancelled {
                         do { try await Task.sleep(for: interval) } catch { return }
                         try? await service.refreshRevocations()
+                        await service.peers.catchUp()
                     }
                 }
                 await group.waitForAll()

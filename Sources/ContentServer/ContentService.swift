@@ -8,6 +8,7 @@ import DownloadGrants
 import DurableFiles
 import Foundation
 import IAPProtocol
+import Logging
 import NIOCore
 import NIOHTTP1
 import PurchaseVerification
@@ -22,6 +23,8 @@ final class ContentService: ContentResolver, Sendable {
     let verifier: SignedDataVerifier
     let receiptChecker: ReceiptChecker
     let grants: GrantKeyRing
+    /// Archives this replica lacks, fetched from the replica that received them.
+    let peers: PeerArchives
     let metrics = ServerMetrics()
     /// The port actually bound (differs from the configuration's when that is 0).
     let boundPort = Mutex(0)
@@ -63,6 +66,7 @@ final class ContentService: ContentResolver, Sendable {
             bundleId: configuration.bundleId, environments: configuration.environments)
         grants = try GrantKeyRing.loadOrCreate(path: configuration.grantKeysPath)
         revoked = Mutex(try await store.revokedTransactionIds())
+        peers = PeerArchives(store: store, grants: grants, ownURL: configuration.advertiseURL, logger: Logger(label: "iap-server.peers"))
     }
 
     /// Whether a transaction's access was cut (in memory, refreshed from the ledger).
@@ -95,7 +99,10 @@ final class ContentService: ContentResolver, Sendable {
         switch change {
         case .revoked(let id): markRevoked(id, true)
         case .restored(let id): markRevoked(id, false)
-        case .resynchronize: try? await refreshRevocations()
+        case .published: await peers.catchUp()
+        case .resynchronize:
+            try? await refreshRevocations()
+            await peers.catchUp()
         }
     }
 
@@ -111,6 +118,7 @@ final class ContentService: ContentResolver, Sendable {
         // The manifest is served under the same grant as its archive, for delta updates.
         let manifest = name.hasSuffix(Route.manifestSuffix)
         guard let file = openFile(sha256: grant.sha256, manifest: manifest, for: ObjectIdentifier(eventLoop)) else {
+            if let origin = peers.redirect(sha256: grant.sha256) { return .redirect(origin + Route.contentPrefix + token + "/" + name) }
             let what = manifest ? "manifest" : "archive"
             return .refuse(.notFound, APIError(.noContent, "the \(what) for \(grant.productId) \(grant.contentVersion) is not on this server"))
         }

@@ -362,7 +362,9 @@ struct APIRoutes: Sendable {
             return apiError(error.status, error.error)
         }
         do throws(CatalogError) {
-            switch try await service.store.publish(archiveAt: path, manifest: manifest, moveFile: true) {
+            switch try await service.store.publish(
+                archiveAt: path, manifest: manifest, moveFile: true, originURL: service.configuration.advertiseURL)
+            {
             case .published(let version):
                 return json(.created, PublishReceipt(status: .published, productId: version.productId, contentVersion: version.contentVersion, sha256: version.sha256))
             case .unchanged(let version):

@@ -13,6 +13,9 @@ public struct ServerConfiguration: Sendable {
     public var databaseURL: String?
     /// Where archives live (default `<data>/archives`): a folder every replica mounts, for several machines.
     public var archivesDirectory: String?
+    /// The URL other replicas reach this one at (e.g. http://10.0.0.5:8080): archives published
+    /// here are recorded with it, and replicas without a shared archive folder fetch them from it.
+    public var advertiseURL: String?
     /// The grant key file; replicas given the same one accept each other's download URLs.
     public var grantKeysPath: String
     public var bundleId: String
@@ -57,7 +60,8 @@ public struct ServerConfiguration: Sendable {
 
     /// The environment variables read, with their meaning.
     public static let environmentVariables: [(String, String)] = [
-        ("IAP_DATA", "--data"), ("IAP_DATABASE_URL", "--database"), ("IAP_ARCHIVES", "--archives"), ("IAP_GRANT_KEYS", "--grant-keys"), ("IAP_BUNDLE_ID", "--bundle-id"), ("IAP_HOST", "--host"),
+        ("IAP_DATA", "--data"), ("IAP_DATABASE_URL", "--database"), ("IAP_ARCHIVES", "--archives"), ("IAP_GRANT_KEYS", "--grant-keys"), ("IAP_ADVERTISE_URL", "--advertise-url"),
+        ("IAP_BUNDLE_ID", "--bundle-id"), ("IAP_HOST", "--host"),
         ("IAP_PORT", "--port"),
         ("IAP_TRUST_ROOTS", "--trust-root, colon-separated"), ("IAP_ENVIRONMENT", "--environment"),
         ("IAP_TOKEN_TTL", "--token-ttl"), ("IAP_ADMIN_TOKEN_FILE", "--admin-token-file"), ("IAP_PUBLIC_URL", "--public-url"),

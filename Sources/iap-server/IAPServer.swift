@@ -61,6 +61,10 @@ struct Serve: AsyncParsableCommand {
 
     @Option(help: "The data folder (catalog.sqlite, archives/, grant-keys.json); created if missing.") var data: String?
     @OptionGroup var store: StoreOptions
+    @Option(
+        name: .customLong("advertise-url"),
+        help: "This replica's URL for the other replicas (e.g. http://10.0.0.5:8080): without a shared --archives folder, they fetch the archives published here from it.")
+    var advertiseURL: String?
     @Option(name: .customLong("grant-keys"), help: "The grant key file every replica shares (default <data>/grant-keys.json; created with one key if missing).")
     var grantKeys: String?
     @Option(name: .customLong("bundle-id"), help: "The app's bundle identifier.") var bundleId: String?
@@ -115,6 +119,7 @@ struct Serve: AsyncParsableCommand {
         var configuration = ServerConfiguration(dataDirectory: dataDirectory, bundleId: bundle)
         configuration.databaseURL = store.databaseURL
         configuration.archivesDirectory = store.archivesDirectory
+        configuration.advertiseURL = advertiseURL ?? env("IAP_ADVERTISE_URL")
         configuration.grantKeysPath = grantKeys ?? env("IAP_GRANT_KEYS") ?? configuration.grantKeysPath
         configuration.host = host ?? env("IAP_HOST") ?? configuration.host
         if let value = port ?? env("IAP_PORT").flatMap(Int.init) { configuration.port = value }

@@ -31,11 +31,11 @@ struct ReplicaTests {
         return (sandbox, replicas)
     }
 
-    func packSample(_ tmp: TemporaryFolder) throws -> PackResult {
+    func packSample(_ tmp: TemporaryFolder, version: String = "1.0") throws -> PackResult {
         let content = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
             .appendingPathComponent("content/com.example.cosmos.levels1/Contents").path
         return try ArchivePacker.pack(
-            folder: content, options: .init(productId: try ProductIdentifier(product), contentVersion: try ContentVersion("1.0"), outputDirectory: tmp.sub("out")))
+            folder: content, options: .init(productId: try ProductIdentifier(product), contentVersion: try ContentVersion(version), outputDirectory: tmp.sub("out-\(version)")))
     }
 
     func upload(_ archive: String, to server: ServerProcess, _ tmp: TemporaryFolder) throws -> HTTPResult {
@@ -129,5 +129,56 @@ struct ReplicaTests {
         let cut = try await waitUntil(.seconds(10)) { try curl([firstURL], folder: tmp).status == 403 }
         #expect(cut != nil, "B did not hear of the refund after PostgreSQL restarted")
         try await database.stop(mode: "immediate")
+    }
+
+    @Test("no shared archive folder: a replica fetches the archive from the one that received it (SHA-256 checked), redirecting requests there meanwhile; damaged bytes are refused")
+    func peerFetch() async throws {
+        let tmp = try TemporaryFolder()
+        let url = try await PostgresServer.shared().createDatabase()
+        let sandbox = try SandboxStore.initialize(folder: tmp.sub("sandbox"), bundleId: bundleId)
+        try tmp.write("admin-token", adminToken)
+        func replica(_ name: String, port: Int? = nil) throws -> ServerProcess {
+            try ServerProcess(
+                data: tmp.sub(name),
+                arguments: [
+                    "--bundle-id", bundleId, "--trust-root", sandbox.rootCertificatePath, "--environment", "sandbox",
+                    "--admin-token-file", tmp.sub("admin-token"), "--database", url, "--grant-keys", tmp.sub("grant-keys.json"),
+                ] + (port.map { ["--port", String($0), "--advertise-url", "http://127.0.0.1:\($0)"] } ?? []),
+                folder: tmp, fixedPort: port != nil)
+        }
+        let a = try replica("a", port: try freePort())
+        var b = try replica("b")
+        let packed = try packSample(tmp)
+        #expect(try upload(packed.archivePath, to: a, tmp).status == 201)
+        let bytes = try Data(contentsOf: URL(fileURLWithPath: packed.archivePath))
+        let purchase = try sandbox.purchase(productId: product)
+        let onB = try grantURL(purchase.signedTransaction, from: b, servedBy: b, tmp)
+        // At once: served by B, or redirected to A while B fetches; never an error.
+        let followed = try curl(["-L", onB], folder: tmp)
+        #expect(followed.status == 200 && followed.body == bytes)
+        let fetched = try await waitUntil(.seconds(20)) { try curl([b.base + "/readyz"], folder: tmp).status == 200 }
+        #expect(fetched != nil, "B never fetched the archive from A")
+        let direct = try curl([onB], folder: tmp)
+        #expect(direct.status == 200 && direct.body == bytes, "B serves the archive itself once fetched")
+        #expect(tmp.files(in: "b/archives").contains(packed.manifest.archiveSHA256 + ".zip"))
+        #expect(tmp.files(in: "b/archives").contains(packed.manifest.archiveSHA256 + ".manifest.json"))
+
+        // A damaged copy at the origin: B refuses it, keeps redirecting, and /readyz says what is missing.
+        #expect(b.stop() == 0)
+        let v11 = try packSample(tmp, version: "1.1")
+        #expect(try upload(v11.archivePath, to: a, tmp).status == 201)
+        let stored = tmp.sub("a/archives/\(v11.manifest.archiveSHA256).zip")
+        var damaged = try Data(contentsOf: URL(fileURLWithPath: stored))
+        damaged[damaged.count / 2] ^= 0xFF
+        chmod(stored, 0o644)
+        try damaged.write(to: URL(fileURLWithPath: stored))
+        b = try replica("b")
+        let refused = try await waitUntil(.seconds(20)) {
+            ((try? String(contentsOfFile: b.log, encoding: .utf8)) ?? "").contains("not the published \(v11.manifest.archiveSHA256): refused")
+        }
+        #expect(refused != nil, "B did not refuse the damaged archive")
+        #expect(!tmp.files(in: "b/archives").contains(v11.manifest.archiveSHA256 + ".zip"))
+        let ready = try curl([b.base + "/readyz"], folder: tmp)
+        #expect(ready.status == 503 && ready.text.contains(v11.manifest.archiveSHA256), "\(ready.text)")
     }
 }
