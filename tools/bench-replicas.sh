@@ -48,7 +48,8 @@ serve() {
 port() { cat "$work/$1.port"; }
 
 echo "buying $((GRANTS + REFUNDS + DOWNLOADS)) purchases in the sandbox..." >&2
-for _ in $(seq $((GRANTS + REFUNDS + DOWNLOADS))); do "$bin/iap-sandbox" purchase --dir "$work/sandbox" --product-id bench.replicas --json; done > "$work/purchases.jsonl"
+for _ in $(seq $((GRANTS + REFUNDS))); do "$bin/iap-sandbox" purchase --dir "$work/sandbox" --product-id bench.replicas --json; done > "$work/purchases.jsonl"
+for _ in $(seq "$DOWNLOADS"); do "$bin/iap-sandbox" purchase --dir "$work/sandbox" --product-id bench.edge --json; done > "$work/edge-purchases.jsonl"
 
 # 1. Grants per second.
 "$bin/iap-server" publish --data "$work/sqlite" "$archive" >/dev/null
@@ -171,7 +172,7 @@ def metric(port):
     conn.close()
     return sum(float(l.split()[-1]) for l in text.splitlines() if l.startswith("iap_content_bytes_served_total"))
 served, first_from_replicas = 0, None
-for i, p in enumerate(purchases[grants + refunds:grants + refunds + downloads]):
+for i, p in enumerate(json.loads(l) for l in open(f"{work}/edge-purchases.jsonl")):
     status, data = post(edge, "/v1/downloads", {"signedTransaction": tx(p)})
     assert status == 200, data
     path = json.loads(data)["downloads"][0]["url"].split(f":{edge}", 1)[1]

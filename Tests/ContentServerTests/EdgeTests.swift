@@ -20,7 +20,7 @@ struct EdgeTests {
         let archive: PackResult
     }
 
-    /// Two replicas (download URLs naming the edge), nginx in front, and a published archive of
+    /// Three replicas (download URLs naming the edge), nginx in front, and a published archive of
     /// `megabytes` MiB of incompressible content, uploaded through the edge.
     func edge(megabytes: Int, http: String = "") async throws -> Edge {
         let tmp = try TemporaryFolder()
@@ -28,7 +28,7 @@ struct EdgeTests {
         let sandbox = try SandboxStore.initialize(folder: tmp.sub("sandbox"), bundleId: bundleId)
         try tmp.write("admin-token", adminToken)
         let edgePort = try freePort()
-        let replicas = try (0..<2).map { index in
+        let replicas = try (0..<3).map { index in
             try ServerProcess(
                 data: tmp.sub("replica-\(index)"),
                 arguments: [
@@ -115,7 +115,7 @@ struct EdgeTests {
         #expect(try curl([urls[7].1], folder: edge.tmp).status == 200, "other buyers are unaffected")
     }
 
-    @Test("kill -9 of a replica mid-download: iap-fetch finishes through nginx on the other, with identical bytes")
+    @Test("kill -9 of a replica mid-download: iap-fetch finishes through nginx on another, with identical bytes")
     func replicaKilledMidDownload() async throws {
         let edge = try await edge(megabytes: 12)
         let (purchase, _) = try buyAndGrant(edge)
@@ -125,7 +125,7 @@ struct EdgeTests {
             productsDirectory() + "/iap-fetch",
             ["get", "--server", edge.nginx.base, "--transaction", edge.tmp.sub("tx.jws"), "--content-dir", content, "--limit-rate", "2M"],
             stdout: FileHandle(forWritingAtPath: try edge.tmp.write("fetch.out", ""))!, stderr: FileHandle(forWritingAtPath: try edge.tmp.write("fetch.err", ""))!)
-        // Kill one replica once a few MiB have arrived (nginx spreads the slices over both). The
+        // Kill one replica once a few MiB have arrived (nginx spreads the slices over all three). The
         // watching runs on a thread of its own: under a full test run the shared pool may be
         // busy for longer than the download takes.
         let (fetchPid, replicaPid) = (fetch.processIdentifier, edge.replicas[0].process.processIdentifier)

@@ -123,6 +123,7 @@ struct ReplicaTests {
         #expect(recovered != nil, "the replica did not recover after PostgreSQL came back")
         #expect(try await database.psql(url, "SELECT COUNT(*) FROM notifications") == "1")
         #expect(try await database.psql(url, "SELECT transaction_id FROM revocations") == second.transaction.transactionId!)
+        #expect(try await database.psql(url, "SELECT transaction_id FROM grants") == first.transaction.transactionId!)
         // B listens again: a refund posted to A after the restart still reaches it.
         let refundAfter = try sandbox.refund(transactionId: first.transaction.transactionId!)
         #expect(try postJSON(a.base + "/v1/notifications", ["signedPayload": refundAfter.signedPayload], folder: tmp).status == 200)
