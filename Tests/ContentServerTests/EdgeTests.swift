@@ -8,9 +8,8 @@ import Testing
 /// bytes from its cache, yet every request's grant is checked by a replica.
 @Suite("nginx in front of replicas", .serialized)
 struct EdgeTests {
-    let bundleId = "com.example.app"
     let product = "com.example.edge.pack"
-    let adminToken = "admin-token-for-tests-0123456789"
+    let adminToken = ReplicaFixture.adminToken
 
     struct Edge {
         let tmp: TemporaryFolder
@@ -25,17 +24,10 @@ struct EdgeTests {
     func edge(megabytes: Int, http: String = "") async throws -> Edge {
         let tmp = try TemporaryFolder()
         let url = try await PostgresServer.shared().createDatabase()
-        let sandbox = try SandboxStore.initialize(folder: tmp.sub("sandbox"), bundleId: bundleId)
-        try tmp.write("admin-token", adminToken)
+        let sandbox = try ReplicaFixture.sandbox(tmp)
         let edgePort = try freePort()
         let replicas = try (0..<3).map { index in
-            try ServerProcess(
-                data: tmp.sub("replica-\(index)"),
-                arguments: [
-                    "--bundle-id", bundleId, "--trust-root", sandbox.rootCertificatePath, "--environment", "sandbox",
-                    "--admin-token-file", tmp.sub("admin-token"), "--database", url, "--archives", tmp.sub("shared/archives"),
-                    "--grant-keys", tmp.sub("shared/grant-keys.json"), "--public-url", "http://127.0.0.1:\(edgePort)",
-                ], folder: tmp)
+            try ReplicaFixture.replica(tmp, "replica-\(index)", sandbox: sandbox, databaseURL: url, extra: ["--public-url", "http://127.0.0.1:\(edgePort)"])
         }
         let nginx = try NginxServer(replicaPorts: replicas.map(\.port), folder: tmp, port: edgePort, http: http)
         let random = try #require(FileHandle(forReadingAtPath: "/dev/urandom")).readData(ofLength: megabytes << 20)

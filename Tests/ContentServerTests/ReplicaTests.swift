@@ -4,29 +4,48 @@ import IAPTestSupport
 import SandboxStore
 import Testing
 
+/// The sandbox and `iap-server` arguments every replica test shares.
+enum ReplicaFixture {
+    static let bundleId = "com.example.app"
+    static let adminToken = "admin-token-for-tests-0123456789"
+
+    /// The sandbox store in `tmp/sandbox` (created once), the admin token file and `tmp/shared`.
+    static func sandbox(_ tmp: TemporaryFolder) throws -> SandboxStore {
+        try tmp.write("admin-token", adminToken)
+        try FileManager.default.createDirectory(atPath: tmp.sub("shared"), withIntermediateDirectories: true)
+        return FileManager.default.fileExists(atPath: tmp.sub("sandbox/store.json"))
+            ? try SandboxStore(folder: tmp.sub("sandbox")) : try SandboxStore.initialize(folder: tmp.sub("sandbox"), bundleId: bundleId)
+    }
+
+    /// A replica on `databaseURL` with the grant keys in `tmp/shared`, and the archive folder
+    /// there too when `sharedArchives`; `extra` adds or sets options.
+    static func replica(
+        _ tmp: TemporaryFolder, _ name: String, sandbox: SandboxStore, databaseURL: String, sharedArchives: Bool = true, extra: [String] = [],
+        fixedPort: Bool = false
+    ) throws -> ServerProcess {
+        try ServerProcess(
+            data: tmp.sub(name),
+            arguments: [
+                "--bundle-id", bundleId, "--trust-root", sandbox.rootCertificatePath, "--environment", "sandbox",
+                "--admin-token-file", tmp.sub("admin-token"), "--database", databaseURL, "--grant-keys", tmp.sub("shared/grant-keys.json"),
+            ] + (sharedArchives ? ["--archives", tmp.sub("shared/archives")] : []) + extra,
+            folder: tmp, fixedPort: fixedPort)
+    }
+}
+
 /// Several `iap-server` processes sharing one PostgreSQL database, one archive folder and one
 /// grant key file: any replica grants, serves and takes notifications for all.
 @Suite("Replicas on PostgreSQL", .serialized)
 struct ReplicaTests {
-    let bundleId = "com.example.app"
     let product = "com.example.cosmos.levels1"
-    let adminToken = "admin-token-for-tests-0123456789"
+    let adminToken = ReplicaFixture.adminToken
 
     /// Replicas that reload revocations only hourly, so that only PostgreSQL's announcement can
     /// make one refuse a refund another received.
     func startReplicas(_ tmp: TemporaryFolder, databaseURL: String, count: Int) throws -> (SandboxStore, [ServerProcess]) {
-        let sandbox =
-            FileManager.default.fileExists(atPath: tmp.sub("sandbox/store.json"))
-            ? try SandboxStore(folder: tmp.sub("sandbox")) : try SandboxStore.initialize(folder: tmp.sub("sandbox"), bundleId: bundleId)
-        try tmp.write("admin-token", adminToken)
+        let sandbox = try ReplicaFixture.sandbox(tmp)
         let replicas = try (0..<count).map { index in
-            try ServerProcess(
-                data: tmp.sub("replica-\(index)"),
-                arguments: [
-                    "--bundle-id", bundleId, "--trust-root", sandbox.rootCertificatePath, "--environment", "sandbox",
-                    "--admin-token-file", tmp.sub("admin-token"), "--database", databaseURL, "--archives", tmp.sub("shared/archives"),
-                    "--grant-keys", tmp.sub("shared/grant-keys.json"), "--revocation-refresh", "3600",
-                ], folder: tmp)
+            try ReplicaFixture.replica(tmp, "replica-\(index)", sandbox: sandbox, databaseURL: databaseURL, extra: ["--revocation-refresh", "3600"])
         }
         return (sandbox, replicas)
     }
@@ -136,16 +155,11 @@ struct ReplicaTests {
     func peerFetch() async throws {
         let tmp = try TemporaryFolder()
         let url = try await PostgresServer.shared().createDatabase()
-        let sandbox = try SandboxStore.initialize(folder: tmp.sub("sandbox"), bundleId: bundleId)
-        try tmp.write("admin-token", adminToken)
+        let sandbox = try ReplicaFixture.sandbox(tmp)
         func replica(_ name: String, port: Int? = nil) throws -> ServerProcess {
-            try ServerProcess(
-                data: tmp.sub(name),
-                arguments: [
-                    "--bundle-id", bundleId, "--trust-root", sandbox.rootCertificatePath, "--environment", "sandbox",
-                    "--admin-token-file", tmp.sub("admin-token"), "--database", url, "--grant-keys", tmp.sub("grant-keys.json"),
-                ] + (port.map { ["--port", String($0), "--advertise-url", "http://127.0.0.1:\($0)"] } ?? []),
-                folder: tmp, fixedPort: port != nil)
+            try ReplicaFixture.replica(
+                tmp, name, sandbox: sandbox, databaseURL: url, sharedArchives: false,
+                extra: port.map { ["--port", String($0), "--advertise-url", "http://127.0.0.1:\($0)"] } ?? [], fixedPort: port != nil)
         }
         let a = try replica("a", port: try freePort())
         var b = try replica("b")
