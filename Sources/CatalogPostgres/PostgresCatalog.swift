@@ -363,7 +363,15 @@ public final class PostgresCatalog: CatalogDatabase {
         if let info = error.serverInfo, let message = info[.message] {
             return message + (info[.sqlState].map { " (SQLSTATE \($0))" } ?? "")
         }
-        if let underlying = error.underlying { return "\(error.code): \(underlying)" }
+        if let underlying = error.underlying {
+            // NIO's connection errors list every address tried; the reason is what helps.
+            let text = "\(underlying)"
+            for (needle, reason) in [("Connection refused", "connection refused"), ("timed out", "connection timed out"), ("No route to host", "no route to host")]
+            where text.contains(needle) {
+                return reason
+            }
+            return "\(error.code): \(text)"
+        }
         return "\(error.code)"
     }
 }
