@@ -272,8 +272,8 @@ let package = Package(
         .testTarget(
             name: "ContentServerTests",
             dependencies: [
-                "ContentServer", "ContentDelivery", "DownloadGrants", "ContentCatalog", "ContentArchive", "SandboxStore", "IAPTestSupport",
-                "AppStoreServerAPI", "AppStoreServerClient", "ReceiptVerification",
+                "CatalogPostgres", "ContentServer", "ContentDelivery", "DownloadGrants", "ContentCatalog", "ContentArchive", "SandboxStore",
+                "IAPTestSupport", "AppStoreServerAPI", "AppStoreServerClient", "ReceiptVerification",
             ]
         ),
         .testTarget(
