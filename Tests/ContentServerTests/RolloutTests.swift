@@ -5,12 +5,15 @@ import IAPTestSupport
 import Testing
 
 extension ServerTests {
-    @Test("staged rollout by transaction id, widened stably, rolled back at once, promoted; the catalog API and CLI show it")
-    func stagedRollout() throws {
+    @Test("staged rollout by transaction id, widened stably, rolled back at once, promoted; the catalog API and CLI show it", arguments: Backend.allCases)
+    func stagedRollout(backend: Backend) async throws {
         let tmp = try TemporaryFolder()
-        let (store, server, data) = try start(tmp)
+        let database = backend == .postgres ? try await PostgresServer.shared().createDatabase() : nil
+        let (store, server, data) = try start(tmp, database: database)
+        // The command-line tools open the same store as the server.
+        let storeOptions = database.map { ["--database", $0] } ?? []
         #expect(try upload(try packSample(tmp, version: "1.0").archivePath, server: server, tmp: tmp).status == 201)
-        let staged = try run(productsDirectory() + "/iap-server", ["publish", "--data", data, "--rollout", "30", try packSample(tmp, version: "1.1").archivePath])
+        let staged = try run(productsDirectory() + "/iap-server", ["publish", "--data", data, "--rollout", "30", try packSample(tmp, version: "1.1").archivePath] + storeOptions)
         #expect(staged.status == 0 && staged.stdout.contains("staged for 30% of purchases"), "\(staged.stderr)")
 
         let purchases = try (0..<40).map { _ in try store.purchase(productId: product) }
@@ -43,14 +46,14 @@ extension ServerTests {
         #expect(try grant(outside.signedTransaction, server: server, tmp: tmp, version: "1.1").status == 404)
 
         // Rolled back: everyone gets 1.0 from the next grant on.
-        let rolledBack = try run(productsDirectory() + "/iap-server", ["rollback", "--data", data, product, "1.1"])
+        let rolledBack = try run(productsDirectory() + "/iap-server", ["rollback", "--data", data, product, "1.1"] + storeOptions)
         #expect(rolledBack.status == 0, "\(rolledBack.stderr)")
         #expect(try versions() == Array(repeating: "1.0", count: 40))
-        let catalog = try run(productsDirectory() + "/iap-server", ["catalog", "--data", data])
+        let catalog = try run(productsDirectory() + "/iap-server", ["catalog", "--data", data] + storeOptions)
         #expect(catalog.stdout.contains("rolled back"))
 
         // Promoted: everyone gets 1.1, and the product's current version is 1.1.
-        #expect(try run(productsDirectory() + "/iap-server", ["rollout", "--data", data, product, "1.1", "--promote"]).status == 0)
+        #expect(try run(productsDirectory() + "/iap-server", ["rollout", "--data", data, product, "1.1", "--promote"] + storeOptions).status == 0)
         #expect(try versions() == Array(repeating: "1.1", count: 40))
         #expect(try curl([server.base + "/v1/products/\(product)"], folder: tmp).json["contentVersion"] as? String == "1.1")
 
@@ -59,7 +62,7 @@ extension ServerTests {
         #expect(try admin(["productId": product, "contentVersion": "9.9", "percent": 10]).status == 404)
         #expect(try admin(["productId": product, "contentVersion": "1.1", "percent": 0]).status == 400)
         #expect(try admin(["productId": product, "contentVersion": "1.1", "percent": 10, "rollBack": true]).status == 400)
-        let unknown = try run(productsDirectory() + "/iap-server", ["rollout", "--data", data, product, "7.0", "--percent", "5"])
+        let unknown = try run(productsDirectory() + "/iap-server", ["rollout", "--data", data, product, "7.0", "--percent", "5"] + storeOptions)
         #expect(unknown.status == 1 && unknown.stderr.contains("is not published"))
         #expect(server.stop() == 0)
     }
