@@ -5,10 +5,10 @@ import IAPTestSupport
 import Testing
 
 extension ServerTests {
-    @Test("the grant names the manifest and its SHA-256; it is served under the grant, with ranges, and cut by a refund")
-    func manifestUnderGrant() throws {
+    @Test("the grant names the manifest and its SHA-256; it is served under the grant, with ranges, and cut by a refund", arguments: Backend.allCases)
+    func manifestUnderGrant(backend: Backend) async throws {
         let tmp = try TemporaryFolder()
-        let (store, server, data) = try start(tmp)
+        let (store, server, data) = try start(tmp, database: backend == .postgres ? try await PostgresServer.shared().createDatabase() : nil)
         let packed = try packSample(tmp)
         #expect(try upload(packed.archivePath, server: server, tmp: tmp).status == 201)
         let purchase = try store.purchase(productId: product)
@@ -45,10 +45,10 @@ extension ServerTests {
 }
 
 extension ServerTests {
-    @Test("what caches need: Repr-Digest with the archive's SHA-256, If-Modified-Since answered 304; /readyz names a missing archive")
-    func cacheHeadersAndReadiness() throws {
+    @Test("what caches need: Repr-Digest with the archive's SHA-256, If-Modified-Since answered 304; /readyz names a missing archive", arguments: Backend.allCases)
+    func cacheHeadersAndReadiness(backend: Backend) async throws {
         let tmp = try TemporaryFolder()
-        let (store, server, data) = try start(tmp)
+        let (store, server, data) = try start(tmp, database: backend == .postgres ? try await PostgresServer.shared().createDatabase() : nil)
         #expect(try curl([server.base + "/readyz"], folder: tmp).status == 200)
         let packed = try packSample(tmp)
         #expect(try upload(packed.archivePath, server: server, tmp: tmp).status == 201)
