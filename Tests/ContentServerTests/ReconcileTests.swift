@@ -1,3 +1,4 @@
+import CatalogPostgres
 import ContentCatalog
 import Foundation
 import IAPTestSupport
@@ -6,10 +7,13 @@ import Testing
 
 extension ServerTests {
     /// `iap-server reconcile` with the sandbox's App Store Server API as the notification history.
-    @Test("a refund sent while the server was down is applied by reconcile: new grants and the old URL are refused; repeating changes nothing")
-    func reconcileMissedRefund() async throws {
+    @Test(
+        "a refund sent while the server was down is applied by reconcile: new grants and the old URL are refused; repeating changes nothing",
+        arguments: Backend.allCases)
+    func reconcileMissedRefund(backend: Backend) async throws {
         let tmp = try TemporaryFolder()
-        var (store, server, data) = try start(tmp)
+        let database = backend == .postgres ? try await PostgresServer.shared().createDatabase() : nil
+        var (store, server, data) = try start(tmp, database: database)
         let packed = try packSample(tmp)
         #expect(try upload(packed.archivePath, server: server, tmp: tmp, manifest: packed.manifest).status == 201)
         let purchase = try store.purchase(productId: product)
@@ -27,7 +31,7 @@ extension ServerTests {
         #expect(try store.notifications().map { $0.sendAttempts.map(\.sendAttemptResult) } == [["NO_RESPONSE"]])
 
         // Up again: it has not heard of the refund.
-        (store, server, data) = try start(tmp, data: data)
+        (store, server, data) = try start(tmp, data: data, database: database)
         defer { _ = server.stop() }
         #expect(try curl([server.base + contentPath], folder: tmp).status == 200)
         #expect(try grant(purchase.signedTransaction, server: server, tmp: tmp).status == 200)
@@ -36,10 +40,11 @@ extension ServerTests {
         let key = try #require(try JSONSerialization.jsonObject(with: Data(keyOutput.stdout.utf8)) as? [String: String])
         let api = try ServerProcess(data: store.folder, arguments: [], folder: tmp, tool: "iap-sandbox", dataFlag: "--dir")
         defer { _ = api.stop() }
-        let credentials = [
-            "--data", data, "--bundle-id", bundleId, "--key-file", tmp.sub("key.p8"), "--key-id", key["keyId"] ?? "",
-            "--issuer-id", key["issuerId"] ?? "", "--api-url", api.base, "--environment", "sandbox", "--since", window,
-        ]
+        let credentials =
+            [
+                "--data", data, "--bundle-id", bundleId, "--key-file", tmp.sub("key.p8"), "--key-id", key["keyId"] ?? "",
+                "--issuer-id", key["issuerId"] ?? "", "--api-url", api.base, "--environment", "sandbox", "--since", window,
+            ] + (database.map { ["--database", $0] } ?? [])
         let reconcile = productsDirectory() + "/iap-server"
 
         // Without the sandbox root the history's payloads do not verify: reported, nothing applied.
@@ -67,7 +72,14 @@ extension ServerTests {
         // Safe to repeat; the ledger holds the notification once, as if it had been POSTed.
         let again = try run(reconcile, ["reconcile", "--trust-root", store.rootCertificatePath] + credentials)
         #expect(again.status == 0 && again.stdout.contains("0 applied, 1 already known"), "\(again.stdout)")
-        #expect(try await ContentStore(dataDirectory: data).notificationCount() == 1)
+        let ledger =
+            if let database {
+                try ContentStore(dataDirectory: data, database: try await PostgresCatalog(url: database, operationTimeout: .seconds(60)))
+            } else {
+                try ContentStore(dataDirectory: data)
+            }
+        #expect(try await ledger.notificationCount() == 1)
+        await ledger.database.close()
 
         // Clear errors: an API nobody answers, a wrong key, a window Apple does not keep.
         let closed = credentials.map { $0 == api.base ? "http://127.0.0.1:1" : $0 }
