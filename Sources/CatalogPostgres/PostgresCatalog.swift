@@ -57,8 +57,10 @@ public final class PostgresCatalog: CatalogDatabase {
     /// The client configuration for a `postgres://` URL, or an error naming what is wrong with it.
     static func configuration(_ url: String) throws(CatalogError) -> (PostgresClient.Configuration, PostgresConnection.Configuration) {
         let hint = "give --database as postgres://user:password@host:5432/database"
+        // The URL may hold a password: messages name its parts, never the URL itself.
         guard let parts = URLComponents(string: url), let scheme = parts.scheme, ["postgres", "postgresql"].contains(scheme) else {
-            throw CatalogError(.storage, "'\(url)' is not a PostgreSQL URL: \(hint)")
+            let scheme = URLComponents(string: url)?.scheme.map { "'\($0):'" } ?? "no scheme"
+            throw CatalogError(.storage, "the database URL (\(scheme)) is not a PostgreSQL URL: \(hint)")
         }
         guard let user = parts.user, !user.isEmpty else { throw CatalogError(.storage, "the database URL names no user: \(hint)") }
         let database = parts.path.hasPrefix("/") ? String(parts.path.dropFirst()) : parts.path

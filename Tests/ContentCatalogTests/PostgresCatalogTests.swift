@@ -63,11 +63,12 @@ struct PostgresCatalogTests {
     @Test("bad URLs and unreachable servers are named, with the fix")
     func errors() async throws {
         for (url, expected) in [
-            ("mysql://u@h/db", "is not a PostgreSQL URL"), ("postgres://127.0.0.1/db", "names no user"),
+            ("mysql://u:secret@h/db", "the database URL ('mysql:') is not a PostgreSQL URL"), ("postgres://127.0.0.1/db", "names no user"),
             ("postgres://u@127.0.0.1/db?sslmode=sometimes", "sslmode=sometimes"),
         ] {
             let error = try await #require(throws: CatalogError.self) { try await PostgresCatalog(url: url) }
             #expect(error.message.contains(expected), "\(error.message)")
+            #expect(!error.message.contains("secret"), "a password in a message: \(error.message)")
         }
         let port = try freePort()
         let error = try await #require(throws: CatalogError.self) { try await PostgresCatalog(url: "postgres://iap@127.0.0.1:\(port)/none?sslmode=disable") }
