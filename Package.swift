@@ -268,12 +268,12 @@ let package = Package(
             dependencies: ["ContentArchive", "IAPTestSupport"]
         ),
         // Helpers for tests that run the real executables (servers on ephemeral ports, curl).
-        .target(name: "IAPTestSupport", path: "Tests/Support"),
+        .target(name: "IAPTestSupport", dependencies: ["CatalogPostgres", "ContentCatalog"], path: "Tests/Support"),
         .testTarget(
             name: "ContentServerTests",
             dependencies: [
-                "CatalogPostgres", "ContentServer", "ContentDelivery", "DownloadGrants", "ContentCatalog", "ContentArchive", "SandboxStore",
-                "IAPTestSupport", "AppStoreServerAPI", "AppStoreServerClient", "ReceiptVerification",
+                "ContentServer", "ContentDelivery", "DownloadGrants", "ContentCatalog", "ContentArchive", "SandboxStore", "IAPTestSupport",
+                "AppStoreServerAPI", "AppStoreServerClient", "ReceiptVerification",
             ]
         ),
         .testTarget(

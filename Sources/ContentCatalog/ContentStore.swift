@@ -176,11 +176,7 @@ public final class ContentStore: Sendable {
         }
         try await Self.offload { () throws(CatalogError) in
             try self.store(path, as: computed.archiveSHA256, move: moveFile)
-            do throws(DurableFileError) {
-                try AtomicFile.write(manifestData, to: self.manifestPath(sha256: computed.archiveSHA256), permissions: 0o444)
-            } catch {
-                throw CatalogError(.storage, "cannot write the manifest into \(self.archivesDirectory): \(error.message)")
-            }
+            try self.storeManifest(manifestData, archiveSHA256: computed.archiveSHA256)
         }
         // Decided again inside the write transaction: another publisher may have won meanwhile.
         return try await database.insert(record) { existing throws(CatalogError) in try Self.decide(record, among: existing) }
@@ -227,6 +223,21 @@ public final class ContentStore: Sendable {
             throw CatalogError(.conflict, "\(record.productId) \(record.contentVersion) is not newer than the latest published version \(latest): raise ContentVersion above \(latest) and pack again")
         }
         return nil
+    }
+
+    /// Moves an archive fetched from another replica into the store the way `publish` does
+    /// (synced, read-only, renamed); the caller has checked its size and SHA-256 against the catalog.
+    public func adoptArchive(at path: String, sha256: String) async throws(CatalogError) {
+        try await Self.offload { () throws(CatalogError) in try self.store(path, as: sha256, move: true) }
+    }
+
+    /// Writes archive `archiveSHA256`'s manifest (read-only, atomically).
+    public func storeManifest(_ data: Data, archiveSHA256: String) throws(CatalogError) {
+        do throws(DurableFileError) {
+            try AtomicFile.write(data, to: manifestPath(sha256: archiveSHA256), permissions: 0o444)
+        } catch {
+            throw CatalogError(.storage, "cannot write the manifest into \(archivesDirectory): \(error.message)")
+        }
     }
 
     private func store(_ path: String, as sha256: String, move: Bool) throws(CatalogError) {

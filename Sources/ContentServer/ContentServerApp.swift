@@ -55,9 +55,7 @@ struct RevocationRefresher: Service {
         await cancelWhenGracefulShutdown {
             await withTaskGroup(of: Void.self) { group in
                 group.addTask {
-                    _ = await service.store.database.watchRevocations { change in
-                        Task { await service.apply(change) }
-                    }
+                    _ = await service.store.database.watchRevocations { change in service.apply(change) }
                 }
                 group.addTask {
                     await service.peers.catchUp()

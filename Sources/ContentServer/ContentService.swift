@@ -95,14 +95,17 @@ final class ContentService: ContentResolver, Sendable {
     }
 
     /// Applies what the database announces (PostgreSQL: at once, as other replicas commit).
-    func apply(_ change: RevocationChange) async {
+    func apply(_ change: RevocationChange) {
         switch change {
+        // In the order the database sent them: a refund and its reversal must not swap.
         case .revoked(let id): markRevoked(id, true)
         case .restored(let id): markRevoked(id, false)
-        case .published: await peers.catchUp()
+        case .published: Task { await peers.catchUp() }
         case .resynchronize:
-            try? await refreshRevocations()
-            await peers.catchUp()
+            Task {
+                try? await refreshRevocations()
+                await peers.catchUp()
+            }
         }
     }
 

@@ -31,7 +31,7 @@ final class PeerArchives: Sendable {
     }
 
     /// The origin to redirect a request for `sha256` to, when this replica lacks the archive and
-    /// another has it; starts fetching it. Never blocks (runs on the event loop).
+    /// another has it (``catchUp()`` fetches it meanwhile). Never blocks (runs on the event loop).
     func redirect(sha256: String) -> String? {
         guard let origin = origins.withLock({ $0[sha256] }) else { return nil }
         return origin
@@ -61,14 +61,17 @@ final class PeerArchives: Sendable {
                 transactionId: "replica-fetch", productId: version.productId, contentVersion: version.contentVersion, sha256: version.sha256,
                 expiresAt: Int64(Date().timeIntervalSince1970) + 3600))
         do {
-            if let manifestSHA = version.manifestSHA256 {
-                try await download(
-                    origin + Route.manifest(token: token, productId: version.productId, contentVersion: version.contentVersion), size: nil,
-                    sha256: manifestSHA, to: store.manifestPath(sha256: version.sha256))
+            if let manifestSHA = version.manifestSHA256, access(store.manifestPath(sha256: version.sha256), R_OK) != 0 {
+                let url = origin + Route.manifest(token: token, productId: version.productId, contentVersion: version.contentVersion)
+                // Manifests are small (a few MiB for tens of thousands of entries): checked in memory.
+                let data = Data(buffer: try await get(url).body.collect(upTo: 256 << 20))
+                try check(url, sha256: Hex.encode(SHA256.hash(data: data)), size: Int64(data.count), expected: manifestSHA, expectedSize: nil)
+                try store.storeManifest(data, archiveSHA256: version.sha256)
             }
-            try await download(
-                origin + Route.content(token: token, productId: version.productId, contentVersion: version.contentVersion), size: version.size,
-                sha256: version.sha256, to: store.archivePath(sha256: version.sha256))
+            if access(store.archivePath(sha256: version.sha256), R_OK) != 0 {
+                try await fetchArchive(
+                    origin + Route.content(token: token, productId: version.productId, contentVersion: version.contentVersion), version)
+            }
             origins.withLock { _ = $0.removeValue(forKey: version.sha256) }
             logger.info("fetched an archive from its origin", metadata: ["sha256": "\(version.sha256)", "origin": "\(origin)"])
         } catch {
@@ -82,38 +85,40 @@ final class PeerArchives: Sendable {
         let description: String
     }
 
-    /// Streams `url` into a temporary file beside `path`, hashing as it arrives; renames it into
-    /// place only when size and SHA-256 are the published ones.
-    private func download(_ url: String, size: Int64?, sha256: String, to path: String) async throws {
-        if access(path, R_OK) == 0 { return }
-        let temporary = store.temporaryUploadPath()
-        guard let file = FileHandle(forWritingAtPath: temporary) ?? (FileManager.default.createFile(atPath: temporary, contents: nil) ? FileHandle(forWritingAtPath: temporary) : nil)
-        else { throw FetchError(description: "cannot create \(temporary)") }
-        var renamed = false
-        defer {
-            try? file.close()
-            if !renamed { unlink(temporary) }
-        }
+    private func get(_ url: String) async throws -> HTTPClientResponse {
         let response = try await HTTPClient.shared.execute(HTTPClientRequest(url: url), timeout: .seconds(3600))
         guard response.status == .ok else { throw FetchError(description: "\(url) answered \(response.status.code)") }
+        return response
+    }
+
+    private func check(_ url: String, sha256: String, size: Int64, expected: String, expectedSize: Int64?) throws {
+        guard sha256 == expected, expectedSize.map({ $0 == size }) ?? true else {
+            throw FetchError(description: "\(url) sent \(size) bytes with SHA-256 \(sha256), not the published \(expected): refused")
+        }
+    }
+
+    /// Streams the archive into the uploads folder, hashing as it arrives, and hands it to the
+    /// store (which syncs and renames it as it does uploads) only when size and SHA-256 match.
+    private func fetchArchive(_ url: String, _ version: PublishedVersion) async throws {
+        let temporary = store.temporaryUploadPath()
+        guard FileManager.default.createFile(atPath: temporary, contents: nil), let file = FileHandle(forWritingAtPath: temporary) else {
+            throw FetchError(description: "cannot create \(temporary)")
+        }
+        defer {
+            try? file.close()
+            unlink(temporary)  // gone already once adopted
+        }
         var hasher = SHA256()
         var received: Int64 = 0
-        for try await buffer in response.body {
+        for try await buffer in try await get(url).body {
             try buffer.withUnsafeReadableBytes { bytes in
                 hasher.update(bufferPointer: bytes)
                 try file.write(contentsOf: bytes)
             }
             received += Int64(buffer.readableBytes)
-            if let size, received > size { throw FetchError(description: "\(url) sent more than the \(size) bytes published") }
+            if received > version.size { throw FetchError(description: "\(url) sent more than the \(version.size) bytes published") }
         }
-        let digest = Hex.encode(hasher.finalize())
-        guard digest == sha256, size.map({ $0 == received }) ?? true else {
-            throw FetchError(description: "\(url) sent \(received) bytes with SHA-256 \(digest), not the published \(sha256): refused")
-        }
-        try file.synchronize()
-        chmod(temporary, 0o444)
-        guard rename(temporary, path) == 0 else { throw FetchError(description: "cannot rename into \(path): \(String(cString: strerror(errno)))") }
-        renamed = true
-        try? Directory.sync((path as NSString).deletingLastPathComponent)
+        try check(url, sha256: Hex.encode(hasher.finalize()), size: received, expected: version.sha256, expectedSize: version.size)
+        try await store.adoptArchive(at: temporary, sha256: version.sha256)
     }
 }

@@ -368,7 +368,6 @@ struct APIRoutes: Sendable {
             case .published(let version):
                 return json(.created, PublishReceipt(status: .published, productId: version.productId, contentVersion: version.contentVersion, sha256: version.sha256))
             case .unchanged(let version):
-                unlink(path)
                 return json(.ok, PublishReceipt(status: .unchanged, productId: version.productId, contentVersion: version.contentVersion, sha256: version.sha256))
             }
         } catch {

@@ -37,6 +37,19 @@ struct StoreOptions: ParsableArguments {
     func open(data: String) async throws(CatalogError) -> ContentStore {
         try await ContentStore.open(dataDirectory: data, archivesDirectory: archivesDirectory, databaseURL: databaseURL)
     }
+
+    /// Runs `body` on the store and closes its database (PostgreSQL's connections) afterwards.
+    func withStore<T>(data: String, _ body: (ContentStore) async throws(CatalogError) -> T) async throws(CatalogError) -> T {
+        let store = try await open(data: data)
+        do throws(CatalogError) {
+            let result = try await body(store)
+            await store.database.close()
+            return result
+        } catch {
+            await store.database.close()
+            throw error
+        }
+    }
 }
 
 /// Errors go to stderr with the exit code each subcommand documents.
@@ -189,15 +202,16 @@ struct Publish: AsyncParsableCommand {
 
     func run() async throws {
         do throws(CatalogError) {
-            let store = try await storeOptions.open(data: data)
-            defer { Task { await store.database.close() } }
             let beside = ArchiveVerifier.manifestBeside(archive)
             let manifestPath = manifest ?? (FileManager.default.fileExists(atPath: beside) ? beside : nil)
             var decoded: ArchiveManifest?
             if let manifestPath {
                 do { decoded = try ArchiveManifest.load(path: manifestPath) } catch { throw CatalogError(.invalidArchive, error.message) }
             }
-            let outcome = try await store.publish(archiveAt: archive, manifest: decoded, rolloutPercent: rollout)
+            let chosen = decoded
+            let outcome = try await storeOptions.withStore(data: data) { store throws(CatalogError) in
+                try await store.publish(archiveAt: archive, manifest: chosen, rolloutPercent: rollout)
+            }
             switch outcome {
             case .published(let v):
                 print("published \(v.productId) \(v.contentVersion) (\(v.size) bytes, sha256 \(v.sha256))\(v.rolloutPercent.map { ", staged for \($0)% of purchases" } ?? "")")
@@ -240,9 +254,9 @@ struct Rollout: AsyncParsableCommand {
 
     func run() async throws {
         do throws(CatalogError) {
-            let store = try await storeOptions.open(data: data)
-            defer { Task { await store.database.close() } }
-            let v = try await store.setRollout(productId: productId, contentVersion: contentVersion, percent: promote ? 100 : percent!)
+            let v = try await storeOptions.withStore(data: data) { store throws(CatalogError) in
+                try await store.setRollout(productId: productId, contentVersion: contentVersion, percent: promote ? 100 : percent!)
+            }
             print("\(v.productId) \(v.contentVersion): \(v.rolloutPercent.map { "staged for \($0)% of purchases" } ?? "every purchase")")
         } catch {
             throw catalogFailure(error)
@@ -262,9 +276,9 @@ struct Rollback: AsyncParsableCommand {
 
     func run() async throws {
         do throws(CatalogError) {
-            let store = try await storeOptions.open(data: data)
-            defer { Task { await store.database.close() } }
-            let v = try await store.rollBack(productId: productId, contentVersion: contentVersion)
+            let v = try await storeOptions.withStore(data: data) { store throws(CatalogError) in
+                try await store.rollBack(productId: productId, contentVersion: contentVersion)
+            }
             print("\(v.productId) \(v.contentVersion): rolled back")
         } catch {
             throw catalogFailure(error)
@@ -281,9 +295,7 @@ struct Catalog: AsyncParsableCommand {
 
     func run() async throws {
         do {
-            let store = try await storeOptions.open(data: data)
-            defer { Task { await store.database.close() } }
-            let catalog = try await store.catalog()
+            let catalog = try await storeOptions.withStore(data: data) { store throws(CatalogError) in try await store.catalog() }
             if json {
                 let encoder = JSONEncoder()
                 encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
@@ -491,9 +503,14 @@ struct Reconcile: AsyncParsableCommand {
             for path in trustRoots + (env("IAP_TRUST_ROOTS")?.split(separator: ":").map(String.init) ?? []) { roots.append(try AppleRoots.load(path: path)) }
             let verifier = SignedDataVerifier(configuration: .init(bundleId: bundle, trustRoots: roots, environments: choice.policy))
             let store = try await storeOptions.open(data: dataDirectory)
-            defer { Task { await store.database.close() } }
             let reconciler = Reconciler(store: store, verifier: verifier, clients: urls.map { StoreAPIClient(baseURL: $0, key: key, timeout: .seconds(timeout)) })
-            report = try await reconciler.run(since: start, until: end)
+            do {
+                report = try await reconciler.run(since: start, until: end)
+            } catch {
+                await store.database.close()
+                throw error
+            }
+            await store.database.close()
         } catch let error as VerificationError {
             throw reporter.failure(error)
         } catch let error as CatalogError {

@@ -20,17 +20,6 @@ enum Backend: String, CaseIterable, CustomTestStringConvertible, Sendable {
     }
 }
 
-/// The store on `url` (SQLite in `dir` when nil). In this test process other tests block the
-/// shared threads for seconds at a time, so PostgreSQL operations get a minute, not ten seconds.
-func openStore(_ dir: String, _ url: String?) async throws -> ContentStore {
-    guard let url else { return try ContentStore(dataDirectory: dir) }
-    return try ContentStore(dataDirectory: dir, database: try await testCatalog(url))
-}
-
-func testCatalog(_ url: String) async throws -> PostgresCatalog {
-    try await PostgresCatalog(url: url, operationTimeout: .seconds(60))
-}
-
 @Suite("The catalog")
 struct CatalogTests {
     @Test("publishing: newer versions only, identical bytes are a no-op, anything else conflicts; lies are refused", arguments: Backend.allCases)
@@ -45,7 +34,7 @@ struct CatalogTests {
             try ArchivePacker.pack(folder: content, options: .init(productId: id, contentVersion: try ContentVersion(version), outputDirectory: dir + "/" + out))
         }
         let v1 = try pack("1.0", "a"), v2 = try pack("1.2", "a")
-        let store = try await openStore(dir + "/data", try await backend.freshURL())
+        let store = try await openStore(dir + "/data", databaseURL: try await backend.freshURL())
         guard case .published = try await store.publish(archiveAt: v1.archivePath, manifest: v1.manifest) else { Issue.record("not published"); return }
         guard case .unchanged = try await store.publish(archiveAt: v1.archivePath) else { Issue.record("republish was not a no-op"); return }
         guard case .published = try await store.publish(archiveAt: v2.archivePath) else { Issue.record("1.2 not published"); return }
@@ -91,7 +80,7 @@ struct CatalogTests {
         let dir = FileManager.default.temporaryDirectory.path + "/ledger-" + UUID().uuidString
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let url = try await backend.freshURL()
-        let store = try await openStore(dir, url)
+        let store = try await openStore(dir, databaseURL: url)
         func refund(_ uuid: String, _ type: String, revoke: Bool) async throws -> NotificationOutcome {
             try await store.apply(notificationUUID: uuid, type: type, subtype: nil, transactionId: "t1", revoke: revoke, revokedAt: Date(), signedPayload: "x")
         }
@@ -111,7 +100,7 @@ struct CatalogTests {
         #expect(try await store.database.grantCount() == 2)
         await store.database.close()
         // State survives reopening.
-        let reopened = try await openStore(dir, url)
+        let reopened = try await openStore(dir, databaseURL: url)
         #expect(try await reopened.notificationCount() == 2)
         #expect(try await reopened.database.grantCount() == 2)
         await reopened.database.close()

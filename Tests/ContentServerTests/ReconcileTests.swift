@@ -1,4 +1,3 @@
-import CatalogPostgres
 import ContentCatalog
 import Foundation
 import IAPTestSupport
@@ -72,12 +71,7 @@ extension ServerTests {
         // Safe to repeat; the ledger holds the notification once, as if it had been POSTed.
         let again = try run(reconcile, ["reconcile", "--trust-root", store.rootCertificatePath] + credentials)
         #expect(again.status == 0 && again.stdout.contains("0 applied, 1 already known"), "\(again.stdout)")
-        let ledger =
-            if let database {
-                try ContentStore(dataDirectory: data, database: try await PostgresCatalog(url: database, operationTimeout: .seconds(60)))
-            } else {
-                try ContentStore(dataDirectory: data)
-            }
+        let ledger = try await openStore(data, databaseURL: database)
         #expect(try await ledger.notificationCount() == 1)
         await ledger.database.close()
 

@@ -33,6 +33,16 @@ enum ReplicaFixture {
     }
 }
 
+/// Asks until `condition` holds, for at most `limit`; how long it took, or nil.
+func waitUntil(_ limit: Duration, _ condition: () throws -> Bool) async rethrows -> Duration? {
+    let clock = ContinuousClock(), start = clock.now
+    while clock.now - start < limit {
+        if try condition() { return clock.now - start }
+        try? await Task.sleep(for: .milliseconds(10))
+    }
+    return nil
+}
+
 /// Several `iap-server` processes sharing one PostgreSQL database, one archive folder and one
 /// grant key file: any replica grants, serves and takes notifications for all.
 @Suite("Replicas on PostgreSQL", .serialized)
@@ -67,16 +77,6 @@ struct ReplicaTests {
         #expect(granted.status == 200, "\(granted.text)")
         let url = try #require(((granted.json["downloads"] as? [[String: Any]])?.first)?["url"] as? String)
         return serving.base + url.dropFirst(granting.base.count)
-    }
-
-    /// Asks until `condition` holds, for at most `limit`; how long it took, or nil.
-    func waitUntil(_ limit: Duration, _ condition: () throws -> Bool) async rethrows -> Duration? {
-        let clock = ContinuousClock(), start = clock.now
-        while clock.now - start < limit {
-            if try condition() { return clock.now - start }
-            try? await Task.sleep(for: .milliseconds(10))
-        }
-        return nil
     }
 
     @Test("three replicas: publish on A, grant on B, download from C; a refund posted to A cuts C through NOTIFY; one ledger")

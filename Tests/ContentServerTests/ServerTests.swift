@@ -1,4 +1,3 @@
-import CatalogPostgres
 import ContentArchive
 import ContentCatalog
 import DownloadGrants
@@ -160,13 +159,7 @@ struct ServerTests {
             let replay = try postJSON(server.base + "/v1/notifications", ["signedPayload": refund.signedPayload], folder: tmp)
             #expect(replay.status == 200 && replay.json["status"] as? String == "duplicate")
         }
-        // In this process other tests hold the shared threads for seconds: a minute per operation.
-        let ledger =
-            if let database {
-                try ContentStore(dataDirectory: tmp.sub("data"), database: try await PostgresCatalog(url: database, operationTimeout: .seconds(60)))
-            } else {
-                try ContentStore(dataDirectory: tmp.sub("data"))
-            }
+        let ledger = try await openStore(tmp.sub("data"), databaseURL: database)
         #expect(try await ledger.notificationCount() == 1)
         #expect(try await ledger.database.grantCount() == 1)
         await ledger.database.close()

@@ -1,3 +1,5 @@
+import CatalogPostgres
+import ContentCatalog
 import Foundation
 
 /// A real PostgreSQL server from Debian's packages (`tools/install-deps.sh` installs them), in a
@@ -128,4 +130,16 @@ public func freePort() throws -> Int {
     }
     guard bound else { throw ServerError(description: "cannot find a free port: \(String(cString: strerror(errno)))") }
     return Int(UInt16(bigEndian: address.sin_port))
+}
+
+/// The catalog on `url`, for a test process. Other tests here hold the shared threads for
+/// seconds at a time, so each PostgreSQL operation gets a minute, not the server's ten seconds.
+public func testCatalog(_ url: String) async throws -> PostgresCatalog {
+    try await PostgresCatalog(url: url, operationTimeout: .seconds(60))
+}
+
+/// The store in `dir`, with its catalog on `databaseURL` (PostgreSQL) or in `dir`'s SQLite file when nil.
+public func openStore(_ dir: String, databaseURL: String?) async throws -> ContentStore {
+    guard let databaseURL else { return try ContentStore(dataDirectory: dir) }
+    return try ContentStore(dataDirectory: dir, database: try await testCatalog(databaseURL))
 }
