@@ -18,9 +18,7 @@ import Foundation
 /// two seconds of the build are left out: a later change in the same clock tick could keep their
 /// times.
 struct HashCache: Sendable {
-    typealias Identity = FileIdentity
-
-    private(set) var digests: [String: (identity: Identity, sha256: String)] = [:]
+    private(set) var digests: [String: (identity: FileIdentity, sha256: String)] = [:]
 
     static func path(besideArchive archive: String) -> String {
         let url = URL(fileURLWithPath: archive)
@@ -28,12 +26,12 @@ struct HashCache: Sendable {
     }
 
     /// The digest of `path` if the cache holds it for the file as it is now.
-    func digest(of path: String, identity: Identity?) -> String? {
+    func digest(of path: String, identity: FileIdentity?) -> String? {
         guard let identity, let cached = digests[path], cached.identity == identity else { return nil }
         return cached.sha256
     }
 
-    mutating func insert(_ path: String, identity: Identity, sha256: String) {
+    mutating func insert(_ path: String, identity: FileIdentity, sha256: String) {
         digests[path] = (identity, sha256)
     }
 
@@ -48,7 +46,7 @@ struct HashCache: Sendable {
                 let modified = Int64(f[4]), let changed = Int64(f[5])
             else { return HashCache() }
             cache.insert(
-                String(f[6]), identity: Identity(device: device, inode: inode, size: size, modified: modified, changed: changed),
+                String(f[6]), identity: FileIdentity(device: device, inode: inode, size: size, modified: modified, changed: changed),
                 sha256: String(f[0]))
         }
         return cache

@@ -98,7 +98,7 @@ struct Plan: Sendable {
     var units: [Unit] = []
     var totalBytes: UInt64 = 0
     /// Each content file's identity when planned (by disk path), for the next build's ``HashCache``.
-    var identities: [String: HashCache.Identity] = [:]
+    var identities: [String: FileIdentity] = [:]
 
     init(content: ScannedContent, options: PackOptions, previous: PreviousBuild? = nil) {
         productId = content.info.productIdentifier
