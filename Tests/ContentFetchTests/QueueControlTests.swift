@@ -82,7 +82,9 @@ struct QueueControlTests {
         let shop = try Shop(products: ["com.example.big": .random(24 << 20)])
         let big = try shop.store.purchase(productId: "com.example.big").transaction.transactionId!
         let id = "\(big)-com.example.big"
-        let fetcher = try fetcher(shop, rate: 8 << 20)
+        // Slow enough that the pause at 6 MiB lands with seconds to spare even when the other
+        // suites running beside this one (servers, PostgreSQL, nginx) keep the shared threads busy.
+        let fetcher = try fetcher(shop, rate: 3 << 20)
         let observer = observe(
             fetcher, when: { $0.id == id && $0.state == .active && $0.bytesReceived >= 6 << 20 },
             act: {
