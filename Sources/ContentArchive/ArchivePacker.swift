@@ -33,9 +33,12 @@ public enum ArchivePacker {
         guard (0...12).contains(options.level) else {
             throw .invalid("compression level \(options.level) is out of range: use 0 (store) to 12 (smallest); 6 is the default")
         }
+        // The previous build's manifest and hash cache are read while the folder is scanned and
+        // sampled: decoding a manifest of thousands of entries takes as long as the scan.
+        let previous = options.previous.map { path in Background { () throws(ArchiveError) in try PreviousBuild.load(path) } }
+        defer { _ = try? previous?.value() }
         let content = try ContentScanner.scan(folder: folder, productId: options.productId, contentVersion: options.contentVersion)
-        let previous = try options.previous.map { (path) throws(ArchiveError) in try PreviousBuild.load(path) }
-        let plan = Plan(content: content, options: options, previous: previous)
+        let plan = try Plan(content: content, options: options, previous: previous)
         try plan.checkFits(cap: options.sizeCap, level: options.level)
         try makeDirectories(options.outputDirectory)
 
@@ -117,9 +120,6 @@ public enum ArchivePacker {
         // A multi-chunk entry's CRC-32 and SHA-256 run across its chunks, on a thread of their own.
         var contentHasher: BackgroundHasher?
         var compressedSize: UInt64 = 0
-        // A reused stored entry's bytes are its content: its CRC-32 (libdeflate's, many times
-        // faster than SHA-256) checks the copy, and its chunk hashes come from the previous manifest.
-        var copiedCRC: UInt32 = 0
         // The archive is hashed as it is written, from memory, except a multi-chunk entry: its
         // header is patched once its last chunk is in, so it is read back from the file and
         // hashed then. Hashing the whole file at the end instead left one core idle. Bytes are
@@ -129,18 +129,61 @@ public enum ArchivePacker {
         var archiveHashed: UInt64 = 0
         let chunkHasher = BackgroundChunkHasher(chunkSize: ArchiveManifest.standardChunkSize)
 
-        // Bytes are still counted once the cap is passed, so the error can say by how much.
-        func emit(_ bytes: [UInt8], hash: Bool = true) throws(ArchiveError) {
-            if hash && archiveHashed == size {
-                archiveHasher.update(bytes)
-                archiveHashed += UInt64(bytes.count)
+        // Entries reused from a previous archive are copied through mappings of it (``MappedBytes``),
+        // never read into arrays, and in runs: consecutive entries that lie one after the other
+        // there, with the very header this build writes, are copied as one range, whose pieces
+        // the writer, the archive's hasher and the checker of copied bytes all read from the page
+        // cache. Bytes `run` of `previousPath` are counted in `size` but not written yet.
+        var previousFD: FileDescriptor?
+        var previousPath = ""
+        var run: Range<UInt64>?
+        defer { try? previousFD?.close() }
+
+        func flushRun() throws(ArchiveError) {
+            guard let pending = run else { return }
+            run = nil
+            var position = pending.lowerBound
+            while position < pending.upperBound {
+                let end = min(position + (4 << 20), pending.upperBound)
+                let piece = try MappedBytes(previousFD!, range: position..<end, path: previousPath)
+                archiveHasher.update(piece)
+                chunkHasher.check(piece, at: position)
+                if !overCap { try writer.write(piece.bytes) }
+                position = end
             }
-            size += UInt64(bytes.count)
+        }
+
+        // Bytes are still counted once the cap is passed, so the error can say by how much.
+        func grow(by count: Int) {
+            size += UInt64(count)
             if !overCap && size > options.sizeCap {
                 overCap = true
                 writer.abandon()
             }
+        }
+
+        func emit(_ bytes: [UInt8], hash: Bool = true) throws(ArchiveError) {
+            try flushRun()
+            if hash && archiveHashed == size {
+                archiveHasher.update(bytes)
+                archiveHashed += UInt64(bytes.count)
+            }
+            grow(by: bytes.count)
             if !overCap { try writer.write(bytes) }
+        }
+
+        /// Appends bytes `range` of the previous archive to the run, or starts a new run.
+        func copy(_ range: Range<UInt64>) throws(ArchiveError) {
+            if let pending = run, pending.upperBound == range.lowerBound {
+                run = pending.lowerBound..<range.upperBound
+            } else {
+                try flushRun()
+                run = range
+            }
+            // Nothing before a reused entry waits to be hashed (only a multi-chunk entry's own
+            // chunks come between its header and its patch), so the run is hashed in turn.
+            grow(by: Int(range.count))
+            archiveHashed = size
         }
 
         for index in plan.units.indices {
@@ -150,7 +193,13 @@ public enum ArchivePacker {
             let data = result.compressed ?? result.raw
             // Copied from the previous archive: sizes and checksums are known from its manifest.
             var reused: ArchiveManifest.Entry?
-            if case .previous(_, let old, _) = entry.source { reused = old }
+            if case .previous(let archive, let old, _) = entry.source {
+                reused = old
+                if previousFD == nil {
+                    previousFD = try openFile(archive)
+                    previousPath = archive
+                }
+            }
             // A single-chunk entry arrives hashed by its worker.
             let digest = reused == nil && unit.chunk == 0 && unit.isLast ? result.digest ?? UnitResult.digest(of: result.raw) : nil
             if unit.chunk == 0 {
@@ -158,7 +207,7 @@ public enum ArchivePacker {
                 header.method = result.compressed == nil ? Zip.methodStored : Zip.methodDeflate
                 if let reused { header.method = reused.method == .deflate ? Zip.methodDeflate : Zip.methodStored }
                 header.mode = entry.isDirectory ? Zip.directoryMode : Zip.fileMode
-                header.localHeaderOffset = UInt32(size)
+                header.localHeaderOffset = UInt32(truncatingIfNeeded: size)
                 header.crc32 = 0
                 header.compressedSize = 0
                 header.uncompressedSize = UInt32(entry.size)
@@ -172,18 +221,31 @@ public enum ArchivePacker {
                 }
                 contentHasher = digest == nil && reused == nil ? BackgroundHasher(label: "iap-pack.entry-hash", checksums: true) : nil
                 compressedSize = 0
-                try emit(header.localHeader, hash: unit.isLast || reused != nil)
+                if let reused, let fd = previousFD {
+                    let local = header.localHeader
+                    let stored = reused.dataOffset..<reused.dataOffset + reused.compressedSize
+                    // The previous archive's header is copied with the data when it is this one.
+                    let previous = try readFully(fd, at: reused.localHeaderOffset, count: local.count, path: previousPath)
+                    if previous == local && reused.localHeaderOffset + UInt64(local.count) == reused.dataOffset {
+                        try copy(reused.localHeaderOffset..<stored.upperBound)
+                    } else {
+                        try emit(local)
+                        try copy(stored)
+                    }
+                    chunkHasher.endEntry(
+                        copiedFrom: stored, crc32: reused.storedCRC32 ?? (reused.method == .stored ? reused.crc32 : nil),
+                        chunks: reused.chunks ?? [], entryPath: reused.path)
+                    compressedSize = reused.compressedSize
+                } else {
+                    try emit(header.localHeader, hash: unit.isLast)
+                }
             }
-            contentHasher?.update(result.raw)
-            compressedSize += UInt64(data.count)
-            let crcChecked = reused?.method == .stored
-            if unit.chunk == 0 { copiedCRC = 0 }
-            if crcChecked {
-                copiedCRC = data.withUnsafeBytes { crc32(copiedCRC, $0) }
-            } else {
+            if reused == nil {
+                contentHasher?.update(result.raw)
+                compressedSize += UInt64(data.count)
                 chunkHasher.update(data)
+                try emit(data)
             }
-            try emit(data)
             bytesDone += reused == nil ? UInt64(unit.length) : (unit.isLast ? entry.size : 0)
             if unit.isLast {
                 guard compressedSize <= UInt64(Zip.maxEntrySize) else {
@@ -194,17 +256,7 @@ public enum ArchivePacker {
                 if let contentHasher {
                     (sha256, header.crc32) = try contentHasher.finalize()
                 }
-                if let reused, crcChecked {
-                    guard copiedCRC == reused.crc32, let chunks = reused.chunks else {
-                        if case .previous(let archive, _, _) = entry.source {
-                            throw .corrupt("the previous archive \(archive) does not match its manifest at '\(reused.path)': pass the archive and manifest of one build, or build without --previous")
-                        }
-                        throw .corrupt("internal error: a reused entry without a source; please report this")
-                    }
-                    chunkHasher.endEntry(known: chunks)
-                } else {
-                    chunkHasher.endEntry()
-                }
+                if reused == nil { chunkHasher.endEntry() }
                 if unit.chunk > 0 && !overCap && reused == nil {
                     // Sizes and CRC of a multi-chunk entry are known only now: fill them in.
                     var patch = LittleEndianWriter(capacity: 12)
@@ -244,13 +296,14 @@ public enum ArchivePacker {
         guard archiveHashed == size else {
             throw .io("internal error: \(archiveHashed) of \(size) archive bytes were hashed; please report this")
         }
-        let chunks = chunkHasher.results()
+        let (chunks, mismatch) = chunkHasher.results()
+        // Copied bytes must be the ones the previous manifest describes.
+        if let mismatch {
+            throw .corrupt("the previous archive \(previousPath) does not match its manifest at '\(mismatch)': pass the archive and manifest of one build, or build without --previous")
+        }
         for index in manifestEntries.indices {
-            manifestEntries[index].chunks = chunks[index]
-            // Copied bytes must be the ones the previous manifest describes.
-            if case .previous(let archive, let old, _) = plan.entries[index].source, old.chunks != chunks[index] {
-                throw .corrupt("the previous archive \(archive) does not match its manifest at '\(old.path)': pass the archive and manifest of one build, or build without --previous")
-            }
+            manifestEntries[index].chunks = chunks[index].chunks
+            manifestEntries[index].storedCRC32 = chunks[index].crc32
         }
         return (manifestEntries, size, try archiveHasher.finalize().sha256)
     }

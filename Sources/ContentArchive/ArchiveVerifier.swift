@@ -36,13 +36,19 @@ public enum ArchiveVerifier {
         for entry in reader.entries {
             var hasher = SHA256()
             var chunks = ChunkHasher(chunkSize: ArchiveManifest.standardChunkSize)
-            try reader.read(entry, stored: { chunks.update($0) }, into: { hasher.update(bufferPointer: $0) })
+            var storedCRC: UInt32 = 0
+            try reader.read(
+                entry,
+                stored: {
+                    chunks.update($0)
+                    storedCRC = crc32(storedCRC, $0)
+                }, into: { hasher.update(bufferPointer: $0) })
             entries.append(
                 .init(
                     path: entry.path, kind: entry.isDirectory ? .directory : .file, method: entry.method,
                     uncompressedSize: entry.uncompressedSize, compressedSize: entry.compressedSize, crc32: entry.crc32,
                     sha256: Hex.encode(hasher.finalize()), localHeaderOffset: entry.localHeaderOffset,
-                    dataOffset: entry.dataOffset, chunks: chunks.finalize()))
+                    dataOffset: entry.dataOffset, chunks: chunks.finalize(), storedCRC32: storedCRC))
         }
         let (size, digest) = try ArchivePacker.hashFile(archive)
         return ArchiveManifest(
@@ -68,9 +74,11 @@ public enum ArchiveVerifier {
         }
         for (listed, entry) in zip(manifest.entries, computed.entries) {
             guard listed.path == entry.path else { throw mismatch("entry '\(entry.path)' where the manifest lists '\(listed.path)'") }
-            // A format 1 manifest has no chunk hashes to compare; what only the packer knew is not compared.
+            // A format 1 manifest has no chunk hashes to compare, an older one no stored CRC-32;
+            // what only the packer knew is not compared.
             var expected = listed.derivable
             if expected.chunks == nil { expected.chunks = entry.chunks }
+            if expected.storedCRC32 == nil { expected.storedCRC32 = entry.storedCRC32 }
             guard expected == entry.derivable else { throw mismatch("entry '\(entry.path)' differs in its hash, size, method, offset or chunk hashes") }
         }
     }

@@ -28,19 +28,32 @@ final class BackgroundHasher: @unchecked Sendable {
         self.limit = limit
     }
 
+    deinit { readBuffer?.deallocate() }
+
     /// Hashes `bytes` after everything handed over before; waits while too much is waiting.
     func update(_ bytes: [UInt8]) {
+        enqueue(bytes.count) { [self] in bytes.withUnsafeBytes { hash($0) } }
+    }
+
+    /// Hashes mapped bytes after everything handed over before (the mapping is kept until then).
+    func update(_ mapped: MappedBytes) {
+        enqueue(mapped.bytes.count) { [self] in hash(mapped.bytes) }
+    }
+
+    private func hash(_ buffer: UnsafeRawBufferPointer) {
+        hasher.update(bufferPointer: buffer)
+        if checksums { crc = crc32(crc, buffer) }
+    }
+
+    private func enqueue(_ count: Int, _ work: @escaping @Sendable () -> Void) {
         condition.lock()
-        while waiting > 0 && waiting + bytes.count > limit { condition.wait() }
-        waiting += bytes.count
+        while waiting > 0 && waiting + count > limit { condition.wait() }
+        waiting += count
         condition.unlock()
         queue.async { [self] in
-            bytes.withUnsafeBytes { buffer in
-                hasher.update(bufferPointer: buffer)
-                if checksums { crc = crc32(crc, buffer) }
-            }
+            work()
             condition.lock()
-            waiting -= bytes.count
+            waiting -= count
             condition.broadcast()
             condition.unlock()
         }
@@ -51,7 +64,7 @@ final class BackgroundHasher: @unchecked Sendable {
     func update(file path: String, from start: UInt64, to end: UInt64) {
         queue.async { [self] in
             do throws(ArchiveError) {
-                try ArchivePacker.hash(path, from: start, to: end, into: &hasher)
+                try hash(path, from: start, to: end)
             } catch {
                 condition.lock()
                 if failure == nil { failure = error }
@@ -60,9 +73,37 @@ final class BackgroundHasher: @unchecked Sendable {
         }
     }
 
+    /// Touched only on `queue`: the last file read, kept open (a build reads ranges of the
+    /// previous archive thousands of times), and one buffer for every read.
+    private var source: (path: String, fd: FileDescriptor)?
+    private var readBuffer: UnsafeMutableRawBufferPointer?
+
+    private func hash(_ path: String, from start: UInt64, to end: UInt64) throws(ArchiveError) {
+        if source?.path != path {
+            try? source?.fd.close()
+            source = nil
+            source = (path, try openFile(path))
+        }
+        let buffer = readBuffer ?? UnsafeMutableRawBufferPointer.allocate(byteCount: 1 << 20, alignment: 64)
+        readBuffer = buffer
+        var position = start
+        while position < end {
+            let n = pread(source!.fd.rawValue, buffer.baseAddress, min(buffer.count, Int(end - position)), off_t(position))
+            if n < 0 && errno == EINTR { continue }
+            guard n >= 0 else { throw ioError(errno, action: "read", path: path) }
+            guard n > 0 else { throw .io("\(path) is shorter than what was written to it: is something else writing there?") }
+            hash(UnsafeRawBufferPointer(rebasing: buffer[0..<n]))
+            position += UInt64(n)
+        }
+    }
+
     /// The SHA-256 (hex) and CRC-32 of everything handed over, once it is all hashed.
     func finalize() throws(ArchiveError) -> (sha256: String, crc32: UInt32) {
-        let digest = queue.sync { (Hex.encode(hasher.finalize()), crc) }
+        let digest = queue.sync {
+            try? source?.fd.close()
+            source = nil
+            return (Hex.encode(hasher.finalize()), crc)
+        }
         condition.lock()
         defer { condition.unlock() }
         if let failure { throw failure }
@@ -120,16 +161,25 @@ public struct ChunkHasher: Sendable {
     }
 }
 
-/// The chunk hashes of every entry's stored bytes, computed on a thread of its own in the order
-/// the bytes are written (as ``BackgroundHasher`` does for the archive's hash).
+/// The chunk hashes and CRC-32 of every entry's stored bytes, computed on a thread of its own in
+/// the order the bytes are written (as ``BackgroundHasher`` does for the archive's hash); and the
+/// check of entries copied from a previous archive.
 final class BackgroundChunkHasher: @unchecked Sendable {
     private let queue = DispatchQueue(label: "iap-pack.chunk-hash")
     private let limit: Int
     private let condition = NSCondition()
     private var waiting = 0
-    /// Touched only on `queue`.
+
+    /// The digests of one entry's stored bytes, as the manifest lists them.
+    struct Digests: Sendable {
+        var chunks: [String]
+        var crc32: UInt32
+    }
+
+    /// Touched only on `queue`: the entry being hashed, and every ended entry's digests.
     private var current: ChunkHasher
-    private var finished: [[String]] = []
+    private var currentCRC: UInt32 = 0
+    private var finished: [Digests] = []
 
     init(chunkSize: UInt64, limit: Int = 16 << 20) {
         current = ChunkHasher(chunkSize: chunkSize)
@@ -137,33 +187,101 @@ final class BackgroundChunkHasher: @unchecked Sendable {
     }
 
     func update(_ bytes: [UInt8]) {
-        guard !bytes.isEmpty else { return }
+        enqueue(bytes.count) { [self] in
+            bytes.withUnsafeBytes {
+                current.update($0)
+                currentCRC = crc32(currentCRC, $0)
+            }
+        }
+    }
+
+    /// Runs `work` on the queue, which holds `count` bytes until then; waits while too much is waiting.
+    private func enqueue(_ count: Int, _ work: @escaping @Sendable () -> Void) {
+        guard count > 0 else { return }
         condition.lock()
-        while waiting > 0 && waiting + bytes.count > limit { condition.wait() }
-        waiting += bytes.count
+        while waiting > 0 && waiting + count > limit { condition.wait() }
+        waiting += count
         condition.unlock()
         queue.async { [self] in
-            bytes.withUnsafeBytes { current.update($0) }
+            work()
             condition.lock()
-            waiting -= bytes.count
+            waiting -= count
             condition.broadcast()
             condition.unlock()
         }
     }
 
-    /// Ends an entry whose digests are known already (nothing was handed over for it).
-    func endEntry(known digests: [String]) {
-        queue.async { [self] in finished.append(digests) }
-    }
-
     /// Ends the current entry.
     func endEntry() {
         queue.async { [self] in
-            finished.append(current.finalize())
+            finished.append(Digests(chunks: current.finalize(), crc32: currentCRC))
             current = ChunkHasher(chunkSize: current.chunkSize)
+            currentCRC = 0
         }
     }
 
-    /// Every ended entry's digests, in order, once all are computed.
-    func results() -> [[String]] { queue.sync { finished } }
+    /// Ends an entry copied from a previous archive, whose chunk hashes its manifest gave; its
+    /// bytes, `range` of that archive, are checked as ``check(_:at:)`` hands them over: by their
+    /// CRC-32 when the manifest gave it (libdeflate's CRC-32 runs many times faster than
+    /// SHA-256), by their chunk hashes otherwise.
+    func endEntry(copiedFrom range: Range<UInt64>, crc32 expected: UInt32?, chunks: [String], entryPath: String) {
+        queue.async { [self] in
+            copied.append(Copied(range: range, crc32: expected, chunks: chunks, path: entryPath, index: finished.count))
+            finished.append(Digests(chunks: chunks, crc32: expected ?? 0))
+        }
+    }
+
+    /// Checks `mapped`, bytes of the previous archive at `offset`, against the copied entries it
+    /// holds (ended before, in the order they were copied); bytes between them (headers) are
+    /// skipped.
+    func check(_ mapped: MappedBytes, at offset: UInt64) {
+        enqueue(mapped.bytes.count) { [self] in
+            let piece = mapped.bytes
+            let end = offset + UInt64(piece.count)
+            var position = offset
+            while position < end, copiedNext < copied.count, copied[copiedNext].range.lowerBound < end {
+                let entry = copied[copiedNext]
+                position = max(position, entry.range.lowerBound)
+                let upTo = min(end, entry.range.upperBound)
+                let part = UnsafeRawBufferPointer(rebasing: piece[Int(position - offset)..<Int(upTo - offset)])
+                copiedCRC = crc32(copiedCRC, part)
+                if entry.crc32 == nil { copiedChunks.update(part) }
+                position = upTo
+                guard upTo == entry.range.upperBound else { break }
+                let good = entry.crc32.map { $0 == copiedCRC } ?? (copiedChunks.finalize() == entry.chunks)
+                if !good && mismatch == nil { mismatch = entry.path }
+                finished[entry.index].crc32 = copiedCRC
+                copiedCRC = 0
+                copiedChunks = ChunkHasher(chunkSize: current.chunkSize)
+                copiedNext += 1
+            }
+        }
+    }
+
+    private struct Copied {
+        let range: Range<UInt64>
+        let crc32: UInt32?
+        let chunks: [String]
+        let path: String
+        /// Where its digests are in `finished`.
+        let index: Int
+    }
+
+    /// Touched only on `queue`: the copied entries, how many are checked, the running checksums
+    /// of the one being checked, and the first whose bytes were not what they should be.
+    private var copied: [Copied] = []
+    private var copiedNext = 0
+    private var copiedCRC: UInt32 = 0
+    private lazy var copiedChunks = ChunkHasher(chunkSize: current.chunkSize)
+    private var mismatch: String?
+
+    /// Every ended entry's digests, in order, once all are computed; and the first entry copied
+    /// from a previous archive whose bytes were not what its manifest says.
+    func results() -> (digests: [Digests], mismatch: String?) {
+        queue.sync {
+            // An entry whose bytes never all came is not what the manifest says either.
+            if mismatch == nil && copiedNext < copied.count { mismatch = copied[copiedNext].path }
+            return (finished, mismatch)
+        }
+    }
 }

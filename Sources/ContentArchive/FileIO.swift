@@ -64,21 +64,28 @@ final class BufferedFileWriter {
     func write(_ bytes: [UInt8]) throws(ArchiveError) {
         var failure: ArchiveError?
         bytes.withUnsafeBytes { source in
-            var done = 0
-            while done < source.count {
-                let count = min(capacity - filled, source.count - done)
-                (buffer + filled).copyMemory(from: source.baseAddress! + done, byteCount: count)
-                filled += count
-                done += count
-                if filled == capacity {
-                    do throws(ArchiveError) { try writeOut(all: true) } catch {
-                        failure = error
-                        return
-                    }
-                }
-            }
+            do throws(ArchiveError) { try write(source) } catch { failure = error }
         }
         if let failure { throw failure }
+    }
+
+    func write(_ source: UnsafeRawBufferPointer) throws(ArchiveError) {
+        // Large pieces written through the page cache skip the buffer: one copy fewer.
+        if directFD == nil && source.count >= capacity / 4 {
+            try writeOut(all: true)
+            try writeBuffered(source, at: bufferStart)
+            bufferStart += UInt64(source.count)
+            startWriteback()
+            return
+        }
+        var done = 0
+        while done < source.count {
+            let count = min(capacity - filled, source.count - done)
+            (buffer + filled).copyMemory(from: source.baseAddress! + done, byteCount: count)
+            filled += count
+            done += count
+            if filled == capacity { try writeOut(all: true) }
+        }
     }
 
     /// Writes the buffer out. Directly, only whole aligned blocks leave the buffer; with `all`
@@ -183,6 +190,34 @@ final class BufferedFileWriter {
         directFD = nil
         try? fd.close()
     }
+}
+
+/// Bytes of a file mapped read-only, unmapped when the last holder lets go.
+///
+/// The packer copies a previous archive's reused bytes through a mapping rather than `pread`
+/// into arrays: the writer and both hashers then read the page cache itself, and the one copy
+/// left is the write into the new archive (the reads' copies cost the writer's thread as much as
+/// the write). Mappings are a few MiB each and live only until hashed, so memory stays flat. The
+/// file must keep its size while mapped: its size was checked against its manifest before.
+final class MappedBytes: @unchecked Sendable {
+    let bytes: UnsafeRawBufferPointer
+    private let mapping: UnsafeMutableRawPointer
+    private let length: Int
+
+    /// Maps bytes `range` of `fd` (a non-empty range within the file).
+    init(_ fd: FileDescriptor, range: Range<UInt64>, path: String) throws(ArchiveError) {
+        let page = UInt64(sysconf(Int32(_SC_PAGESIZE)))
+        let start = range.lowerBound / page * page
+        length = Int(range.upperBound - start)
+        // Populated at once: the pages are in the page cache already, and one call maps them all.
+        guard let mapped = mmap(nil, length, PROT_READ, MAP_SHARED | MAP_POPULATE, fd.rawValue, off_t(start)), mapped != MAP_FAILED else {
+            throw ioError(errno, action: "map", path: path)
+        }
+        mapping = mapped
+        bytes = UnsafeRawBufferPointer(start: mapped + Int(range.lowerBound - start), count: range.count)
+    }
+
+    deinit { munmap(mapping, length) }
 }
 
 /// Reads exactly `count` bytes at `offset`, or fewer only at the end of the file.

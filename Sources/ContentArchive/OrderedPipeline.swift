@@ -107,15 +107,9 @@ final class OrderedPipeline: @unchecked Sendable {
             switch entries[unit.entry].source {
             case .file(let path):
                 return UnitResult(raw: try readChunk(path, unit: unit, entrySize: entries[unit.entry].size), compressed: nil)
-            case .previous(let archive, let old, _):
-                let fd = try openFile(archive)
-                defer { try? fd.close() }
-                let bytes = try readFully(fd, at: old.dataOffset + unit.offset, count: unit.length, path: archive)
-                guard bytes.count == unit.length else {
-                    throw .corrupt("the previous archive \(archive) ends inside '\(old.path)': it is not the archive its manifest describes; build without --previous")
-                }
-                return UnitResult(raw: bytes, compressed: nil)
             default:
+                // Directories, and entries copied from a previous archive: the writer copies those
+                // from file to file without reading them here.
                 return UnitResult(raw: [], compressed: nil)
             }
         }

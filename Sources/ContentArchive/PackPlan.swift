@@ -29,10 +29,12 @@ struct Chunking: Sendable {
     func isMultiChunk(_ size: UInt64) -> Bool { size > UInt64(wholeFileLimit) }
 }
 
-/// A previous build that `--previous` names: its archive and the manifest iap-pack wrote with it.
+/// A previous build that `--previous` names: its archive, the manifest iap-pack wrote with it,
+/// and the hash cache it left beside the archive.
 struct PreviousBuild: Sendable {
     let archive: String
     let manifest: ArchiveManifest
+    let hashCache: HashCache
 
     /// `path` is the archive (its manifest beside it) or the manifest (its archive beside it).
     static func load(_ path: String) throws(ArchiveError) -> PreviousBuild {
@@ -58,7 +60,35 @@ struct PreviousBuild: Sendable {
         guard UInt64(info.st_size) == manifest.archiveSize else {
             throw .invalid("--previous: \(archive) is \(info.st_size) bytes but \(manifestPath) says \(manifest.archiveSize): they are not from the same build")
         }
-        return PreviousBuild(archive: archive, manifest: manifest)
+        // Reused bytes are mapped from the archive, so every range must lie inside it.
+        if let outside = manifest.entries.first(where: { $0.localHeaderOffset > $0.dataOffset || $0.dataOffset > manifest.archiveSize || $0.compressedSize > manifest.archiveSize - $0.dataOffset }) {
+            throw .corrupt(
+                "--previous: \(manifestPath) places '\(outside.path)' outside the \(manifest.archiveSize) bytes of \(archive): it is not the manifest of that archive; pass the archive and manifest of one build, or build without --previous"
+            )
+        }
+        return PreviousBuild(archive: archive, manifest: manifest, hashCache: HashCache.load(besideArchive: archive))
+    }
+}
+
+/// A value computed on a thread of its own while the caller does something else.
+final class Background<Value: Sendable>: @unchecked Sendable {
+    private let done = DispatchSemaphore(value: 0)
+    /// Written once by the worker before `done` is signalled; read after waiting for it.
+    private var result: Result<Value, ArchiveError>?
+
+    init(_ work: @escaping @Sendable () throws(ArchiveError) -> Value) {
+        let thread = Thread { [self] in
+            do throws(ArchiveError) { result = .success(try work()) } catch { result = .failure(error) }
+            done.signal()
+        }
+        thread.start()
+    }
+
+    /// Waits for the value (any number of times).
+    func value() throws(ArchiveError) -> Value {
+        done.wait()
+        done.signal()
+        return try result!.get()
     }
 }
 
@@ -100,7 +130,8 @@ struct Plan: Sendable {
     /// Each content file's identity when planned (by disk path), for the next build's ``HashCache``.
     var identities: [String: FileIdentity] = [:]
 
-    init(content: ScannedContent, options: PackOptions, previous: PreviousBuild? = nil) {
+    /// `previous`, when given, is waited for only once the folder's files are sampled.
+    init(content: ScannedContent, options: PackOptions, previous: Background<PreviousBuild>? = nil) throws(ArchiveError) {
         productId = content.info.productIdentifier
         let chunking = options.chunking
         var items: [(String, Source, UInt64)] = [(ContentInfo.fileName, .bytes(content.plist), UInt64(content.plist.count))]
@@ -133,15 +164,14 @@ struct Plan: Sendable {
         // Taken by the scan, before any file is read: a file changed while it is packed then
         // shows a new identity to the next build, which hashes it again.
         for file in content.files { identities[file.diskPath] = file.identity }
-        if let previous, previous.manifest.encoder == chunking.encoder {
+        if let previous = try previous?.value(), previous.manifest.encoder == chunking.encoder {
             reuse(previous)
         }
         for index in entries.indices {
             let entry = entries[index]
-            // A reused entry is copied in pieces of its compressed bytes.
-            var size = entry.size
-            if case .previous(_, let old, _) = entry.source { size = old.compressedSize }
-            let piece = chunking.isMultiChunk(size) || entry.isReused ? UInt64(chunking.chunkSize) : max(1, size)
+            // A reused entry is one unit: the writer copies its bytes from the previous archive.
+            let size = entry.size
+            let piece = chunking.isMultiChunk(size) && !entry.isReused ? UInt64(chunking.chunkSize) : max(1, size)
             let chunks = max(1, Int((size + piece - 1) / piece))
             for chunk in 0..<chunks {
                 let offset = UInt64(chunk) * piece
@@ -176,7 +206,7 @@ struct Plan: Sendable {
             return olds.isEmpty ? nil : (index, disk, olds)
         }
         // Files the previous build read and that have not changed since need no hashing.
-        let cache = HashCache.load(besideArchive: previous.archive)
+        let cache = previous.hashCache
         let identities = identities
         let digests = Self.parallelMap(candidates) { candidate in
             cache.digest(of: candidate.disk, identity: identities[candidate.disk]) ?? (try? ArchivePacker.hashFile(candidate.disk).1)
@@ -263,9 +293,11 @@ struct Plan: Sendable {
 
     /// The lowercased extension of a path's last component ("" when it has none).
     static func fileExtension(_ path: String) -> String {
-        let name = path.split(separator: "/").last ?? ""
-        guard let dot = name.lastIndex(of: "."), dot != name.startIndex else { return "" }
-        return name[name.index(after: dot)...].lowercased()
+        // On UTF-8 bytes: String's Character-wise search cost more than the rest of planning.
+        let bytes = path.utf8
+        let nameStart = bytes.lastIndex(of: UInt8(ascii: "/")).map { bytes.index(after: $0) } ?? bytes.startIndex
+        guard let dot = bytes[nameStart...].lastIndex(of: UInt8(ascii: ".")), dot != nameStart else { return "" }
+        return String(decoding: bytes[bytes.index(after: dot)...], as: UTF8.self).lowercased()
     }
 
     /// Refuses before anything is written when the archive cannot fit under `cap`: exactly when

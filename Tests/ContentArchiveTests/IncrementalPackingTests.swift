@@ -57,6 +57,15 @@ struct IncrementalPackingTests {
         unsynced.sync = false
         #expect(try sha256Hex(ArchivePacker.pack(folder: v2, options: unsynced).archivePath) == sha256Hex(full.archivePath))
 
+        // A previous build made at another SOURCE_DATE_EPOCH has other headers: its entries'
+        // compressed bytes are still reused, under this build's headers.
+        var earlier = try options("1.0", tmp.sub("earlier"))
+        earlier.timestamp = ArchiveTimestamp(secondsSince1970: 1_700_000_000)
+        let other = try ArchivePacker.pack(folder: v1, options: earlier)
+        let restamped = try ArchivePacker.pack(folder: v2, options: try options("1.1", tmp.sub("restamped"), previous: other.archivePath))
+        #expect(restamped.reusedEntries == 15)
+        #expect(try sha256Hex(restamped.archivePath) == sha256Hex(full.archivePath))
+
         // Naming the manifest instead of the archive does the same.
         let byManifest = try ArchivePacker.pack(folder: v2, options: try options("1.1", tmp.sub("by-manifest"), previous: old.manifestPath))
         #expect(byManifest.reusedEntries == 15)
@@ -110,11 +119,12 @@ struct IncrementalPackingTests {
             [
                 "-c",
                 """
-                import hashlib, json, sys
+                import hashlib, json, sys, zlib
                 m = json.load(open(sys.argv[1])); data = open(sys.argv[2], 'rb').read(); n = m['chunkSize']
                 for e in m['entries']:
                     raw = data[e['dataOffset']:e['dataOffset'] + e['compressedSize']]
                     assert e['chunks'] == [hashlib.sha256(raw[i:i + n]).hexdigest() for i in range(0, len(raw), n)], e['path']
+                    assert e['storedCRC32'] == zlib.crc32(raw), e['path']
                 print('ok')
                 """, result.manifestPath, result.archivePath,
             ])
@@ -128,12 +138,7 @@ struct IncrementalPackingTests {
         let old = try ArchivePacker.pack(folder: v1, options: try options("1.0", tmp.sub("old")))
         let noise = try #require(old.manifest.entries.first { $0.path == "Contents/media/noise.bin" })
         // Flip one byte inside a reused entry.
-        let handle = try FileHandle(forUpdating: URL(fileURLWithPath: old.archivePath))
-        try handle.seek(toOffset: noise.dataOffset + 1000)
-        let byte = try #require(try handle.read(upToCount: 1)).first!
-        try handle.seek(toOffset: noise.dataOffset + 1000)
-        try handle.write(contentsOf: Data([byte ^ 0xFF]))
-        try handle.close()
+        try flipByte(old.archivePath, at: noise.dataOffset + 1000)
         let out = tmp.sub("new")
         #expect {
             try ArchivePacker.pack(folder: v1, options: try options("1.1", out, previous: old.archivePath))
@@ -142,11 +147,98 @@ struct IncrementalPackingTests {
         }
         #expect(((try? FileManager.default.contentsOfDirectory(atPath: out)) ?? []).isEmpty)
 
+        // A deflated entry is checked by the CRC-32 of its compressed bytes; with a manifest
+        // written before that was recorded, by its chunk hashes. Both refuse a flipped byte.
+        let log = try #require(old.manifest.entries.first { $0.path == "Contents/logs/big.log" })
+        #expect(log.method == .deflate && log.storedCRC32 != nil)
+        try flipByte(old.archivePath, at: noise.dataOffset + 1000)
+        try flipByte(old.archivePath, at: log.dataOffset + log.compressedSize / 2)
+        var withoutCRC = old.manifest
+        for i in withoutCRC.entries.indices { withoutCRC.entries[i].storedCRC32 = nil }
+        for manifest in [old.manifest, withoutCRC] {
+            try manifest.jsonData().write(to: URL(fileURLWithPath: old.manifestPath))
+            #expect {
+                try ArchivePacker.pack(folder: v1, options: try options("1.1", out, previous: old.archivePath))
+            } throws: { error in
+                (error as? ArchiveError)?.message.contains("does not match its manifest at 'Contents/logs/big.log'") == true
+            }
+            #expect(((try? FileManager.default.contentsOfDirectory(atPath: out)) ?? []).isEmpty)
+        }
+
+        // A manifest placing an entry past the archive's end is refused before anything is read.
+        var lying = old.manifest
+        let last = try #require(lying.entries.lastIndex { $0.compressedSize > 1 })
+        lying.entries[last].dataOffset = lying.archiveSize - 1
+        try lying.jsonData().write(to: URL(fileURLWithPath: old.manifestPath))
+        #expect {
+            try ArchivePacker.pack(folder: v1, options: try options("1.1", out, previous: old.archivePath))
+        } throws: { error in
+            (error as? ArchiveError)?.message.contains("outside the \(old.manifest.archiveSize) bytes") == true
+        }
+
         // A missing manifest is named, with what to pass instead.
         try FileManager.default.removeItem(atPath: old.manifestPath)
         let cli = try iapPack(["build", v1, "--product-id", "com.example.delta", "--content-version", "1.2", "-o", out, "--previous", old.archivePath])
         #expect(cli.status == 1)
         #expect(cli.stderr.contains("has no manifest beside it"))
+    }
+
+    func flipByte(_ path: String, at offset: UInt64) throws {
+        let handle = try FileHandle(forUpdating: URL(fileURLWithPath: path))
+        defer { try? handle.close() }
+        try handle.seek(toOffset: offset)
+        let byte = try #require(try handle.read(upToCount: 1)).first!
+        try handle.seek(toOffset: offset)
+        try handle.write(contentsOf: Data([byte ^ 0xFF]))
+    }
+
+    @Test("a previous manifest without stored CRC-32s (an older iap-pack's) still gives a full build's bytes")
+    func previousWithoutStoredCRC() throws {
+        let tmp = try TemporaryFolder()
+        let v1 = try makeVersion1(tmp)
+        let v2 = try makeVersion2(tmp, from: v1)
+        let old = try ArchivePacker.pack(folder: v1, options: try options("1.0", tmp.sub("old")))
+        var older = old.manifest
+        for i in older.entries.indices { older.entries[i].storedCRC32 = nil }
+        try older.jsonData().write(to: URL(fileURLWithPath: old.manifestPath))
+        let full = try ArchivePacker.pack(folder: v2, options: try options("1.1", tmp.sub("full")))
+        let incremental = try ArchivePacker.pack(folder: v2, options: try options("1.1", tmp.sub("incremental"), previous: old.archivePath))
+        #expect(incremental.reusedEntries == 15)
+        #expect(FileManager.default.contents(atPath: full.archivePath) == FileManager.default.contents(atPath: incremental.archivePath))
+        #expect(FileManager.default.contents(atPath: full.manifestPath) == FileManager.default.contents(atPath: incremental.manifestPath))
+        // The verifier accepts the older manifest for the old archive, and the new one for the new.
+        #expect(throws: Never.self) { try ArchiveVerifier.verify(archive: old.archivePath) }
+        #expect(throws: Never.self) { try ArchiveVerifier.verify(archive: incremental.archivePath) }
+    }
+
+    @Test("the hand-written manifest JSON is byte for byte what JSONEncoder writes")
+    func canonicalJSONMatchesEncoder() throws {
+        let tmp = try TemporaryFolder()
+        let packed = try ArchivePacker.pack(folder: try makeVersion1(tmp), options: try options("1.0", tmp.sub("out"))).manifest
+        var bare = packed
+        bare.formatVersion = 1
+        bare.chunkSize = nil
+        bare.encoder = nil
+        for i in bare.entries.indices {
+            bare.entries[i].chunks = i % 2 == 0 ? nil : []
+            bare.entries[i].level = nil
+            bare.entries[i].storedCRC32 = nil
+        }
+        var odd = packed
+        let names = ["a\"quote\\back/slash", "tab\tnew\nline\r\u{8}\u{c}", "ctl\u{1}\u{1f}\u{7f}", "é 漢字 😀 \u{2028}\u{FEFF}", ""]
+        for (i, name) in names.enumerated() { odd.entries[i].path = name }
+        odd.createdAt = "2024-02-29T23:59:59Z"
+        odd.entries[0].crc32 = .max
+        odd.entries[0].uncompressedSize = .max
+        var empty = packed
+        empty.entries = []
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
+        for manifest in [packed, bare, odd, empty] {
+            let expected = try encoder.encode(manifest) + Data("\n".utf8)
+            #expect(manifest.jsonData() == expected, "\(String(decoding: manifest.jsonData().prefix(600), as: UTF8.self))")
+            #expect(try JSONDecoder().decode(ArchiveManifest.self, from: manifest.jsonData()) == manifest)
+        }
     }
 
     @Test("manifests with the wrong number of chunk hashes or an unknown format are refused")

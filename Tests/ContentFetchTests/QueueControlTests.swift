@@ -7,7 +7,7 @@ import TransactionQueue
 
 @Suite("Download queue: pause, resume, cancel and parallel ranges", .serialized)
 struct QueueControlTests {
-    func fetcher(_ shop: Shop, connections: Int = 1, rate: Int) throws -> ContentFetcher {
+    func fetcher(_ shop: Shop, connections: Int = 1, rate: Int?) throws -> ContentFetcher {
         var configuration = FetchConfiguration(server: shop.server.base, contentDirectory: shop.content)
         configuration.connections = connections
         configuration.minimumSegment = 4 << 20
@@ -82,18 +82,21 @@ struct QueueControlTests {
         let shop = try Shop(products: ["com.example.big": .random(24 << 20)])
         let big = try shop.store.purchase(productId: "com.example.big").transaction.transactionId!
         let id = "\(big)-com.example.big"
-        // Slow enough that the pause at 6 MiB lands with seconds to spare even when the other
-        // suites running beside this one (servers, PostgreSQL, nginx) keep the shared threads busy.
-        let fetcher = try fetcher(shop, rate: 3 << 20)
+        // Slow enough that the pause at 3 MiB lands with 20 s to spare even when the other
+        // suites running beside this one (servers, PostgreSQL, nginx) keep the shared threads
+        // busy; the rebooted device then resumes at full speed.
+        let first = try fetcher(shop, rate: 1 << 20)
         let observer = observe(
-            fetcher, when: { $0.id == id && $0.state == .active && $0.bytesReceived >= 6 << 20 },
+            first, when: { $0.id == id && $0.state == .active && $0.bytesReceived >= 3 << 20 },
             act: {
-                #expect(await fetcher.pause($0.id))
+                #expect(await first.pause($0.id))
             })
-        #expect(await fetcher.start().paused == [id])
+        #expect(await first.start().paused == [id])
+        await first.shutdown()
+        _ = await observer.value
         let journal = try DownloadJournal(contentDirectory: shop.content)
         var record = try #require(journal.load(id))
-        #expect(record.recordedLength >= 6 << 20)
+        #expect(record.recordedLength >= 3 << 20)
         #expect(
             record.durable == [Segment(start: 0, end: record.expectedLength, done: record.recordedLength)],
             "a pause fsyncs what it keeps")
@@ -109,13 +112,14 @@ struct QueueControlTests {
         try handle.write(contentsOf: Data(count: Int(record.recordedLength - synced)))
         try handle.close()
 
-        #expect(await fetcher.resume(id))
-        #expect(await fetcher.start().finished == [big])
+        let rebooted = try fetcher(shop, rate: nil)
+        let afterReboot = observe(rebooted, when: { _ in false }, act: { _ in })
+        // A new process resumes what an earlier one left paused.
+        #expect(await rebooted.start().finished == [big])
         #expect(shop.installed("com.example.big") == shop.payloads["com.example.big"])
-        await fetcher.shutdown()
-        let updates = await observer.value.filter { $0.id == id }
-        let pausedAt = try #require(updates.firstIndex { $0.state == .paused })
-        let resumed = try #require(updates[pausedAt...].first { $0.state == .active })
+        await rebooted.shutdown()
+        let updates = await afterReboot.value.filter { $0.id == id }
+        let resumed = try #require(updates.first { $0.state == .active })
         #expect(resumed.bytesReceived == synced, "continued from the fsynced mark, not from \(record.recordedLength)")
         #expect(!updates.contains { $0.state == .failed }, "no hash mismatch: the lost bytes were fetched again, not trusted")
     }
