@@ -20,7 +20,7 @@ command -v zstd >/dev/null && [ -x /usr/bin/time ] || { apt-get update -qq; DEBI
 . tools/lib.sh
 bench_corpus "$corpus" "$scale"
 build_release iap-server iap-pack iap-sandbox iap-fetch
-work=$(mktemp -d); trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
+work=$(mktemp -d); trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 runs=${RUNS:-7}
 product=bench.delta
 
@@ -55,6 +55,9 @@ median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] 
 spread() { sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%s-%s", lo, hi }'; }
 timed() { # label command... : appends "seconds peakKiB" to $work/runs-<label>
   local label=$1; shift
+  # Each command starts with nothing of the one before still being written back, which would
+  # otherwise land on whichever comes next.
+  sync
   /usr/bin/time -f "%e %M" -o "$work/time" "$@" > "$work/out-$label" 2> "$work/err" || { cat "$work/err" >&2; exit 1; }
   cat "$work/time" >> "$work/runs-$label"
   echo "  $label: $(cat "$work/time")" >&2

@@ -189,7 +189,7 @@ public struct ArchiveManifest: Codable, Sendable, Equatable {
     public static func decode(_ data: Data, source: String) throws(ArchiveError) -> ArchiveManifest {
         let manifest: ArchiveManifest
         do {
-            manifest = try JSONDecoder().decode(ArchiveManifest.self, from: data)
+            manifest = try data.withUnsafeBytes(ManifestReader.read) ?? JSONDecoder().decode(ArchiveManifest.self, from: data)
         } catch {
             throw .corrupt("\(source) is not a valid archive manifest (\(error)): build the archive again with iap-pack to get a matching manifest")
         }

@@ -241,6 +241,51 @@ struct IncrementalPackingTests {
         }
     }
 
+    @Test("the manifest reader gives what JSONDecoder gives, whatever the layout, and leaves what it does not expect to JSONDecoder")
+    func manifestReaderMatchesDecoder() throws {
+        let tmp = try TemporaryFolder()
+        let packed = try ArchivePacker.pack(folder: try makeVersion1(tmp), options: try options("1.0", tmp.sub("out"))).manifest
+        var odd = packed
+        let names = ["a\"quote\\back/slash", "tab\tnew\nline\r\u{8}\u{c}", "ctl\u{1}\u{1f}\u{7f}", "é 漢字 😀 \u{2028}\u{FEFF}", ""]
+        for (i, name) in names.enumerated() { odd.entries[i].path = name }
+        odd.entries[0].level = nil
+        odd.entries[1].chunks = nil
+        odd.entries[2].storedCRC32 = nil
+        odd.encoder = nil
+        let compact = JSONEncoder()
+        for manifest in [packed, odd] {
+            for data in [manifest.jsonData(), try compact.encode(manifest)] {
+                #expect(data.withUnsafeBytes(ManifestReader.read) == manifest)
+            }
+        }
+        // Keys in another order, escapes JSONEncoder does not write, unknown keys of every kind,
+        // explicit nulls for optional fields: the same result as JSONDecoder.
+        let handWritten = #"""
+            { "unknown": {"a": [1, -2.5e3, true, false, null, "x\"y"]}, "entries": [ { "uncompressedSize": 3, "storedCRC32": null,
+              "sha256": "s", "path": "Contents\/\u00e9\ud83d\ude00\u0041", "method": "stored", "localHeaderOffset": 0, "level": -1,
+              "kind": "file", "extra": [], "dataOffset": 40, "crc32": 4294967295, "compressedSize": 3, "chunks": [] } ],
+              "productId": "com.example.x", "formatVersion": 1, "createdAt": "c", "contentVersion": "1.2", "contentLength": 3,
+              "chunkSize": null, "archiveSize": 100, "archiveSHA256": "h", "archiveName": "n" }
+            """#
+        let decoded = try JSONDecoder().decode(ArchiveManifest.self, from: Data(handWritten.utf8))
+        #expect(Data(handWritten.utf8).withUnsafeBytes(ManifestReader.read) == decoded)
+        #expect(decoded.entries[0].path == "Contents/é😀A")
+        // What it does not take, it leaves to JSONDecoder (nil), which explains the problem.
+        let refused = [
+            handWritten.replacingOccurrences(of: #""crc32": 4294967295"#, with: #""crc32": 4294967296"#),
+            handWritten.replacingOccurrences(of: #""archiveSize": 100"#, with: #""archiveSize": 1e2"#),
+            handWritten.replacingOccurrences(of: #""archiveSize": 100"#, with: #""archiveSize": -100"#),
+            handWritten.replacingOccurrences(of: #""archiveName": "n""#, with: #""archiveName": null"#),
+            handWritten.replacingOccurrences(of: #""archiveName": "n""#, with: #""archiveNam": "n""#),
+            handWritten.replacingOccurrences(of: #"\ud83d\ude00"#, with: #"\ud83d"#),
+            handWritten.replacingOccurrences(of: #""productId": "com.example.x""#, with: #""productId": "not an id""#),
+            handWritten + "x", String(handWritten.dropLast(3)), "",
+        ]
+        for text in refused {
+            #expect(Data(text.utf8).withUnsafeBytes(ManifestReader.read) == nil, "\(text.suffix(80))")
+        }
+    }
+
     @Test("manifests with the wrong number of chunk hashes or an unknown format are refused")
     func hostileManifests() throws {
         let tmp = try TemporaryFolder()
