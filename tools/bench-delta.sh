@@ -70,13 +70,22 @@ ratio() { awk -v a="$(cut -d' ' -f1 "$work/runs-$1" | median)" -v b="$(cut -d' '
 
 # Packing.
 cp -a "$work/old" "$work/old-nocache"; rm -f "$work/old-nocache/.$product-1.0.zip.hashes"
+pack_step() { # label: one timed build
+  case $1 in
+    pack-full) timed pack-full "$bin/iap-pack" build "$work/v2" --product-id $product --content-version 1.1 -o "$work/full" ;;
+    pack-previous) timed pack-previous "$bin/iap-pack" build "$work/v2" --product-id $product --content-version 1.1 -o "$work/inc" --previous "$work/old/$product-1.0.zip" ;;
+    pack-previous-nocache) timed pack-previous-nocache "$bin/iap-pack" build "$work/v2" --product-id $product --content-version 1.1 -o "$work/inc-nocache" --previous "$work/old-nocache/$product-1.0.zip" ;;
+    pack-full-nosync) timed pack-full-nosync "$bin/iap-pack" build "$work/v2" --product-id $product --content-version 1.1 -o "$work/full-nosync" --no-sync ;;
+    pack-previous-nosync) timed pack-previous-nosync "$bin/iap-pack" build "$work/v2" --product-id $product --content-version 1.1 -o "$work/inc-nosync" --previous "$work/old/$product-1.0.zip" --no-sync ;;
+  esac
+}
+steps="pack-full pack-previous pack-previous-nocache pack-full-nosync pack-previous-nosync"
 for round in $(seq "$runs"); do
   rm -rf "$work/full" "$work/inc" "$work/inc-nocache" "$work/full-nosync" "$work/inc-nosync"
-  timed pack-full "$bin/iap-pack" build "$work/v2" --product-id $product --content-version 1.1 -o "$work/full"
-  timed pack-previous "$bin/iap-pack" build "$work/v2" --product-id $product --content-version 1.1 -o "$work/inc" --previous "$work/old/$product-1.0.zip"
-  timed pack-previous-nocache "$bin/iap-pack" build "$work/v2" --product-id $product --content-version 1.1 -o "$work/inc-nocache" --previous "$work/old-nocache/$product-1.0.zip"
-  timed pack-full-nosync "$bin/iap-pack" build "$work/v2" --product-id $product --content-version 1.1 -o "$work/full-nosync" --no-sync
-  timed pack-previous-nosync "$bin/iap-pack" build "$work/v2" --product-id $product --content-version 1.1 -o "$work/inc-nosync" --previous "$work/old/$product-1.0.zip" --no-sync
+  # The order flips every round: what a build meets depends on what ran just before it (pages
+  # the one before freed or left to write back), so each side gets both turns.
+  order=$steps; [ $((round % 2)) = 0 ] && order=$(echo "$steps" | tr ' ' '\n' | tac | tr '\n' ' ')
+  for step in $order; do pack_step "$step"; done
   for out in inc inc-nocache full-nosync inc-nosync; do
     cmp -s "$work/full/$product-1.1.zip" "$work/$out/$product-1.1.zip" || { echo "--previous gave other bytes than a full build" >&2; exit 1; }
   done

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Serving benchmark: iap-server against nginx (sendfile on) on the same ~1 GiB archive, in one run.
-# Reports 1 GiB download throughput with curl, server CPU seconds per GiB served, and wrk
+# Reports 1 GiB download throughput with curl and server CPU seconds per GiB served (alternated,
+# medians of the rounds), and wrk
 # requests/s and p99 latency for 4 KiB and 1 MiB ranges and 16 x 64 KiB multi-range requests at
 # 16 and 64 connections. iap-server
 # checks a grant token (HMAC + revocation) on every request; nginx serves a plain file.
@@ -50,21 +51,23 @@ done
 nginx_pids() { echo "$(cat "$work/nginx.pid") $(pgrep -P "$(cat "$work/nginx.pid")" | tr '\n' ' ')"; }
 cpu_ticks() { local t=0; for p in "$@"; do set -- $(cut -d' ' -f14,15 "/proc/$p/stat"); t=$((t + $1 + $2)); done; echo $t; }
 
-download() { # name url pids...
-  local name=$1 url=$2; shift 2
-  local best=0 best_cpu=0
-  for run in 1 2 3; do
-    local before=$(cpu_ticks "$@")
-    local speed=$(curl -s -o /dev/null -w '%{speed_download}' "$url")
-    local after=$(cpu_ticks "$@")
-    local cpu=$(awk -v a="$after" -v b="$before" -v t="$tick" -v s="$size" 'BEGIN { printf "%.3f", (a - b) / t / (s / 1073741824) }')
-    if awk -v s="$speed" -v b="$best" 'BEGIN { exit !(s > b) }'; then best=$speed; best_cpu=$cpu; fi
-  done
-  echo "$name $best $best_cpu"
+download() { # url pids... -> "MB/s cpu-seconds-per-GiB" of one curl download
+  local url=$1; shift
+  local before=$(cpu_ticks "$@")
+  local speed=$(curl -s -o /dev/null -w '%{speed_download}' "$url")
+  local after=$(cpu_ticks "$@")
+  awk -v s="$speed" -v a="$after" -v b="$before" -v t="$tick" -v z="$size" 'BEGIN { printf "%.1f %.3f\n", s / 1e6, (a - b) / t / (z / 1073741824) }'
 }
 echo "archive: $size bytes; $(nproc) cores; wrk ${secs}s per run, median of $rounds rounds" >&2
-ours_dl=$(download iap-server "$ours_url" $ours_pid)
-nginx_dl=$(download nginx "$nginx_url" $(nginx_pids))
+median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
+spread() { sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%s-%s", lo, hi }'; }
+# Whole downloads alternate too: medians of $rounds each.
+: > "$work/ours.dl"; : > "$work/nginx.dl"
+for round in $(seq "$rounds"); do
+  download "$ours_url" $ours_pid >> "$work/ours.dl"
+  download "$nginx_url" $(nginx_pids) >> "$work/nginx.dl"
+  echo "  1 GiB download, round $round: iap-server $(tail -1 "$work/ours.dl"), nginx $(tail -1 "$work/nginx.dl") (MB/s CPU-s/GiB)" >&2
+done
 
 wrk_run() { # url range connections -> "req/s p99ms"
   wrk -t2 -c"$3" -d"${secs}s" --latency -H "Range: bytes=$2" "$1" 2>/dev/null | awk '
@@ -73,11 +76,12 @@ wrk_run() { # url range connections -> "req/s p99ms"
     END { printf "%s %s", rps, p99 }'
 }
 printf '\n%-34s %24s %24s %8s\n' "measure" "iap-server" "nginx" "ratio"
-read -r _ ob oc <<< "$ours_dl"; read -r _ nb nc <<< "$nginx_dl"
-awk -v o="$ob" -v n="$nb" 'BEGIN { printf "%-34s %24.0f %24.0f %8.2f\n", "1 GiB download, MB/s (curl, best)", o/1e6, n/1e6, o/n }'
-awk -v o="$oc" -v n="$nc" 'BEGIN { printf "%-34s %24.3f %24.3f %8.2f\n", "server CPU seconds per GiB", o, n, (n > 0 ? o/n : 0) }'
-median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
-spread() { sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%s-%s", lo, hi }'; }
+for column in 1 2; do
+  om=$(cut -d' ' -f$column "$work/ours.dl" | median); nm=$(cut -d' ' -f$column "$work/nginx.dl" | median)
+  os=$(cut -d' ' -f$column "$work/ours.dl" | spread); ns=$(cut -d' ' -f$column "$work/nginx.dl" | spread)
+  label="1 GiB download, MB/s (curl)"; [ $column = 2 ] && label="server CPU seconds per GiB"
+  awk -v l="$label" -v o="$om" -v n="$nm" -v a="$os" -v b="$ns" 'BEGIN { printf "%-34s %24s %24s %8.2f\n", l, o " (" a ")", n " (" b ")", (n > 0 ? o/n : 0) }'
+done
 # Each range measure alternates the two servers $rounds times and compares medians: single runs on
 # a shared 2-core machine vary by about 10%, more than the differences being measured.
 # The third: 16 ranges of 64 KiB 1 MiB apart in one request, as a delta update's entries
