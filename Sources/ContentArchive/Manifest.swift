@@ -121,25 +121,17 @@ public struct ArchiveManifest: Codable, Sendable, Equatable {
     func canonicalJSON() -> [UInt8] {
         var out = CanonicalJSONWriter()
         out.open("{")
-        out.key("archiveName", indent: 1)
-        out.string(archiveName)
-        out.key("archiveSHA256", indent: 1)
-        out.string(archiveSHA256)
-        out.key("archiveSize", indent: 1)
-        out.number(archiveSize)
+        out.field("archiveName", archiveName, indent: 1)
+        out.field("archiveSHA256", archiveSHA256, indent: 1)
+        out.field("archiveSize", archiveSize, indent: 1)
         if let chunkSize {
-            out.key("chunkSize", indent: 1)
-            out.number(chunkSize)
+            out.field("chunkSize", chunkSize, indent: 1)
         }
-        out.key("contentLength", indent: 1)
-        out.number(contentLength)
-        out.key("contentVersion", indent: 1)
-        out.string(contentVersion.string)
-        out.key("createdAt", indent: 1)
-        out.string(createdAt)
+        out.field("contentLength", contentLength, indent: 1)
+        out.field("contentVersion", contentVersion.string, indent: 1)
+        out.field("createdAt", createdAt, indent: 1)
         if let encoder {
-            out.key("encoder", indent: 1)
-            out.string(encoder)
+            out.field("encoder", encoder, indent: 1)
         }
         out.key("entries", indent: 1)
         out.array(entries, indent: 1) { out, entry in
@@ -148,38 +140,25 @@ public struct ArchiveManifest: Codable, Sendable, Equatable {
                 out.key("chunks", indent: 3)
                 out.array(chunks, indent: 3) { out, chunk in out.string(chunk) }
             }
-            out.key("compressedSize", indent: 3)
-            out.number(entry.compressedSize)
-            out.key("crc32", indent: 3)
-            out.number(UInt64(entry.crc32))
-            out.key("dataOffset", indent: 3)
-            out.number(entry.dataOffset)
-            out.key("kind", indent: 3)
-            out.string(entry.kind.rawValue)
+            out.field("compressedSize", entry.compressedSize, indent: 3)
+            out.field("crc32", UInt64(entry.crc32), indent: 3)
+            out.field("dataOffset", entry.dataOffset, indent: 3)
+            out.field("kind", entry.kind.rawValue, indent: 3)
             if let level = entry.level {
-                out.key("level", indent: 3)
-                out.number(Int64(level))
+                out.field("level", Int64(level), indent: 3)
             }
-            out.key("localHeaderOffset", indent: 3)
-            out.number(entry.localHeaderOffset)
-            out.key("method", indent: 3)
-            out.string(entry.method.rawValue)
-            out.key("path", indent: 3)
-            out.string(entry.path)
-            out.key("sha256", indent: 3)
-            out.string(entry.sha256)
+            out.field("localHeaderOffset", entry.localHeaderOffset, indent: 3)
+            out.field("method", entry.method.rawValue, indent: 3)
+            out.field("path", entry.path, indent: 3)
+            out.field("sha256", entry.sha256, indent: 3)
             if let storedCRC32 = entry.storedCRC32 {
-                out.key("storedCRC32", indent: 3)
-                out.number(UInt64(storedCRC32))
+                out.field("storedCRC32", UInt64(storedCRC32), indent: 3)
             }
-            out.key("uncompressedSize", indent: 3)
-            out.number(entry.uncompressedSize)
+            out.field("uncompressedSize", entry.uncompressedSize, indent: 3)
             out.close("}", indent: 2)
         }
-        out.key("formatVersion", indent: 1)
-        out.number(Int64(formatVersion))
-        out.key("productId", indent: 1)
-        out.string(productId.rawValue)
+        out.field("formatVersion", Int64(formatVersion), indent: 1)
+        out.field("productId", productId.rawValue, indent: 1)
         out.close("}", indent: 0)
         out.bytes.append(UInt8(ascii: "\n"))
         return out.bytes
@@ -256,6 +235,21 @@ struct CanonicalJSONWriter {
         newline(indent: indent)
         string(name)
         bytes.append(contentsOf: " : ".utf8)
+    }
+
+    mutating func field(_ name: String, _ value: String, indent: Int) {
+        key(name, indent: indent)
+        string(value)
+    }
+
+    mutating func field(_ name: String, _ value: UInt64, indent: Int) {
+        key(name, indent: indent)
+        number(value)
+    }
+
+    mutating func field(_ name: String, _ value: Int64, indent: Int) {
+        key(name, indent: indent)
+        number(value)
     }
 
     mutating func array<T>(_ items: [T], indent: Int, _ element: (inout CanonicalJSONWriter, T) -> Void) {

@@ -33,14 +33,14 @@ struct ManifestReader {
         var encoder: String?
         let complete = object { reader, key in
             switch key {
-            case "formatVersion": formatVersion = reader.integer().flatMap { Int(exactly: $0) }; return formatVersion != nil
-            case "productId": productId = reader.string().flatMap { try? ProductIdentifier($0) }; return productId != nil
-            case "contentVersion": contentVersion = reader.string().flatMap { try? ContentVersion($0) }; return contentVersion != nil
-            case "archiveName": archiveName = reader.string(); return archiveName != nil
-            case "archiveSize": archiveSize = reader.unsigned(); return archiveSize != nil
-            case "archiveSHA256": archiveSHA256 = reader.string(); return archiveSHA256 != nil
-            case "contentLength": contentLength = reader.unsigned(); return contentLength != nil
-            case "createdAt": createdAt = reader.string(); return createdAt != nil
+            case "formatVersion": return store(&formatVersion, reader.integer().flatMap { Int(exactly: $0) })
+            case "productId": return store(&productId, reader.string().flatMap { try? ProductIdentifier($0) })
+            case "contentVersion": return store(&contentVersion, reader.string().flatMap { try? ContentVersion($0) })
+            case "archiveName": return store(&archiveName, reader.string())
+            case "archiveSize": return store(&archiveSize, reader.unsigned())
+            case "archiveSHA256": return store(&archiveSHA256, reader.string())
+            case "contentLength": return store(&contentLength, reader.unsigned())
+            case "createdAt": return store(&createdAt, reader.string())
             case "chunkSize":
                 return reader.optional {
                     chunkSize = $0.unsigned(); return chunkSize != nil
@@ -85,15 +85,15 @@ struct ManifestReader {
         var storedCRC32: UInt32?
         let complete = object { reader, key in
             switch key {
-            case "path": path = reader.string(); return path != nil
-            case "kind": kind = reader.string().flatMap(ArchiveManifest.Entry.Kind.init(rawValue:)); return kind != nil
-            case "method": method = reader.string().flatMap(ArchiveManifest.Entry.Method.init(rawValue:)); return method != nil
-            case "uncompressedSize": uncompressedSize = reader.unsigned(); return uncompressedSize != nil
-            case "compressedSize": compressedSize = reader.unsigned(); return compressedSize != nil
-            case "crc32": crc32 = reader.unsigned().flatMap { UInt32(exactly: $0) }; return crc32 != nil
-            case "sha256": sha256 = reader.string(); return sha256 != nil
-            case "localHeaderOffset": localHeaderOffset = reader.unsigned(); return localHeaderOffset != nil
-            case "dataOffset": dataOffset = reader.unsigned(); return dataOffset != nil
+            case "path": return store(&path, reader.string())
+            case "kind": return store(&kind, reader.string().flatMap(ArchiveManifest.Entry.Kind.init(rawValue:)))
+            case "method": return store(&method, reader.string().flatMap(ArchiveManifest.Entry.Method.init(rawValue:)))
+            case "uncompressedSize": return store(&uncompressedSize, reader.unsigned())
+            case "compressedSize": return store(&compressedSize, reader.unsigned())
+            case "crc32": return store(&crc32, reader.unsigned().flatMap { UInt32(exactly: $0) })
+            case "sha256": return store(&sha256, reader.string())
+            case "localHeaderOffset": return store(&localHeaderOffset, reader.unsigned())
+            case "dataOffset": return store(&dataOffset, reader.unsigned())
             case "level":
                 return reader.optional {
                     level = $0.integer().flatMap { Int(exactly: $0) }; return level != nil
@@ -276,4 +276,10 @@ struct ManifestReader {
             return at > start
         }
     }
+}
+
+/// Keeps a field's value; whether there was one to keep.
+private func store<T>(_ field: inout T?, _ value: T?) -> Bool {
+    field = value
+    return value != nil
 }
