@@ -87,7 +87,7 @@ while kill -0 $fetch_pid 2>/dev/null; do
 done
 kill -9 $fetch_pid; wait $fetch_pid 2>/dev/null || true
 on_disk=$(stat -c %s "$partial")
-synced=$(python3 -c 'import json,glob,sys; print(json.load(open(glob.glob(sys.argv[1] + "/*.json")[0]))["recordedLength"])' "$journal")
+synced=$(python3 -c 'import json,glob,sys; print(json.load(open([p for p in glob.glob(sys.argv[1] + "/*.json") if not p.endswith(".manifest.json")][0]))["recordedLength"])' "$journal")
 "$bin/iap-fetch" run --server "$base" --queue "$work/sandbox/queue" --content-dir "$work/device" >/dev/null
 cmp -s "$work/device/bench.fetch/1.0/Contents/payload.bin" "$work/content-bench.fetch/payload.bin" && resumed=identical || resumed=DIFFERENT
 

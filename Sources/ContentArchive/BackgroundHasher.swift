@@ -11,33 +11,30 @@ import SystemPackage
 /// bottleneck through the benchmark corpus's 256 MiB of video (1.3 s in which the compressors,
 /// done with everything after the media, idled). At most `limit` bytes wait, so memory stays flat.
 final class BackgroundHasher: @unchecked Sendable {
-    private let queue: DispatchQueue
-    private let limit: Int
+    private let queue: BoundedQueue
     private let checksums: Bool
-    /// Guards `waiting` and `failure`.
+    /// Guards `failure`.
     private let condition = NSCondition()
-    private var waiting = 0
     private var failure: ArchiveError?
     /// Touched only on `queue`.
     private var hasher = SHA256()
     private var crc: UInt32 = 0
 
     init(label: String, checksums: Bool = false, limit: Int = 16 << 20) {
-        queue = DispatchQueue(label: label)
+        queue = BoundedQueue(label: label, limit: limit)
         self.checksums = checksums
-        self.limit = limit
     }
 
     deinit { readBuffer?.deallocate() }
 
     /// Hashes `bytes` after everything handed over before; waits while too much is waiting.
     func update(_ bytes: [UInt8]) {
-        enqueue(bytes.count) { [self] in bytes.withUnsafeBytes { hash($0) } }
+        queue.async(holding: bytes.count) { [self] in bytes.withUnsafeBytes { hash($0) } }
     }
 
     /// Hashes mapped bytes after everything handed over before (the mapping is kept until then).
     func update(_ mapped: MappedBytes) {
-        enqueue(mapped.bytes.count) { [self] in hash(mapped.bytes) }
+        queue.async(holding: mapped.bytes.count) { [self] in hash(mapped.bytes) }
     }
 
     private func hash(_ buffer: UnsafeRawBufferPointer) {
@@ -45,24 +42,10 @@ final class BackgroundHasher: @unchecked Sendable {
         if checksums { crc = crc32(crc, buffer) }
     }
 
-    private func enqueue(_ count: Int, _ work: @escaping @Sendable () -> Void) {
-        condition.lock()
-        while waiting > 0 && waiting + count > limit { condition.wait() }
-        waiting += count
-        condition.unlock()
-        queue.async { [self] in
-            work()
-            condition.lock()
-            waiting -= count
-            condition.broadcast()
-            condition.unlock()
-        }
-    }
-
     /// Hashes bytes `start..<end` of a file, read back when their turn comes: they must be in the
     /// file by then.
     func update(file path: String, from start: UInt64, to end: UInt64) {
-        queue.async { [self] in
+        queue.async(holding: 0) { [self] in
             do throws(ArchiveError) {
                 try hash(path, from: start, to: end)
             } catch {
@@ -165,10 +148,7 @@ public struct ChunkHasher: Sendable {
 /// the order the bytes are written (as ``BackgroundHasher`` does for the archive's hash); and the
 /// check of entries copied from a previous archive.
 final class BackgroundChunkHasher: @unchecked Sendable {
-    private let queue = DispatchQueue(label: "iap-pack.chunk-hash")
-    private let limit: Int
-    private let condition = NSCondition()
-    private var waiting = 0
+    private let queue: BoundedQueue
 
     /// The digests of one entry's stored bytes, as the manifest lists them.
     struct Digests: Sendable {
@@ -183,11 +163,12 @@ final class BackgroundChunkHasher: @unchecked Sendable {
 
     init(chunkSize: UInt64, limit: Int = 16 << 20) {
         current = ChunkHasher(chunkSize: chunkSize)
-        self.limit = limit
+        queue = BoundedQueue(label: "iap-pack.chunk-hash", limit: limit)
     }
 
     func update(_ bytes: [UInt8]) {
-        enqueue(bytes.count) { [self] in
+        guard !bytes.isEmpty else { return }
+        queue.async(holding: bytes.count) { [self] in
             bytes.withUnsafeBytes {
                 current.update($0)
                 currentCRC = crc32(currentCRC, $0)
@@ -195,25 +176,9 @@ final class BackgroundChunkHasher: @unchecked Sendable {
         }
     }
 
-    /// Runs `work` on the queue, which holds `count` bytes until then; waits while too much is waiting.
-    private func enqueue(_ count: Int, _ work: @escaping @Sendable () -> Void) {
-        guard count > 0 else { return }
-        condition.lock()
-        while waiting > 0 && waiting + count > limit { condition.wait() }
-        waiting += count
-        condition.unlock()
-        queue.async { [self] in
-            work()
-            condition.lock()
-            waiting -= count
-            condition.broadcast()
-            condition.unlock()
-        }
-    }
-
     /// Ends the current entry.
     func endEntry() {
-        queue.async { [self] in
+        queue.async(holding: 0) { [self] in
             finished.append(Digests(chunks: current.finalize(), crc32: currentCRC))
             current = ChunkHasher(chunkSize: current.chunkSize)
             currentCRC = 0
@@ -225,7 +190,7 @@ final class BackgroundChunkHasher: @unchecked Sendable {
     /// CRC-32 when the manifest gave it (libdeflate's CRC-32 runs many times faster than
     /// SHA-256), by their chunk hashes otherwise.
     func endEntry(copiedFrom range: Range<UInt64>, crc32 expected: UInt32?, chunks: [String], entryPath: String) {
-        queue.async { [self] in
+        queue.async(holding: 0) { [self] in
             copied.append(Copied(range: range, crc32: expected, chunks: chunks, path: entryPath, index: finished.count))
             finished.append(Digests(chunks: chunks, crc32: expected ?? 0))
         }
@@ -235,7 +200,7 @@ final class BackgroundChunkHasher: @unchecked Sendable {
     /// holds (ended before, in the order they were copied); bytes between them (headers) are
     /// skipped.
     func check(_ mapped: MappedBytes, at offset: UInt64) {
-        enqueue(mapped.bytes.count) { [self] in
+        queue.async(holding: mapped.bytes.count) { [self] in
             let piece = mapped.bytes
             let end = offset + UInt64(piece.count)
             var position = offset
@@ -284,4 +249,38 @@ final class BackgroundChunkHasher: @unchecked Sendable {
             return (finished, mismatch)
         }
     }
+}
+
+/// A serial queue whose work holds bytes (to hash, say) until it runs: `async` waits while more
+/// than `limit` bytes are waiting, so memory stays flat however far the producer gets ahead.
+final class BoundedQueue: @unchecked Sendable {
+    private let queue: DispatchQueue
+    private let limit: Int
+    /// Guards `waiting`.
+    private let condition = NSCondition()
+    private var waiting = 0
+
+    init(label: String, limit: Int) {
+        queue = DispatchQueue(label: label)
+        self.limit = limit
+    }
+
+    /// Runs `work` after everything queued before; it holds `count` bytes until it has run.
+    func async(holding count: Int, _ work: @escaping @Sendable () -> Void) {
+        guard count > 0 else { return queue.async(execute: work) }
+        condition.lock()
+        while waiting > 0 && waiting + count > limit { condition.wait() }
+        waiting += count
+        condition.unlock()
+        queue.async { [self] in
+            work()
+            condition.lock()
+            waiting -= count
+            condition.broadcast()
+            condition.unlock()
+        }
+    }
+
+    /// Runs `work` after everything queued before, and returns its result.
+    func sync<T>(_ work: () throws -> T) rethrows -> T { try queue.sync(execute: work) }
 }
