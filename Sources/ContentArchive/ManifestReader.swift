@@ -270,10 +270,28 @@ struct ManifestReader {
         case UInt8(ascii: "f"): return literal("false")
         case UInt8(ascii: "n"): return literal("null")
         default:
-            // A number: JSON's grammar, loosely; a malformed one is JSONDecoder's to report.
+            // A number, by JSON's grammar: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
+            func digits(_ reader: inout ManifestReader) -> Int {
+                let start = reader.at
+                while reader.at < reader.bytes.count, (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(reader.bytes[reader.at]) {
+                    reader.at += 1
+                }
+                return reader.at - start
+            }
+            if bytes[at] == UInt8(ascii: "-") { at += 1 }
             let start = at
-            while at < bytes.count, "+-.0123456789eE".utf8.contains(bytes[at]) { at += 1 }
-            return at > start
+            let integer = digits(&self)
+            guard integer > 0, integer == 1 || bytes[start] != UInt8(ascii: "0") else { return false }
+            if at < bytes.count, bytes[at] == UInt8(ascii: ".") {
+                at += 1
+                guard digits(&self) > 0 else { return false }
+            }
+            if at < bytes.count, bytes[at] == UInt8(ascii: "e") || bytes[at] == UInt8(ascii: "E") {
+                at += 1
+                if at < bytes.count, bytes[at] == UInt8(ascii: "+") || bytes[at] == UInt8(ascii: "-") { at += 1 }
+                guard digits(&self) > 0 else { return false }
+            }
+            return true
         }
     }
 }

@@ -279,10 +279,19 @@ struct IncrementalPackingTests {
             handWritten.replacingOccurrences(of: #""archiveName": "n""#, with: #""archiveNam": "n""#),
             handWritten.replacingOccurrences(of: #"\ud83d\ude00"#, with: #"\ud83d"#),
             handWritten.replacingOccurrences(of: #""productId": "com.example.x""#, with: #""productId": "not an id""#),
+            handWritten.replacingOccurrences(of: "-2.5e3", with: "-"),
+            handWritten.replacingOccurrences(of: "-2.5e3", with: "01"),
+            handWritten.replacingOccurrences(of: "-2.5e3", with: "2.e3"),
+            handWritten.replacingOccurrences(of: "-2.5e3", with: "2e+"),
             handWritten + "x", String(handWritten.dropLast(3)), "",
         ]
         for text in refused {
             #expect(Data(text.utf8).withUnsafeBytes(ManifestReader.read) == nil, "\(text.suffix(80))")
+        }
+        // Unknown keys' numbers in every form JSON allows are skipped.
+        for number in ["0", "-0", "12", "-1.5", "3e7", "4.25E-2", "1e+2"] {
+            let text = handWritten.replacingOccurrences(of: "-2.5e3", with: number)
+            #expect(Data(text.utf8).withUnsafeBytes(ManifestReader.read) == decoded, "\(number)")
         }
     }
 
