@@ -25,8 +25,6 @@ final class BackgroundHasher: @unchecked Sendable {
         self.checksums = checksums
     }
 
-    deinit { readBuffer?.deallocate() }
-
     /// Hashes `bytes` after everything handed over before; waits while too much is waiting.
     func update(_ bytes: [UInt8]) {
         queue.async(holding: bytes.count) { [self] in bytes.withUnsafeBytes { hash($0) } }
@@ -47,7 +45,7 @@ final class BackgroundHasher: @unchecked Sendable {
     func update(file path: String, from start: UInt64, to end: UInt64) {
         queue.async(holding: 0) { [self] in
             do throws(ArchiveError) {
-                try hash(path, from: start, to: end)
+                try ArchivePacker.hash(path, from: start, to: end, into: &hasher)
             } catch {
                 condition.lock()
                 if failure == nil { failure = error }
@@ -56,37 +54,9 @@ final class BackgroundHasher: @unchecked Sendable {
         }
     }
 
-    /// Touched only on `queue`: the last file read, kept open (a build reads ranges of the
-    /// previous archive thousands of times), and one buffer for every read.
-    private var source: (path: String, fd: FileDescriptor)?
-    private var readBuffer: UnsafeMutableRawBufferPointer?
-
-    private func hash(_ path: String, from start: UInt64, to end: UInt64) throws(ArchiveError) {
-        if source?.path != path {
-            try? source?.fd.close()
-            source = nil
-            source = (path, try openFile(path))
-        }
-        let buffer = readBuffer ?? UnsafeMutableRawBufferPointer.allocate(byteCount: 1 << 20, alignment: 64)
-        readBuffer = buffer
-        var position = start
-        while position < end {
-            let n = pread(source!.fd.rawValue, buffer.baseAddress, min(buffer.count, Int(end - position)), off_t(position))
-            if n < 0 && errno == EINTR { continue }
-            guard n >= 0 else { throw ioError(errno, action: "read", path: path) }
-            guard n > 0 else { throw .io("\(path) is shorter than what was written to it: is something else writing there?") }
-            hash(UnsafeRawBufferPointer(rebasing: buffer[0..<n]))
-            position += UInt64(n)
-        }
-    }
-
     /// The SHA-256 (hex) and CRC-32 of everything handed over, once it is all hashed.
     func finalize() throws(ArchiveError) -> (sha256: String, crc32: UInt32) {
-        let digest = queue.sync {
-            try? source?.fd.close()
-            source = nil
-            return (Hex.encode(hasher.finalize()), crc)
-        }
+        let digest = queue.sync { (Hex.encode(hasher.finalize()), crc) }
         condition.lock()
         defer { condition.unlock() }
         if let failure { throw failure }
