@@ -198,14 +198,16 @@ final class BufferedFileWriter {
 /// into arrays: the writer and both hashers then read the page cache itself, and the one copy
 /// left is the write into the new archive (the reads' copies cost the writer's thread as much as
 /// the write). Mappings are a few MiB each and live only until hashed, so memory stays flat. The
-/// file must keep its size while mapped: its size was checked against its manifest before.
-final class MappedBytes: @unchecked Sendable {
-    let bytes: UnsafeRawBufferPointer
+/// file must keep its size while mapped: its size was checked against its manifest before. The
+/// downloader hashes its partial file the same way (it is the only writer, and does not truncate
+/// while a mapping lives).
+package final class MappedBytes: @unchecked Sendable {
+    package let bytes: UnsafeRawBufferPointer
     private let mapping: UnsafeMutableRawPointer
     private let length: Int
 
     /// Maps bytes `range` of `fd` (a non-empty range within the file).
-    init(_ fd: FileDescriptor, range: Range<UInt64>, path: String) throws(ArchiveError) {
+    package init(_ fd: FileDescriptor, range: Range<UInt64>, path: String) throws(ArchiveError) {
         let page = UInt64(sysconf(Int32(_SC_PAGESIZE)))
         let start = range.lowerBound / page * page
         length = Int(range.upperBound - start)

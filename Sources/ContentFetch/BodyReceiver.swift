@@ -5,21 +5,24 @@ import NIOHTTP1
 import SystemPackage
 
 /// Receives one response on the client's event loop and writes its body straight into the
-/// partial file at its offset, the way curl writes as it reads; the fetcher then gets each part,
-/// already on disk, for hashing and bookkeeping.
+/// partial file at its offset, the way curl writes as it reads; the fetcher then learns which
+/// bytes are on disk, hashes them from the file and keeps the books. Each part's buffer is let go
+/// once written, so NIO reads the next into the same warm memory.
+///
+/// Plain-HTTP archive transfers go through ``DirectBodyReader`` instead; this one serves HTTPS,
+/// redirects and the many small ranges of a delta update.
 ///
 /// This exists because AsyncHTTPClient's async body sequence stops reading the socket after every
 /// part until the consumer asks for the next one (its high watermark is a single part), so the
 /// transfer waited on the consumer at every part (docs/performance.md has the figures). With this delegate the
-/// socket keeps being read while up to `window` bytes wait for the fetcher, which is the
-/// backpressure bound on memory.
+/// socket keeps being read while up to `window` bytes wait for the fetcher.
 final class BodyReceiver: HTTPClientResponseDelegate, Sendable {
     typealias Response = Void
 
     enum Event: Sendable {
         case head(HTTPResponseHead)
-        /// `chunks`, one after the other, have been written from `offset`.
-        case body([ByteBuffer], offset: Int64)
+        /// `count` bytes have been written from `offset`.
+        case body(count: Int, offset: Int64)
         /// The response ended; with `.collect`, the start of its body.
         case end(collected: ByteBuffer?)
     }
@@ -42,19 +45,15 @@ final class BodyReceiver: HTTPClientResponseDelegate, Sendable {
         var waitingForWindow: EventLoopPromise<Void>?
         var started: NIODeadline?
         var received: Int64 = 0
-        /// Parts written but not yet handed to the fetcher, from `pendingOffset`.
-        var pending: [ByteBuffer] = []
+        /// Bytes written but not yet handed to the fetcher, from `pendingOffset`.
         var pendingOffset: Int64 = 0
         var pendingBytes = 0
 
-        /// The parts to hand over now, if any.
-        mutating func takePending() -> (chunks: [ByteBuffer], offset: Int64)? {
-            guard !pending.isEmpty else { return nil }
-            defer {
-                pending = []
-                pendingBytes = 0
-            }
-            return (pending, pendingOffset)
+        /// The bytes to hand over now, if any.
+        mutating func takePending() -> (count: Int, offset: Int64)? {
+            guard pendingBytes > 0 else { return nil }
+            defer { pendingBytes = 0 }
+            return (pendingBytes, pendingOffset)
         }
     }
 
@@ -121,9 +120,8 @@ final class BodyReceiver: HTTPClientResponseDelegate, Sendable {
         } catch {
             return eventLoop.makeFailedFuture(FetchError(.install, "cannot write the partial download: \(error); free disk space and run again"))
         }
-        let (wait, due, batch) = state.withLockedValue { state -> (EventLoopPromise<Void>?, NIODeadline?, (chunks: [ByteBuffer], offset: Int64)?) in
-            if state.pending.isEmpty { state.pendingOffset = position }
-            state.pending.append(buffer)
+        let (wait, due, batch) = state.withLockedValue { state -> (EventLoopPromise<Void>?, NIODeadline?, (count: Int, offset: Int64)?) in
+            if state.pendingBytes == 0 { state.pendingOffset = position }
             state.pendingBytes += Int(count)
             state.position += count
             state.outstanding += Int(count)
@@ -145,7 +143,7 @@ final class BodyReceiver: HTTPClientResponseDelegate, Sendable {
             let batch = state.pendingBytes >= Self.batch || waits ? state.takePending() : nil
             return (promise, due, batch)
         }
-        if let batch { continuation.yield(.body(batch.chunks, offset: batch.offset)) }
+        if let batch { continuation.yield(.body(count: batch.count, offset: batch.offset)) }
         let windowOpen = wait?.futureResult ?? eventLoop.makeSucceededVoidFuture()
         guard let due, due > .now() else { return windowOpen }
         return windowOpen.flatMap { eventLoop.scheduleTask(deadline: due) {}.futureResult }
@@ -167,13 +165,13 @@ final class BodyReceiver: HTTPClientResponseDelegate, Sendable {
 
     func didReceiveError(task: HTTPClient.Task<Void>, _ error: Error) {
         // What is on disk is reported before the error, so the journal can keep it.
-        if let batch = state.withLockedValue({ $0.takePending() }) { continuation.yield(.body(batch.chunks, offset: batch.offset)) }
+        if let batch = state.withLockedValue({ $0.takePending() }) { continuation.yield(.body(count: batch.count, offset: batch.offset)) }
         continuation.finish(throwing: error)
     }
 
     func didFinishRequest(task: HTTPClient.Task<Void>) throws {
         let (batch, collected) = state.withLockedValue { ($0.takePending(), $0.collected) }
-        if let batch { continuation.yield(.body(batch.chunks, offset: batch.offset)) }
+        if let batch { continuation.yield(.body(count: batch.count, offset: batch.offset)) }
         continuation.yield(.end(collected: collected))
         continuation.finish()
     }

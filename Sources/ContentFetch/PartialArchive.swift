@@ -1,3 +1,4 @@
+import ContentArchive
 import Crypto
 import DurableFiles
 import Foundation
@@ -72,7 +73,6 @@ final class PartialArchive {
     private var durableTotal: Int64
     private var durableSyncRunning = false
     private var lastDurableSync = ContinuousClock.now
-    private var readBuffer: [UInt8] = []
     /// A delta update fetches scattered ranges: there is no contiguous archive to hash, and each
     /// fetched entry is checked against the manifest's chunk hashes instead.
     private var sparse: Bool
@@ -110,19 +110,23 @@ final class PartialArchive {
 
     /// Records `chunk`, which segment `index` has just written at `offset`; its receiver has
     /// written up to `writtenThrough` by now.
-    func wrote(_ chunk: ByteBuffer, segment index: Int, at offset: Int64, writtenThrough: Int64? = nil) throws(FetchError) {
-        written[index] += Int64(chunk.readableBytes)
+    func wrote(_ count: Int, segment index: Int, at offset: Int64, writtenThrough: Int64? = nil) throws(FetchError) {
+        written[index] += Int64(count)
         ahead[index] = max(ahead[index], written[index], (writtenThrough ?? 0) - segments[index].start)
-        rate.add(Int64(chunk.readableBytes))
-        if !sparse && offset == hashed {
-            chunk.withUnsafeReadableBytes { hasher.update(bufferPointer: $0) }
-            hashed += Int64(chunk.readableBytes)
-        }
-        try advanceHash()
+        rate.add(Int64(count))
+        try advanceHash(minimum: Self.hashWindow)
     }
 
-    /// Hashes, from the file, written bytes that are contiguous with the hashed prefix.
-    private func advanceHash() throws(FetchError) {
+    /// Hashes, from the file, written bytes that are contiguous with the hashed prefix, once at
+    /// least `minimum` of them wait (or their segment is complete).
+    ///
+    /// The receiver writes what arrives and lets its buffers go at once; the hash reads the bytes
+    /// back through mappings of the page cache. Handing the received buffers to this actor instead
+    /// kept megabytes of them alive, so the event loop read every part into cold memory, and its
+    /// writes into the page cache took up to eight times as long while the hash ran beside them
+    /// (docs/performance.md, "The client's spread"). Mapping costs no copy; a few MiB at a time,
+    /// unmapped once hashed, keep memory flat.
+    private func advanceHash(minimum: Int64 = 0) throws(FetchError) {
         while !sparse && cursor < segments.count {
             let segment = segments[cursor]
             if hashed >= segment.end {
@@ -130,24 +134,22 @@ final class PartialArchive {
                 continue
             }
             let available = segment.start + written[cursor]
-            guard hashed < available else { return }
-            if readBuffer.isEmpty { readBuffer = [UInt8](repeating: 0, count: 1 << 20) }
+            guard hashed < available, available - hashed >= minimum || available == segment.end else { return }
             while hashed < available {
-                let want = Int(min(Int64(readBuffer.count), available - hashed))
-                let n: Int
-                do {
-                    n = try readBuffer.withUnsafeMutableBytes { raw in
-                        try fd.read(fromAbsoluteOffset: hashed, into: UnsafeMutableRawBufferPointer(rebasing: raw[0..<want]))
-                    }
+                let end = min(available, hashed + Self.hashWindow)
+                do throws(ArchiveError) {
+                    let mapped = try MappedBytes(fd, range: UInt64(hashed)..<UInt64(end), path: path)
+                    hasher.update(bufferPointer: mapped.bytes)
                 } catch {
-                    throw FetchError(.install, "cannot read back \(path): \(error)")
+                    throw FetchError(.install, "cannot read back \(path): \(error.message)")
                 }
-                guard n > 0 else { throw FetchError(.install, "\(path) is shorter than its journal says; it will be fetched again") }
-                hasher.update(data: readBuffer[0..<n])
-                hashed += Int64(n)
+                hashed = end
             }
         }
     }
+
+    /// Bytes mapped at a time to be hashed, and the least that wait before they are.
+    static let hashWindow: Int64 = 4 << 20
 
     /// Records progress when `syncInterval` bytes arrived since the last record; returns whether
     /// it recorded, and the segments to make durable when bytes were recorded and `durableInterval`
@@ -229,8 +231,9 @@ final class PartialArchive {
         try recordProgress(durability: .powerLoss)
     }
 
-    /// The archive's SHA-256, once every byte is hashed.
-    func digest() -> String? {
+    /// The archive's SHA-256, once every byte is written.
+    func digest() throws(FetchError) -> String? {
+        try advanceHash()
         guard hashed == record.expectedLength else { return nil }
         return Hex.encode(hasher.finalize())
     }

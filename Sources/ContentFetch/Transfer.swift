@@ -18,6 +18,19 @@ struct ArchiveChanged: Error, CustomStringConvertible {
     var description: String { "the archive changed on the server; starting over" }
 }
 
+/// Where the fetcher gets one response's events from: ``BodyReceiver`` (AsyncHTTPClient) or
+/// ``DirectBodyReader``.
+protocol ResponseBodySource: Sendable {
+    var events: AsyncThrowingStream<BodyReceiver.Event, Error> { get }
+    /// Where the body written so far ends (parts not yet handed over included).
+    var writtenThrough: Int64 { get }
+    func proceed(_ disposition: BodyReceiver.Disposition)
+    func consumed(_ count: Int)
+}
+
+extension BodyReceiver: ResponseBodySource {}
+extension DirectBodyReader: ResponseBodySource {}
+
 /// Hands out the indexes of the ranges to fetch, one at a time, to the connections of a transfer.
 final class RangeQueue: Sendable {
     private let next = Mutex(0)
@@ -102,8 +115,11 @@ extension ContentFetcher {
             let workers = min(missing.count, max(configuration.connections, record.delta == nil ? 1 : 4))
             let limit = configuration.rateLimit.map { max(1, $0 / workers) }
             let whole = partial.segments.count == 1 && record.delta == nil
-            // Bytes waiting for the hash: 8 MiB on one connection, 16 MiB in all on several.
-            let window = max(1 << 20, min(8 << 20, (16 << 20) / workers))
+            // A delta's many small ranges keep AsyncHTTPClient's pooled connections.
+            let direct = record.delta == nil
+            // Bytes written but not yet handed to this actor: they wait in the page cache, not in
+            // memory of ours, and a deep window lets the receiver run ahead while the hash catches up.
+            let window = max(4 << 20, (32 << 20) / workers)
             let next = RangeQueue()
             do {
                 try await withThrowingTaskGroup(of: Void.self) { group in
@@ -116,7 +132,7 @@ extension ContentFetcher {
                                 try await self.fetch(
                                     id: id, segment: part.segment, from: part.from, to: part.to, length: length,
                                     whole: whole, url: url, etag: etag, fd: fd, rateLimit: limit,
-                                    window: window)
+                                    window: window, direct: direct)
                             }
                         }
                     }
@@ -140,7 +156,7 @@ extension ContentFetcher {
             Failpoint.hit("verified")
             return
         }
-        guard let digest = partial.digest() else {
+        guard let digest = try partial.digest() else {
             throw FetchError(.network, "the transfer ended at byte \(partial.hashed) of \(record.expectedLength)")
         }
         guard digest == partial.record.sha256 else {
@@ -173,17 +189,34 @@ extension ContentFetcher {
     nonisolated func fetch(
         id: String, segment: Int, from: Int64, to: Int64, length: Int64, whole: Bool,
         url: String, etag: String?, fd: SystemPackage.FileDescriptor, rateLimit: Int?,
-        window: Int
+        window: Int, direct: Bool
     ) async throws {
+        let ranged = from > 0 || to < length
+        var headers: [(String, String)] = []
+        if ranged {
+            headers.append(("Range", "bytes=\(from)-\(to - 1)"))
+            if let etag { headers.append(("If-Range", etag)) }
+        }
+        if direct && DirectBodyReader.handles(url) {
+            let reader = DirectBodyReader(fd: fd, window: window, rateLimit: rateLimit, stallTimeout: configuration.stallTimeout)
+            reader.start(url: url, headers: headers)
+            defer { reader.close() }
+            do {
+                try await withTaskCancellationHandler {
+                    try await consume(reader, id: id, segment: segment, from: from, to: to, length: length, ranged: ranged, whole: whole)
+                } onCancel: {
+                    reader.close()
+                }
+                return
+            } catch is DirectBodyReader.Unsupported {
+                // A redirect or a body without Content-Length: AsyncHTTPClient handles those.
+            }
+        }
         var request: HTTPClient.Request
         do { request = try HTTPClient.Request(url: url) } catch {
             throw FetchError(.refused, "the grant's URL \(url) is not usable: \(error)")
         }
-        let ranged = from > 0 || to < length
-        if ranged {
-            request.headers.add(name: "Range", value: "bytes=\(from)-\(to - 1)")
-            if let etag { request.headers.add(name: "If-Range", value: etag) }
-        }
+        for (name, value) in headers { request.headers.add(name: name, value: value) }
         let receiver = BodyReceiver(fd: fd, window: window, rateLimit: rateLimit)
         // One loop for the channel and the delegate: otherwise every part hops between two threads.
         let task = client.execute(request: request, delegate: receiver, eventLoop: .delegateAndChannel(on: client.eventLoopGroup.next()))
@@ -192,61 +225,68 @@ extension ContentFetcher {
             task.cancel()
         }
         try await withTaskCancellationHandler {
-            var status: UInt = 0
-            var position = from
-            var end = to
-            for try await event in receiver.events {
-                switch event {
-                case .head(let head):
-                    status = head.status.code
-                    switch status {
-                    case 206:
-                        let range = head.headers.first(name: "content-range") ?? ""
-                        guard ranged, range.hasPrefix("bytes \(from)-\(to - 1)/") else {
-                            throw FetchError(.network, "the server sent range '\(range)' for a request of bytes \(from)-\(to - 1)")
-                        }
-                    case 200:
-                        if ranged {
-                            // If-Range did not match: the archive changed. With one connection the
-                            // whole new file is coming in this response; with several, every part
-                            // starts over.
-                            guard whole else { throw ArchiveChanged() }
-                            try await restart(id)
-                        }
-                        (position, end) = (0, length)
-                    case 403:
-                        receiver.proceed(.collect)
-                        continue
-                    case 416: throw ArchiveChanged()
-                    case 401: throw GrantExpired()
-                    case 404: throw FetchError(.noContent, "the archive is no longer on the server")
-                    default: throw FetchError(.network, "the server answered \(status)")
-                    }
-                    try await accept(id, etag: head.headers.first(name: "etag"))
-                    receiver.proceed(.write(from: position, to: end))
-                case .body(let chunks, let offset):
-                    let count = chunks.reduce(0) { $0 + $1.readableBytes }
-                    try await self.received(id, segment: segment, at: offset, chunks, writtenThrough: receiver.writtenThrough)
-                    receiver.consumed(count)
-                    position = offset + Int64(count)
-                case .end(let collected):
-                    if status == 403 {
-                        let envelope = ErrorEnvelope.read((collected ?? ByteBuffer()).readableBytesView)
-                        throw FetchError(envelope.code() == .revoked ? .revoked : .refused, envelope.error.message)
-                    }
-                    guard position == end else {
-                        throw FetchError(.network, "the transfer ended at byte \(position) of \(end)")
-                    }
-                    try await rangeReceived(id, segment: segment, through: end)
-                    Failpoint.hit("range-done")
-                    return
-                }
-            }
-            try Task.checkCancellation()
-            throw FetchError(.network, "the connection closed at byte \(position) of \(end)")
+            try await consume(receiver, id: id, segment: segment, from: from, to: to, length: length, ranged: ranged, whole: whole)
         } onCancel: {
             task.cancel()
         }
+    }
+
+    /// Handles the events of one response: checks its head, records its body, ends the range.
+    private nonisolated func consume(
+        _ source: some ResponseBodySource, id: String, segment: Int, from: Int64, to: Int64, length: Int64,
+        ranged: Bool, whole: Bool
+    ) async throws {
+        var status: UInt = 0
+        var position = from
+        var end = to
+        for try await event in source.events {
+            switch event {
+            case .head(let head):
+                status = head.status.code
+                switch status {
+                case 206:
+                    let range = head.headers.first(name: "content-range") ?? ""
+                    guard ranged, range.hasPrefix("bytes \(from)-\(to - 1)/") else {
+                        throw FetchError(.network, "the server sent range '\(range)' for a request of bytes \(from)-\(to - 1)")
+                    }
+                case 200:
+                    if ranged {
+                        // If-Range did not match: the archive changed. With one connection the
+                        // whole new file is coming in this response; with several, every part
+                        // starts over.
+                        guard whole else { throw ArchiveChanged() }
+                        try await restart(id)
+                    }
+                    (position, end) = (0, length)
+                case 403:
+                    source.proceed(.collect)
+                    continue
+                case 416: throw ArchiveChanged()
+                case 401: throw GrantExpired()
+                case 404: throw FetchError(.noContent, "the archive is no longer on the server")
+                default: throw FetchError(.network, "the server answered \(status)")
+                }
+                try await accept(id, etag: head.headers.first(name: "etag"))
+                source.proceed(.write(from: position, to: end))
+            case .body(let count, let offset):
+                try await self.received(id, segment: segment, at: offset, count: count, writtenThrough: source.writtenThrough)
+                source.consumed(count)
+                position = offset + Int64(count)
+            case .end(let collected):
+                if status == 403 {
+                    let envelope = ErrorEnvelope.read((collected ?? ByteBuffer()).readableBytesView)
+                    throw FetchError(envelope.code() == .revoked ? .revoked : .refused, envelope.error.message)
+                }
+                guard position == end else {
+                    throw FetchError(.network, "the transfer ended at byte \(position) of \(end)")
+                }
+                try await rangeReceived(id, segment: segment, through: end)
+                Failpoint.hit("range-done")
+                return
+            }
+        }
+        try Task.checkCancellation()
+        throw FetchError(.network, "the connection closed at byte \(position) of \(end)")
     }
 
     /// Checks every fetched entry's stored bytes against the manifest's chunk hashes; damaged
@@ -318,13 +358,9 @@ extension ContentFetcher {
     }
 
     /// Chunks were written: hash them, sync when due, apply pause or cancel, report progress.
-    func received(_ id: String, segment: Int, at offset: Int64, _ chunks: [ByteBuffer], writtenThrough: Int64) throws {
+    func received(_ id: String, segment: Int, at offset: Int64, count: Int, writtenThrough: Int64) throws {
         guard let partial = transfers[id] else { throw CancellationError() }
-        var at = offset
-        for chunk in chunks {
-            try partial.wrote(chunk, segment: segment, at: at, writtenThrough: writtenThrough)
-            at += Int64(chunk.readableBytes)
-        }
+        try partial.wrote(count, segment: segment, at: offset, writtenThrough: writtenThrough)
         if stopAll { throw Stop(control: .pause) }
         if let control = controls[id] { throw Stop(control: control) }
         // Requests from other processes are read at syncs: a file check per chunk would cost more.

@@ -1,0 +1,368 @@
+import Foundation
+import NIOCore
+import NIOHTTP1
+import Synchronization
+import SystemPackage
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// The body of one archive range request over plain HTTP, read on a thread of its own with
+/// blocking 256 KiB reads and written at its offset, the way curl does; the fetcher gets the same
+/// events as from ``BodyReceiver``.
+///
+/// Written by hand because the library cannot reach the goal here: AsyncHTTPClient reads the
+/// socket 64 KiB at a time (its channels keep NIO's default receive allocator, and it offers no
+/// option), and every read then passes its HTTP decoder, state machines and delegate: on one core
+/// that cost as much CPU per GiB as curl's whole transfer, while SHA-256 needs the other core
+/// (docs/performance.md, "The client's spread"). Only the common case comes here: `http://`,
+/// a response with `Content-Length`, no redirect. Anything else is ``Unsupported`` before a
+/// single body byte is taken, and the fetcher asks again through AsyncHTTPClient.
+final class DirectBodyReader: Sendable {
+    /// The response is one this reader leaves to AsyncHTTPClient (a redirect, no Content-Length).
+    struct Unsupported: Error, CustomStringConvertible {
+        let description: String
+    }
+
+    typealias Event = BodyReceiver.Event
+
+    private struct State {
+        var disposition: BodyReceiver.Disposition?
+        var position: Int64 = 0
+        var outstanding = 0
+        var waiting = false
+        var cancelled = false
+        var socket: Int32 = -1
+    }
+
+    let events: AsyncThrowingStream<Event, Error>
+    private let continuation: AsyncThrowingStream<Event, Error>.Continuation
+    private let fd: SystemPackage.FileDescriptor
+    private let window: Int
+    private let rateLimit: Int?
+    private let stallTimeout: Duration
+    private let state = Mutex(State())
+    /// The reader thread sleeps on this while it waits for the fetcher (the head's disposition,
+    /// a window below half, the rate limit's next slot); every change it may wait for signals it.
+    private let wake = DispatchSemaphore(value: 0)
+    /// Bytes read per call: few enough calls that their cost vanishes, and a buffer that stays in
+    /// the core's cache between the read that fills it and the write that empties it.
+    static let readSize = 256 << 10
+    /// A response head larger than this is refused (a hostile or broken server).
+    static let maximumHead = 64 << 10
+
+    init(fd: SystemPackage.FileDescriptor, window: Int, rateLimit: Int?, stallTimeout: Duration) {
+        self.fd = fd
+        self.window = window
+        self.rateLimit = rateLimit
+        self.stallTimeout = stallTimeout
+        (events, continuation) = AsyncThrowingStream.makeStream(of: Event.self)
+    }
+
+    /// Whether `url` is one this reader can fetch.
+    static func handles(_ url: String) -> Bool {
+        guard let components = URLComponents(string: url), components.scheme?.lowercased() == "http", let host = components.host else { return false }
+        return !host.isEmpty && components.user == nil
+    }
+
+    /// Starts the request on a new thread; events follow on `events`.
+    func start(url: String, headers: [(String, String)]) {
+        Thread.detachNewThread { [self] in
+            do {
+                try run(url: url, headers: headers)
+                continuation.finish()
+            } catch {
+                continuation.finish(throwing: error)
+            }
+            state.withLock { state in
+                if state.socket >= 0 { Glibc.close(state.socket) }
+                state.socket = -1
+            }
+        }
+    }
+
+    /// Called by the fetcher once it has read the head.
+    func proceed(_ disposition: BodyReceiver.Disposition) {
+        state.withLock { state in
+            state.disposition = disposition
+            if case .write(let from, _) = disposition { state.position = from }
+        }
+        wake.signal()
+    }
+
+    /// Where the body written so far ends.
+    var writtenThrough: Int64 { state.withLock { $0.position } }
+
+    /// Called by the fetcher when it has handled `count` bytes.
+    func consumed(_ count: Int) {
+        let signal = state.withLock { state -> Bool in
+            state.outstanding -= count
+            return state.waiting && state.outstanding < window / 2
+        }
+        if signal { wake.signal() }
+    }
+
+    /// The fetcher is done with this response, or gave up on it: the thread stops at once.
+    func close() {
+        state.withLock { state in
+            state.cancelled = true
+            // Wakes a blocking read or connect; the thread closes the descriptor itself.
+            if state.socket >= 0 { shutdown(state.socket, Int32(SHUT_RDWR)) }
+        }
+        wake.signal()
+        continuation.finish()
+    }
+
+    // MARK: - The reader thread
+
+    private func run(url: String, headers: [(String, String)]) throws {
+        guard let components = URLComponents(string: url), let host = components.host else {
+            throw Unsupported(description: "not an http URL")
+        }
+        let port = components.port ?? 80
+        let socket = try connect(host: host, port: port)
+        var target = components.percentEncodedPath.isEmpty ? "/" : components.percentEncodedPath
+        if let query = components.percentEncodedQuery { target += "?" + query }
+        var request = "GET \(target) HTTP/1.1\r\nHost: \(host.contains(":") ? "[\(host)]" : host)\(components.port.map { ":\($0)" } ?? "")\r\n"
+        for (name, value) in headers { request += "\(name): \(value)\r\n" }
+        request += "Connection: close\r\n\r\n"
+        try send(Array(request.utf8), on: socket)
+
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: Self.readSize, alignment: 4096)
+        defer { buffer.deallocate() }
+        var filled = 0
+        var headEnd: Int?
+        while headEnd == nil {
+            guard filled < Self.maximumHead else { throw FetchError(.network, "the server's response head is over \(Self.maximumHead) bytes") }
+            let n = try read(socket, into: UnsafeMutableRawBufferPointer(rebasing: buffer[filled..<Self.maximumHead]))
+            guard n > 0 else { throw FetchError(.network, "the server closed the connection before its response head") }
+            filled += n
+            headEnd = Self.endOfHead(UnsafeRawBufferPointer(rebasing: buffer[0..<filled]))
+        }
+        let head = try Self.parseHead(UnsafeRawBufferPointer(rebasing: buffer[0..<headEnd!]))
+        if (300..<400).contains(head.status.code) { throw Unsupported(description: "a redirect") }
+        guard head.headers["transfer-encoding"].isEmpty, let lengthText = head.headers.first(name: "content-length"),
+            let length = Int64(lengthText), length >= 0
+        else { throw Unsupported(description: "no Content-Length") }
+
+        continuation.yield(.head(head))
+        guard let disposition = waitForDisposition() else { return }
+        var remaining = length
+        // What followed the head in the first reads.
+        var leftover = filled - headEnd!
+        if leftover > 0 { buffer.copyMemory(from: UnsafeRawBufferPointer(rebasing: buffer[headEnd!..<filled])) }
+        switch disposition {
+        case .collect:
+            var collected = ByteBuffer()
+            while remaining > 0 {
+                if leftover == 0 {
+                    leftover = try read(socket, into: UnsafeMutableRawBufferPointer(rebasing: buffer[0..<Int(min(Int64(buffer.count), remaining))]))
+                    guard leftover > 0 else { return }
+                }
+                let take = min(Int64(leftover), remaining)
+                if collected.readableBytes < 64 << 10 { collected.writeBytes(UnsafeRawBufferPointer(rebasing: buffer[0..<Int(take)])) }
+                remaining -= take
+                leftover = 0
+            }
+            continuation.yield(.end(collected: collected))
+        case .write(let from, let to):
+            var position = from
+            var pendingOffset = from
+            var pending = 0
+            var started: ContinuousClock.Instant?
+            var received: Int64 = 0
+            while remaining > 0 {
+                let count: Int
+                if leftover > 0 {
+                    count = Int(min(Int64(leftover), remaining))
+                    leftover = 0
+                } else {
+                    do {
+                        count = try read(socket, into: UnsafeMutableRawBufferPointer(rebasing: buffer[0..<Int(min(Int64(buffer.count), remaining))]))
+                    } catch {
+                        // What is on disk is reported before the error, so the journal can keep it.
+                        if pending > 0 { continuation.yield(.body(count: pending, offset: pendingOffset)) }
+                        throw error
+                    }
+                    guard count > 0 else {
+                        // Closed early: what is on disk is reported; the fetcher names the byte.
+                        if pending > 0 { continuation.yield(.body(count: pending, offset: pendingOffset)) }
+                        return
+                    }
+                }
+                guard position + Int64(count) <= to else {
+                    throw FetchError(.network, "the server sent more than the bytes asked for (up to byte \(to))")
+                }
+                do {
+                    _ = try fd.writeAll(toAbsoluteOffset: position, UnsafeRawBufferPointer(rebasing: buffer[0..<count]))
+                } catch {
+                    if pending > 0 { continuation.yield(.body(count: pending, offset: pendingOffset)) }
+                    throw FetchError(.install, "cannot write the partial download: \(error); free disk space and run again")
+                }
+                if pending == 0 { pendingOffset = position }
+                pending += count
+                position += Int64(count)
+                remaining -= Int64(count)
+                let full = state.withLock { state -> Bool in
+                    state.position = position
+                    state.outstanding += count
+                    return state.outstanding >= window
+                }
+                var due: ContinuousClock.Instant?
+                if let rateLimit {
+                    let start = started ?? .now
+                    started = start
+                    received += Int64(count)
+                    due = start + .nanoseconds(received * 1_000_000_000 / Int64(rateLimit))
+                }
+                let waits = full || due.map { $0 > .now } == true
+                if pending >= BodyReceiver.batch || waits || remaining == 0 {
+                    continuation.yield(.body(count: pending, offset: pendingOffset))
+                    pending = 0
+                }
+                if full, !waitForWindow() { return }
+                if let due, !sleep(until: due) { return }
+            }
+            continuation.yield(.end(collected: nil))
+        }
+    }
+
+    private func waitForDisposition() -> BodyReceiver.Disposition? {
+        while true {
+            let (disposition, cancelled) = state.withLock { ($0.disposition, $0.cancelled) }
+            if cancelled { return nil }
+            if let disposition { return disposition }
+            wake.wait()
+        }
+    }
+
+    /// Waits until the fetcher has handled half the window; false when cancelled.
+    private func waitForWindow() -> Bool {
+        while true {
+            let (open, cancelled) = state.withLock { state -> (Bool, Bool) in
+                let open = state.outstanding < window / 2
+                state.waiting = !open && !state.cancelled
+                return (open, state.cancelled)
+            }
+            if cancelled { return false }
+            if open { return true }
+            wake.wait()
+        }
+    }
+
+    /// Sleeps until `due` unless cancelled meanwhile (false then).
+    private func sleep(until due: ContinuousClock.Instant) -> Bool {
+        while true {
+            if state.withLock({ $0.cancelled }) { return false }
+            let left = due - .now
+            guard left > .zero else { return true }
+            let (seconds, attoseconds) = left.components
+            _ = wake.wait(timeout: .now() + .nanoseconds(Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000)))
+        }
+    }
+
+    private func connect(host: String, port: Int) throws -> Int32 {
+        var hints = addrinfo()
+        hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
+        hints.ai_family = AF_UNSPEC
+        var list: UnsafeMutablePointer<addrinfo>?
+        let status = getaddrinfo(host, String(port), &hints, &list)
+        guard status == 0, let first = list else {
+            throw FetchError(.network, "cannot resolve \(host): \(String(cString: gai_strerror(status)))")
+        }
+        defer { freeaddrinfo(first) }
+        var lastError = ECONNREFUSED
+        var candidate: UnsafeMutablePointer<addrinfo>? = first
+        while let info = candidate {
+            candidate = info.pointee.ai_next
+            let socket = Glibc.socket(info.pointee.ai_family, info.pointee.ai_socktype, info.pointee.ai_protocol)
+            guard socket >= 0 else {
+                lastError = errno
+                continue
+            }
+            let registered = state.withLock { state -> Bool in
+                guard !state.cancelled else { return false }
+                state.socket = socket
+                return true
+            }
+            guard registered else {
+                Glibc.close(socket)
+                throw CancellationError()
+            }
+            // Linux applies the send timeout to connect as well: AsyncHTTPClient's 10 s.
+            setTimeout(socket, SO_SNDTIMEO, .seconds(10))
+            setTimeout(socket, SO_RCVTIMEO, stallTimeout)
+            var one: Int32 = 1
+            setsockopt(socket, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
+            if Glibc.connect(socket, info.pointee.ai_addr, info.pointee.ai_addrlen) == 0 { return socket }
+            lastError = errno
+            state.withLock { state in
+                Glibc.close(socket)
+                state.socket = -1
+            }
+        }
+        throw FetchError(.network, "cannot connect to \(host):\(port): \(String(cString: strerror(lastError)))")
+    }
+
+    private func setTimeout(_ socket: Int32, _ option: Int32, _ duration: Duration) {
+        let (seconds, attoseconds) = duration.components
+        var value = timeval(tv_sec: Int(seconds), tv_usec: Int(attoseconds / 1_000_000_000_000))
+        setsockopt(socket, SOL_SOCKET, option, &value, socklen_t(MemoryLayout<timeval>.size))
+    }
+
+    private func send(_ bytes: [UInt8], on socket: Int32) throws {
+        var sent = 0
+        while sent < bytes.count {
+            let n = bytes.withUnsafeBytes { Glibc.send(socket, $0.baseAddress! + sent, $0.count - sent, Int32(MSG_NOSIGNAL)) }
+            if n < 0, errno == EINTR { continue }
+            guard n > 0 else { throw socketError("send the request") }
+            sent += n
+        }
+    }
+
+    private func read(_ socket: Int32, into buffer: UnsafeMutableRawBufferPointer) throws -> Int {
+        while true {
+            let n = recv(socket, buffer.baseAddress, buffer.count, 0)
+            if n >= 0 { return n }
+            if errno == EINTR { continue }
+            throw socketError("read")
+        }
+    }
+
+    private func socketError(_ action: String) -> Error {
+        let code = errno
+        if state.withLock({ $0.cancelled }) { return CancellationError() }
+        if code == EAGAIN || code == EWOULDBLOCK {
+            return FetchError(.network, "no byte arrived for \(stallTimeout.components.seconds) s; the download will be retried")
+        }
+        return FetchError(.network, "cannot \(action): \(String(cString: strerror(code)))")
+    }
+
+    /// Where the head ends (after its blank line), if it has.
+    static func endOfHead(_ bytes: UnsafeRawBufferPointer) -> Int? {
+        guard bytes.count >= 4 else { return nil }
+        for i in 3..<bytes.count where bytes[i] == 10 && bytes[i - 1] == 13 && bytes[i - 2] == 10 && bytes[i - 3] == 13 {
+            return i + 1
+        }
+        return nil
+    }
+
+    /// The status line and header fields of an HTTP/1.1 response head.
+    static func parseHead(_ bytes: UnsafeRawBufferPointer) throws -> HTTPResponseHead {
+        guard let text = String(bytes: bytes, encoding: .isoLatin1) else { throw FetchError(.network, "the server's response head is not text") }
+        var lines = text.components(separatedBy: "\r\n")
+        let statusLine = lines.removeFirst().split(separator: " ", maxSplits: 2, omittingEmptySubsequences: false)
+        guard statusLine.count >= 2, statusLine[0].hasPrefix("HTTP/1."), let code = Int(statusLine[1]), (100..<600).contains(code) else {
+            throw FetchError(.network, "the server's answer is not an HTTP/1.1 response")
+        }
+        var headers = HTTPHeaders()
+        for line in lines where !line.isEmpty {
+            guard let colon = line.firstIndex(of: ":"), colon != line.startIndex else {
+                throw FetchError(.network, "the server sent a malformed header line")
+            }
+            headers.add(name: String(line[..<colon]), value: line[line.index(after: colon)...].trimmingCharacters(in: .whitespaces))
+        }
+        return HTTPResponseHead(version: statusLine[0] == "HTTP/1.0" ? .http1_0 : .http1_1, status: .init(statusCode: code), headers: headers)
+    }
+}

@@ -1,0 +1,172 @@
+import Foundation
+import IAPTestSupport
+import Synchronization
+import SystemPackage
+import Testing
+
+@testable import ContentFetch
+
+/// A server on 127.0.0.1 that answers every connection with scripted bytes after reading the
+/// request head: what a broken or hostile server sends, byte for byte.
+final class ScriptedServer: @unchecked Sendable {
+    let port: Int
+    private let listener: Int32
+    private final class Log: Sendable {
+        /// The request heads received, in order.
+        let requests = Mutex<[String]>([])
+        /// Connections the client has closed (seen while stalling) or that were answered.
+        let closed = Mutex(0)
+    }
+    private let log = Log()
+
+    /// `answer` is sent on each connection; with `stall`, the connection then stays open silent.
+    init(answer: [UInt8], stall: Bool = false) throws {
+        let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        self.listener = listener
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafeMutablePointer(to: &address) { pointer in
+            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(listener, $0, length) == 0 && listen(listener, 8) == 0 && getsockname(listener, $0, &length) == 0 }
+        }
+        guard bound else { throw POSIXError(.EADDRINUSE) }
+        port = Int(UInt16(bigEndian: address.sin_port))
+        Thread.detachNewThread { [log] in
+            while true {
+                let connection = accept(listener, nil, nil)
+                guard connection >= 0 else { return }
+                var head = [UInt8]()
+                var byte: UInt8 = 0
+                while !head.reversed().starts(with: [10, 13, 10, 13]), recv(connection, &byte, 1, 0) == 1 { head.append(byte) }
+                log.requests.withLock { $0.append(String(decoding: head, as: UTF8.self)) }
+                _ = answer.withUnsafeBytes { send(connection, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+                if stall {
+                    // Held open without a byte until the client gives up.
+                    while recv(connection, &byte, 1, 0) > 0 {}
+                }
+                close(connection)
+                log.closed.withLock { $0 += 1 }
+            }
+        }
+    }
+
+    var url: String { "http://127.0.0.1:\(port)/v1/archives/x.zip?token=abc" }
+    var received: [String] { log.requests.withLock { $0 } }
+    var closedConnections: Int { log.closed.withLock { $0 } }
+
+    deinit {
+        shutdown(listener, Int32(SHUT_RDWR))
+        close(listener)
+    }
+}
+
+@Suite("DirectBodyReader against scripted servers")
+struct DirectBodyReaderTests {
+    struct Outcome {
+        var status: UInt?
+        var written: Int64 = 0
+        var ended = false
+        var error: Error?
+    }
+
+    /// Runs one request against `server`, writing the body from `from` into `file`.
+    func run(_ server: ScriptedServer, file: String, from: Int64 = 0, to: Int64, stall: Duration = .seconds(30)) async -> Outcome {
+        guard let fd = try? FileDescriptor.open(file, .readWrite, options: [.create], permissions: .ownerReadWrite) else { return Outcome() }
+        defer { try? fd.close() }
+        let reader = DirectBodyReader(fd: fd, window: 1 << 20, rateLimit: nil, stallTimeout: stall)
+        reader.start(url: server.url, headers: [("Range", "bytes=\(from)-\(to - 1)")])
+        defer { reader.close() }
+        var outcome = Outcome()
+        do {
+            for try await event in reader.events {
+                switch event {
+                case .head(let head):
+                    outcome.status = head.status.code
+                    reader.proceed(.write(from: from, to: to))
+                case .body(let count, _):
+                    outcome.written += Int64(count)
+                    reader.consumed(count)
+                case .end:
+                    outcome.ended = true
+                }
+            }
+        } catch {
+            outcome.error = error
+        }
+        return outcome
+    }
+
+    func response(_ head: String, body: [UInt8] = []) -> [UInt8] { Array(head.replacingOccurrences(of: "\n", with: "\r\n").utf8) + body }
+
+    @Test("a 206 with Content-Length is written at its offset, with the request's target, Host and Range")
+    func partialContent() async throws {
+        let tmp = try TemporaryFolder()
+        let body = (0..<700_000).map { UInt8(truncatingIfNeeded: $0 &* 31) }
+        let server = try ScriptedServer(answer: response("HTTP/1.1 206 Partial Content\nContent-Range: bytes 100-700099/800000\nContent-Length: 700000\n\n", body: body))
+        let file = tmp.sub("partial")
+        let outcome = await run(server, file: file, from: 100, to: 700_100)
+        #expect(outcome.status == 206 && outcome.ended && outcome.written == 700_000 && outcome.error == nil)
+        let written = try Data(contentsOf: URL(fileURLWithPath: file))
+        #expect(written.count == 700_100 && Array(written[100...]) == body)
+        let request = try #require(server.received.first)
+        #expect(request.hasPrefix("GET /v1/archives/x.zip?token=abc HTTP/1.1\r\n"))
+        #expect(request.contains("Host: 127.0.0.1:\(server.port)\r\n") && request.contains("Range: bytes=100-700099\r\n"))
+    }
+
+    @Test("a redirect or a body without Content-Length is left to AsyncHTTPClient before a byte is written")
+    func unsupported() async throws {
+        let tmp = try TemporaryFolder()
+        for head in ["HTTP/1.1 302 Found\nLocation: http://127.0.0.1:1/elsewhere\nContent-Length: 0\n\n", "HTTP/1.1 200 OK\nTransfer-Encoding: chunked\n\n5\r\nhello\r\n0\r\n\r\n"] {
+            let server = try ScriptedServer(answer: response(head))
+            let outcome = await run(server, file: tmp.sub("unsupported"), to: 10)
+            #expect(outcome.error is DirectBodyReader.Unsupported, "\(head)")
+            #expect(outcome.status == nil && outcome.written == 0)
+        }
+    }
+
+    @Test("a huge or malformed head, an early close and a silent server are network errors that name the problem")
+    func badServers() async throws {
+        let tmp = try TemporaryFolder()
+        let huge = try ScriptedServer(answer: response("HTTP/1.1 200 OK\n" + String(repeating: "X-Padding: \(String(repeating: "a", count: 1000))\n", count: 80) + "\n"))
+        let hugeOutcome = await run(huge, file: tmp.sub("a"), to: 10)
+        #expect((hugeOutcome.error as? FetchError)?.message.contains("response head is over 65536 bytes") == true)
+
+        let garbage = try ScriptedServer(answer: response("SSH-2.0-OpenSSH_9.6\n\n"))
+        let garbageOutcome = await run(garbage, file: tmp.sub("b"), to: 10)
+        #expect((garbageOutcome.error as? FetchError)?.message.contains("not an HTTP/1.1 response") == true)
+
+        // Half the body, then the connection closes: the bytes are reported, no end.
+        let short = try ScriptedServer(answer: response("HTTP/1.1 200 OK\nContent-Length: 1000\n\n", body: [UInt8](repeating: 7, count: 500)))
+        let shortOutcome = await run(short, file: tmp.sub("c"), to: 1000)
+        #expect(shortOutcome.status == 200 && shortOutcome.written == 500 && !shortOutcome.ended && shortOutcome.error == nil)
+
+        let silent = try ScriptedServer(answer: response("HTTP/1.1 200 OK\nContent-Length: 1000\n\n", body: [1, 2, 3]), stall: true)
+        let silentOutcome = await run(silent, file: tmp.sub("d"), to: 1000, stall: .seconds(1))
+        #expect(silentOutcome.written == 3 && !silentOutcome.ended)
+        #expect((silentOutcome.error as? FetchError)?.message.contains("no byte arrived for 1 s") == true)
+    }
+
+    @Test("close() stops a read that waits on a silent server at once")
+    func closeStopsRead() async throws {
+        let tmp = try TemporaryFolder()
+        let server = try ScriptedServer(answer: response("HTTP/1.1 200 OK\nContent-Length: 1000\n\n"), stall: true)
+        let fd = try FileDescriptor.open(tmp.sub("e"), .readWrite, options: [.create], permissions: .ownerReadWrite)
+        defer { try? fd.close() }
+        let reader = DirectBodyReader(fd: fd, window: 1 << 20, rateLimit: nil, stallTimeout: .seconds(60))
+        reader.start(url: server.url, headers: [])
+        var iterator = reader.events.makeAsyncIterator()
+        guard case .head = try await iterator.next() else {
+            Issue.record("no head")
+            return
+        }
+        reader.proceed(.write(from: 0, to: 1000))
+        #expect(server.closedConnections == 0)
+        reader.close()
+        // The reader's thread shuts its socket down although the server never answers and the
+        // stall timeout is a minute: the server sees the connection end.
+        let deadline = ContinuousClock.now + .seconds(20)
+        while server.closedConnections == 0, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(10)) }
+        #expect(server.closedConnections == 1)
+    }
+}
