@@ -7,7 +7,8 @@
 # - peak memory of each;
 # - bytes fetched twice after a SIGKILL at about 50% (partial bytes on disk minus what the journal
 #   had recorded; the journal records every 1 MiB).
-# Each round runs every measure once, the tools alternating; the headline is the ratio of medians
+# Each round runs every measure once, each pair back to back in an order flipped every round, every
+# measure after the same clean-up (outputs deleted, sync); the headline is the ratio of medians
 # over RUNS rounds (default 7) with each median's spread (min-max); best-of is a secondary line.
 # Usage: [RUNS=n] [SIZE=bytes] tools/bench-fetch.sh
 set -euo pipefail
@@ -42,42 +43,71 @@ best_fetch=999999; best_curl=999999; best_curl_all=999999; best_t1=999999; best_
 all_t1=(); all_t4=(); all_curl=(); all_fetch=(); all_pipeline=()
 median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 spread() { printf '%s\n' "$@" | sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%s-%s", lo, hi }'; }
-for run in $(seq "$runs"); do
-  for c in 1 4; do
-    "$bin/iap-sandbox" purchase --dir "$work/sandbox" --product-id bench.fetch > "$work/tx.jws"
-    rm -rf "$work/device"; settle
-    t=$(transfer_time "$bin" "$base" "$work/tx.jws" "$work/device" $c)
-    [ "$t" = fail ] && { echo "iap-fetch --connections $c failed" >&2; exit 1; }
-    echo "run $run: iap-fetch transfer only, $c connection(s): $t s" >&2
-    cmp -s "$work/device/bench.fetch/1.0/Contents/payload.bin" "$work/content-bench.fetch/payload.bin" || { echo "iap-fetch installed wrong bytes" >&2; exit 1; }
-    if [ $c = 1 ]; then all_t1+=("$t"); awk -v s="$t" -v b="$best_t1" 'BEGIN { exit !(s < b) }' && best_t1=$t
-    else all_t4+=("$t"); awk -v s="$t" -v b="$best_t4" 'BEGIN { exit !(s < b) }' && best_t4=$t; fi
-  done
+# Every measure starts from the same state: no output of an earlier one left (their pages freed
+# just before, as for the others), nothing dirty.
+clean() { rm -rf "$work/device" "$work/c.zip" "$work/unzipped"; settle; }
+grant() { # transaction file
+  curl -s -X POST "$base/v1/downloads" -d "{\"signedTransaction\":\"$(cat "$1")\"}" |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["downloads"][0]["url"])'
+}
+check_installed() { cmp -s "$work/device/bench.fetch/1.0/Contents/payload.bin" "$work/content-bench.fetch/payload.bin" || { echo "iap-fetch installed wrong bytes" >&2; exit 1; }; }
+measure_transfer() { # connections
+  local c=$1 t
   "$bin/iap-sandbox" purchase --dir "$work/sandbox" --product-id bench.fetch > "$work/tx.jws"
-  rm -rf "$work/device"
-  read -r secs kb <<< "$(timed "$bin/iap-fetch" get --server "$base" --transaction "$work/tx.jws" --content-dir "$work/device")"
-  cmp -s "$work/device/bench.fetch/1.0/Contents/payload.bin" "$work/content-bench.fetch/payload.bin" || { echo "iap-fetch installed wrong bytes" >&2; exit 1; }
-  all_fetch+=("$secs")
-  awk -v s="$secs" -v b="$best_fetch" 'BEGIN { exit !(s < b) }' && { best_fetch=$secs; fetch_kb=$kb; }
-  url=$(curl -s -X POST "$base/v1/downloads" -d "{\"signedTransaction\":\"$(cat "$work/tx.jws")\"}" |
-    python3 -c 'import json,sys; print(json.load(sys.stdin)["downloads"][0]["url"])')
-  rm -f "$work/c.zip"
+  clean
+  t=$(transfer_time "$bin" "$base" "$work/tx.jws" "$work/device" "$c")
+  [ "$t" = fail ] && { echo "iap-fetch --connections $c failed" >&2; exit 1; }
+  echo "run $run: iap-fetch transfer only, $c connection(s): $t s" >&2
+  check_installed
+  if [ "$c" = 1 ]; then all_t1+=("$t"); awk -v s="$t" -v b="$best_t1" 'BEGIN { exit !(s < b) }' && best_t1=$t
+  else all_t4+=("$t"); awk -v s="$t" -v b="$best_t4" 'BEGIN { exit !(s < b) }' && best_t4=$t; fi
+  return 0
+}
+measure_curl() {
+  local url secs kb
+  "$bin/iap-sandbox" purchase --dir "$work/sandbox" --product-id bench.fetch > "$work/tx-curl.jws"
+  url=$(grant "$work/tx-curl.jws")
+  clean
   read -r secs kb <<< "$(timed curl -s -o "$work/c.zip" "$url")"
   all_curl+=("$secs")
   awk -v s="$secs" -v b="$best_curl" 'BEGIN { exit !(s < b) }' && { best_curl=$secs; curl_kb=$kb; }
   echo "run $run: curl -o: $secs s" >&2
-  rm -rf "$work/c.zip" "$work/unzipped"; settle
+}
+measure_get() {
+  local secs kb
+  "$bin/iap-sandbox" purchase --dir "$work/sandbox" --product-id bench.fetch > "$work/tx.jws"
+  clean
+  read -r secs kb <<< "$(timed "$bin/iap-fetch" get --server "$base" --transaction "$work/tx.jws" --content-dir "$work/device")"
+  check_installed
+  all_fetch+=("$secs")
+  awk -v s="$secs" -v b="$best_fetch" 'BEGIN { exit !(s < b) }' && { best_fetch=$secs; fetch_kb=$kb; }
+  echo "run $run: iap-fetch get: $secs s" >&2
+}
+measure_pipeline() {
+  local url start secs
+  "$bin/iap-sandbox" purchase --dir "$work/sandbox" --product-id bench.fetch > "$work/tx-curl.jws"
+  url=$(grant "$work/tx-curl.jws")
+  clean
   start=$(date +%s.%N)
   curl -s -o "$work/c.zip" "$url" && sha256sum "$work/c.zip" >/dev/null && unzip -q "$work/c.zip" -d "$work/unzipped"
   secs=$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN { printf "%.2f", e - s }')
   all_pipeline+=("$secs")
   awk -v s="$secs" -v b="$best_curl_all" 'BEGIN { exit !(s < b) }' && best_curl_all=$secs
+  echo "run $run: curl + sha256sum + unzip: $secs s" >&2
+}
+# Each pair runs back to back, its order flipped every round: whoever goes first after the
+# previous pair's deletes meets the same page-cache state as often as the other.
+for run in $(seq "$runs"); do
+  if [ $((run % 2)) = 1 ]; then measure_curl; measure_transfer 1; measure_transfer 4
+  else measure_transfer 4; measure_transfer 1; measure_curl; fi
+  if [ $((run % 2)) = 1 ]; then measure_get; measure_pipeline; else measure_pipeline; measure_get; fi
 done
 
 # SIGKILL at ~50%: rate-limited so the kill lands mid-transfer.
-"$bin/iap-sandbox" purchase --dir "$work/sandbox" --product-id bench.fetch > /dev/null
-rm -rf "$work/device"
-"$bin/iap-fetch" run --server "$base" --queue "$work/sandbox/queue" --content-dir "$work/device" --limit-rate 400M >/dev/null 2>&1 &
+# One transaction through `get` (the queue holds every purchase of the rounds above).
+"$bin/iap-sandbox" purchase --dir "$work/sandbox" --product-id bench.fetch > "$work/tx.jws"
+clean
+"$bin/iap-fetch" get --server "$base" --transaction "$work/tx.jws" --content-dir "$work/device" --limit-rate 400M >/dev/null 2>&1 &
 fetch_pid=$!
 journal=$(echo "$work"/device/.iap-fetch)
 while kill -0 $fetch_pid 2>/dev/null; do
@@ -88,7 +118,7 @@ done
 kill -9 $fetch_pid; wait $fetch_pid 2>/dev/null || true
 on_disk=$(stat -c %s "$partial")
 synced=$(python3 -c 'import json,glob,sys; print(json.load(open([p for p in glob.glob(sys.argv[1] + "/*.json") if not p.endswith(".manifest.json")][0]))["recordedLength"])' "$journal")
-"$bin/iap-fetch" run --server "$base" --queue "$work/sandbox/queue" --content-dir "$work/device" >/dev/null
+"$bin/iap-fetch" get --server "$base" --transaction "$work/tx.jws" --content-dir "$work/device" >/dev/null
 cmp -s "$work/device/bench.fetch/1.0/Contents/payload.bin" "$work/content-bench.fetch/payload.bin" && resumed=identical || resumed=DIFFERENT
 
 echo "archive: $size bytes; $(nproc) cores; $runs rounds, medians (min-max)"
