@@ -135,6 +135,12 @@ final class PartialArchive {
             }
             let available = segment.start + written[cursor]
             guard hashed < available, available - hashed >= minimum || available == segment.end else { return }
+            // A mapping past the end of the file would fault on reading: a file shorter than the
+            // journal says (damaged, or truncated by hand) is an error, as a short read was.
+            var status = stat()
+            guard fstat(fd.rawValue, &status) == 0, Int64(status.st_size) >= available else {
+                throw FetchError(.install, "\(path) is shorter than its journal says; it will be fetched again")
+            }
             while hashed < available {
                 let end = min(available, hashed + Self.hashWindow)
                 do throws(ArchiveError) {

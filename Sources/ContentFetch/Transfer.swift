@@ -118,8 +118,10 @@ extension ContentFetcher {
             // A delta's many small ranges keep AsyncHTTPClient's pooled connections.
             let direct = record.delta == nil
             // Bytes written but not yet handed to this actor: they wait in the page cache, not in
-            // memory of ours, and a deep window lets the receiver run ahead while the hash catches up.
-            let window = max(4 << 20, (32 << 20) / workers)
+            // memory of ours, and a deep window lets one receiver run ahead while the hash catches
+            // up. With several, the hash only follows the first range anyway, and 16 MiB in all
+            // keeps a pause or cancel prompt when this actor is slow to run.
+            let window = workers == 1 ? 32 << 20 : max(4 << 20, (16 << 20) / workers)
             let next = RangeQueue()
             do {
                 try await withThrowingTaskGroup(of: Void.self) { group in

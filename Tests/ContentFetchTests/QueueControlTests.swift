@@ -185,6 +185,30 @@ struct QueueControlTests {
         #expect(try FileTransactionQueue(folder: shop.queue).transaction(big)?.finishedAt != nil)
     }
 
+    @Test("a partial file shorter than its journal's ranges (truncated while no iap-fetch ran) is fetched again, not read past its end")
+    func truncatedPartialFile() throws {
+        let shop = try Shop(products: ["com.example.big": .random(48 << 20)])
+        let big = try shop.store.purchase(productId: "com.example.big").transaction.transactionId!
+        let id = "\(big)-com.example.big"
+        let journal = try DownloadJournal(contentDirectory: shop.content)
+        let (client, _) = try shop.startClient(["--connections", "3", "--limit-rate", "12M"])
+        let deadline = Date().addingTimeInterval(60)
+        while client.isRunning, Date() < deadline, (journal.load(id)?.recordedLength ?? 0) < 12 << 20 { usleep(2_000) }
+        kill(client.processIdentifier, SIGKILL)
+        client.waitUntilExit()
+        let segments = try #require(journal.load(id)?.segments)
+        #expect(segments.count == 3 && segments[1].done > 0)
+        // Shorter than the first range's bytes, and far short of the later ranges.
+        #expect(truncate(journal.partialPath(id), 1 << 20) == 0)
+
+        let again = try run(
+            productsDirectory() + "/iap-fetch",
+            ["run", "--server", shop.server.base, "--queue", shop.queue, "--content-dir", shop.content, "--connections", "3"])
+        #expect(again.status == 0, "\(again.stderr)")
+        #expect(shop.installed("com.example.big") == shop.payloads["com.example.big"])
+        #expect(try FileTransactionQueue(folder: shop.queue).transaction(big)?.finishedAt != nil)
+    }
+
     @Test("iap-fetch cancel while another process downloads: that process stops, deletes the partial file, exits 1")
     func cancelAcrossProcesses() throws {
         let shop = try Shop(products: ["com.example.big": .random(12 << 20)])
