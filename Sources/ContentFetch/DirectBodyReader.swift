@@ -38,7 +38,10 @@ final class DirectBodyReader: Sendable {
 
     let events: AsyncThrowingStream<Event, Error>
     private let continuation: AsyncThrowingStream<Event, Error>.Continuation
-    private let fd: SystemPackage.FileDescriptor
+    /// The partial file, as the fetcher holds it; the thread writes through a duplicate it closes
+    /// itself: it may finish a last write after the fetcher gave up on it and closed its own
+    /// descriptor, and must not write into whatever file reused that number.
+    private let file: SystemPackage.FileDescriptor
     private let window: Int
     private let rateLimit: Int?
     private let stallTimeout: Duration
@@ -53,7 +56,7 @@ final class DirectBodyReader: Sendable {
     static let maximumHead = 64 << 10
 
     init(fd: SystemPackage.FileDescriptor, window: Int, rateLimit: Int?, stallTimeout: Duration) {
-        self.fd = fd
+        file = fd
         self.window = window
         self.rateLimit = rateLimit
         self.stallTimeout = stallTimeout
@@ -68,9 +71,16 @@ final class DirectBodyReader: Sendable {
 
     /// Starts the request on a new thread; events follow on `events`.
     func start(url: String, headers: [(String, String)]) {
+        let own: SystemPackage.FileDescriptor
+        do {
+            own = try file.duplicate()
+        } catch {
+            continuation.finish(throwing: FetchError(.install, "cannot open the partial download again: \(error)"))
+            return
+        }
         Thread.detachNewThread { [self] in
             do {
-                try run(url: url, headers: headers)
+                try run(url: url, headers: headers, fd: own)
                 continuation.finish()
             } catch {
                 continuation.finish(throwing: error)
@@ -79,6 +89,7 @@ final class DirectBodyReader: Sendable {
                 if state.socket >= 0 { Glibc.close(state.socket) }
                 state.socket = -1
             }
+            try? own.close()
         }
     }
 
@@ -116,7 +127,7 @@ final class DirectBodyReader: Sendable {
 
     // MARK: - The reader thread
 
-    private func run(url: String, headers: [(String, String)]) throws {
+    private func run(url: String, headers: [(String, String)], fd: SystemPackage.FileDescriptor) throws {
         guard let components = URLComponents(string: url), let host = components.host else {
             throw Unsupported(description: "not an http URL")
         }

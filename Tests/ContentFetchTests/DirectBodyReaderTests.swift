@@ -71,11 +71,13 @@ struct DirectBodyReaderTests {
     }
 
     /// Runs one request against `server`, writing the body from `from` into `file`.
-    func run(_ server: ScriptedServer, file: String, from: Int64 = 0, to: Int64, stall: Duration = .seconds(30)) async -> Outcome {
+    /// With `closeEarly`, the caller's descriptor is closed as soon as the reader has started.
+    func run(_ server: ScriptedServer, file: String, from: Int64 = 0, to: Int64, stall: Duration = .seconds(30), closeEarly: Bool = false) async -> Outcome {
         guard let fd = try? FileDescriptor.open(file, .readWrite, options: [.create], permissions: .ownerReadWrite) else { return Outcome() }
-        defer { try? fd.close() }
+        defer { if !closeEarly { try? fd.close() } }
         let reader = DirectBodyReader(fd: fd, window: 1 << 20, rateLimit: nil, stallTimeout: stall)
         reader.start(url: server.url, headers: [("Range", "bytes=\(from)-\(to - 1)")])
+        if closeEarly { try? fd.close() }
         defer { reader.close() }
         var outcome = Outcome()
         do {
@@ -109,6 +111,11 @@ struct DirectBodyReaderTests {
         #expect(outcome.status == 206 && outcome.ended && outcome.written == 700_000 && outcome.error == nil)
         let written = try Data(contentsOf: URL(fileURLWithPath: file))
         #expect(written.count == 700_100 && Array(written[100...]) == body)
+        // The reader writes through a descriptor of its own: the caller closing its own (as the
+        // fetcher does when it gives up on a response) does not stop or misdirect a write.
+        let again = await run(server, file: tmp.sub("closed-early"), from: 100, to: 700_100, closeEarly: true)
+        #expect(again.ended && again.written == 700_000)
+        #expect(try Array(Data(contentsOf: URL(fileURLWithPath: tmp.sub("closed-early")))[100...]) == body)
         let request = try #require(server.received.first)
         #expect(request.hasPrefix("GET /v1/archives/x.zip?token=abc HTTP/1.1\r\n"))
         #expect(request.contains("Host: 127.0.0.1:\(server.port)\r\n") && request.contains("Range: bytes=100-700099\r\n"))
