@@ -154,8 +154,9 @@ struct QueueControlTests {
         #expect(updates[cancelledAt...].first { $0.state == .active }?.bytesReceived == 0, "a cancelled download starts over")
     }
 
-    @Test("iap-fetch --connections 3 killed mid-way resumes every range from its journal, even on one connection")
-    func parallelRangesSurviveKill() throws {
+    /// A 48 MiB product bought and downloaded by `iap-fetch --connections 3` until 12 MiB were
+    /// recorded, then killed with SIGKILL.
+    func killedParallelDownload() throws -> (shop: Shop, transactionId: String, id: String, journal: DownloadJournal) {
         let shop = try Shop(products: ["com.example.big": .random(48 << 20)])
         let big = try shop.store.purchase(productId: "com.example.big").transaction.transactionId!
         let id = "\(big)-com.example.big"
@@ -165,6 +166,12 @@ struct QueueControlTests {
         while client.isRunning, Date() < deadline, (journal.load(id)?.recordedLength ?? 0) < 12 << 20 { usleep(2_000) }
         kill(client.processIdentifier, SIGKILL)
         client.waitUntilExit()
+        return (shop, big, id, journal)
+    }
+
+    @Test("iap-fetch --connections 3 killed mid-way resumes every range from its journal, even on one connection")
+    func parallelRangesSurviveKill() throws {
+        let (shop, big, id, journal) = try killedParallelDownload()
         let killed = try #require(journal.load(id))
         let segments = try #require(killed.segments)
         #expect(segments.count == 3)
@@ -187,15 +194,7 @@ struct QueueControlTests {
 
     @Test("a partial file shorter than its journal's ranges (truncated while no iap-fetch ran) is fetched again, not read past its end")
     func truncatedPartialFile() throws {
-        let shop = try Shop(products: ["com.example.big": .random(48 << 20)])
-        let big = try shop.store.purchase(productId: "com.example.big").transaction.transactionId!
-        let id = "\(big)-com.example.big"
-        let journal = try DownloadJournal(contentDirectory: shop.content)
-        let (client, _) = try shop.startClient(["--connections", "3", "--limit-rate", "12M"])
-        let deadline = Date().addingTimeInterval(60)
-        while client.isRunning, Date() < deadline, (journal.load(id)?.recordedLength ?? 0) < 12 << 20 { usleep(2_000) }
-        kill(client.processIdentifier, SIGKILL)
-        client.waitUntilExit()
+        let (shop, big, id, journal) = try killedParallelDownload()
         let segments = try #require(journal.load(id)?.segments)
         #expect(segments.count == 3 && segments[1].done > 0)
         // Shorter than the first range's bytes, and far short of the later ranges.
