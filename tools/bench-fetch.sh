@@ -46,10 +46,6 @@ spread() { printf '%s\n' "$@" | sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } E
 # Every measure starts from the same state: no output of an earlier one left (their pages freed
 # just before, as for the others), nothing dirty.
 clean() { rm -rf "$work/device" "$work/c.zip" "$work/unzipped"; settle; }
-grant() { # transaction file
-  curl -s -X POST "$base/v1/downloads" -d "{\"signedTransaction\":\"$(cat "$1")\"}" |
-    python3 -c 'import json,sys; print(json.load(sys.stdin)["downloads"][0]["url"])'
-}
 check_installed() { cmp -s "$work/device/bench.fetch/1.0/Contents/payload.bin" "$work/content-bench.fetch/payload.bin" || { echo "iap-fetch installed wrong bytes" >&2; exit 1; }; }
 measure_transfer() { # connections
   local c=$1 t
@@ -66,7 +62,7 @@ measure_transfer() { # connections
 measure_curl() {
   local url secs kb
   "$bin/iap-sandbox" purchase --dir "$work/sandbox" --product-id bench.fetch > "$work/tx-curl.jws"
-  url=$(grant "$work/tx-curl.jws")
+  url=$(grant_transaction "$work/tx-curl.jws")
   clean
   read -r secs kb <<< "$(timed curl -s -o "$work/c.zip" "$url")"
   all_curl+=("$secs")
@@ -86,7 +82,7 @@ measure_get() {
 measure_pipeline() {
   local url start secs
   "$bin/iap-sandbox" purchase --dir "$work/sandbox" --product-id bench.fetch > "$work/tx-curl.jws"
-  url=$(grant "$work/tx-curl.jws")
+  url=$(grant_transaction "$work/tx-curl.jws")
   clean
   start=$(date +%s.%N)
   curl -s -o "$work/c.zip" "$url" && sha256sum "$work/c.zip" >/dev/null && unzip -q "$work/c.zip" -d "$work/unzipped"

@@ -28,12 +28,16 @@ start_sandbox_server() { # work bundle archive...
   base="http://127.0.0.1:$(cat "$work/port")"
 }
 
+# Prints the download URL the server grants for the signed transaction in <file>.
+grant_transaction() { # file
+  curl -s -X POST "$base/v1/downloads" -d "{\"signedTransaction\":\"$(cat "$1")\"}" |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["downloads"][0]["url"])'
+}
+
 # Buys <product> in the sandbox of <work> and prints the download URL the server grants for it.
 grant_url() { # work product
-  local tx
-  tx=$("$bin/iap-sandbox" purchase --dir "$1/sandbox" --product-id "$2")
-  curl -s -X POST "$base/v1/downloads" -d "{\"signedTransaction\":\"$tx\"}" |
-    python3 -c 'import json,sys; print(json.load(sys.stdin)["downloads"][0]["url"])'
+  "$bin/iap-sandbox" purchase --dir "$1/sandbox" --product-id "$2" > "$1/granted.jws"
+  grant_transaction "$1/granted.jws"
 }
 
 # The client benchmarks' set-up: the release tools, a random archive of $SIZE bytes (default just

@@ -43,37 +43,21 @@ final class BodyReceiver: HTTPClientResponseDelegate, Sendable {
         var waitingForHead: EventLoopPromise<Void>?
         var outstanding = 0
         var waitingForWindow: EventLoopPromise<Void>?
-        var started: NIODeadline?
-        var received: Int64 = 0
-        /// Bytes written but not yet handed to the fetcher, from `pendingOffset`.
-        var pendingOffset: Int64 = 0
-        var pendingBytes = 0
-
-        /// The bytes to hand over now, if any.
-        mutating func takePending() -> (count: Int, offset: Int64)? {
-            guard pendingBytes > 0 else { return nil }
-            defer { pendingBytes = 0 }
-            return (pendingBytes, pendingOffset)
-        }
+        var pacing: BodyPacing
     }
 
     let events: AsyncThrowingStream<Event, Error>
     private let continuation: AsyncThrowingStream<Event, Error>.Continuation
     private let fd: SystemPackage.FileDescriptor
     private let window: Int
-    private let rateLimit: Int?
-    /// Parts are handed to the fetcher in batches of about this many bytes: each hand-over is a
-    /// hop to the fetcher actor, and per 64 KiB part those hops cost a third as much CPU as the
-    /// SHA-256 itself (docs/performance.md). Small enough for progress and pause to stay prompt.
-    static let batch = 512 << 10
-    private let state = NIOLockedValueBox(State())
+    private let state: NIOLockedValueBox<State>
 
     /// `rateLimit`, bytes per second, is applied here by not reading the socket ahead of it, so
     /// that TCP slows the sender down.
     init(fd: SystemPackage.FileDescriptor, window: Int = 8 << 20, rateLimit: Int? = nil) {
         self.fd = fd
         self.window = window
-        self.rateLimit = rateLimit
+        state = NIOLockedValueBox(State(pacing: BodyPacing(rateLimit: rateLimit)))
         (events, continuation) = AsyncThrowingStream.makeStream(of: Event.self)
     }
 
@@ -104,43 +88,28 @@ final class BodyReceiver: HTTPClientResponseDelegate, Sendable {
         guard case .write = disposition else {
             state.withLockedValue { state in
                 var collected = state.collected ?? ByteBuffer()
-                guard collected.readableBytes < 64 << 10 else { return }
+                guard collected.readableBytes < BodyPacing.collectLimit else { return }
                 var part = buffer
                 collected.writeBuffer(&part)
                 state.collected = collected
             }
             return eventLoop.makeSucceededVoidFuture()
         }
-        let count = Int64(buffer.readableBytes)
-        guard position + count <= end else {
-            return eventLoop.makeFailedFuture(FetchError(.network, "the server sent more than the bytes asked for (up to byte \(end))"))
-        }
+        let count = buffer.readableBytes
         do {
-            _ = try buffer.withUnsafeReadableBytes { try fd.writeAll(toAbsoluteOffset: position, $0) }
+            try buffer.withUnsafeReadableBytes { bytes throws(FetchError) in try BodyPacing.write(bytes, to: fd, at: position, end: end) }
         } catch {
-            return eventLoop.makeFailedFuture(FetchError(.install, "cannot write the partial download: \(error); free disk space and run again"))
+            return eventLoop.makeFailedFuture(error)
         }
         let (wait, due, batch) = state.withLockedValue { state -> (EventLoopPromise<Void>?, NIODeadline?, (count: Int, offset: Int64)?) in
-            if state.pendingBytes == 0 { state.pendingOffset = position }
-            state.pendingBytes += Int(count)
-            state.position += count
-            state.outstanding += Int(count)
-            var due: NIODeadline?
-            if let rateLimit {
-                let started = state.started ?? .now()
-                state.started = started
-                state.received += count
-                due = started + .nanoseconds(state.received * 1_000_000_000 / Int64(rateLimit))
-            }
+            state.position += Int64(count)
+            state.outstanding += count
             var promise: EventLoopPromise<Void>?
             if state.outstanding >= window {
                 promise = eventLoop.makePromise(of: Void.self)
                 state.waitingForWindow = promise
             }
-            // Hand over a full batch, and always before waiting: the fetcher can only consume
-            // what it was given, and progress should not stall while the socket is not read.
-            let waits = promise != nil || due.map { $0 > .now() } == true
-            let batch = state.pendingBytes >= Self.batch || waits ? state.takePending() : nil
+            let (due, batch) = state.pacing.wrote(count, at: position, windowFull: promise != nil)
             return (promise, due, batch)
         }
         if let batch { continuation.yield(.body(count: batch.count, offset: batch.offset)) }
@@ -165,12 +134,12 @@ final class BodyReceiver: HTTPClientResponseDelegate, Sendable {
 
     func didReceiveError(task: HTTPClient.Task<Void>, _ error: Error) {
         // What is on disk is reported before the error, so the journal can keep it.
-        if let batch = state.withLockedValue({ $0.takePending() }) { continuation.yield(.body(count: batch.count, offset: batch.offset)) }
+        if let batch = state.withLockedValue({ $0.pacing.takePending() }) { continuation.yield(.body(count: batch.count, offset: batch.offset)) }
         continuation.finish(throwing: error)
     }
 
     func didFinishRequest(task: HTTPClient.Task<Void>) throws {
-        let (batch, collected) = state.withLockedValue { ($0.takePending(), $0.collected) }
+        let (batch, collected) = state.withLockedValue { ($0.pacing.takePending(), $0.collected) }
         if let batch { continuation.yield(.body(count: batch.count, offset: batch.offset)) }
         continuation.yield(.end(collected: collected))
         continuation.finish()
@@ -187,5 +156,64 @@ final class BodyReceiver: HTTPClientResponseDelegate, Sendable {
         }
         for promise in promises { promise.fail(CancellationError()) }
         continuation.finish()
+    }
+}
+
+/// The rules both body sources (``BodyReceiver``, ``DirectBodyReader``) apply to each piece of a
+/// body: it stays within the bytes asked for, is written at its offset, is paced to the rate
+/// limit, and reaches the fetcher in batches.
+struct BodyPacing {
+    /// Bytes are handed to the fetcher in batches of about this many: each hand-over is a hop to
+    /// the fetcher actor, and per 64 KiB part those hops cost a third as much CPU as the SHA-256
+    /// itself (docs/performance.md). Small enough for progress and pause to stay prompt.
+    static let batch = 512 << 10
+    /// Of an error response (`.collect`), this much of the body is kept.
+    static let collectLimit = 64 << 10
+
+    /// Bytes per second, or nil.
+    let rateLimit: Int?
+    private var started: NIODeadline?
+    private var received: Int64 = 0
+    /// Bytes written but not yet handed to the fetcher, from `pendingOffset`.
+    private var pendingOffset: Int64 = 0
+    private var pendingBytes = 0
+
+    init(rateLimit: Int?) { self.rateLimit = rateLimit }
+
+    /// Writes `bytes` at `position` of `fd`, refusing bytes past `end` (exclusive).
+    static func write(_ bytes: UnsafeRawBufferPointer, to fd: SystemPackage.FileDescriptor, at position: Int64, end: Int64) throws(FetchError) {
+        guard position + Int64(bytes.count) <= end else {
+            throw FetchError(.network, "the server sent more than the bytes asked for (up to byte \(end))")
+        }
+        do {
+            _ = try fd.writeAll(toAbsoluteOffset: position, bytes)
+        } catch {
+            throw FetchError(.install, "cannot write the partial download: \(error); free disk space and run again")
+        }
+    }
+
+    /// Records `count` bytes written at `position`. Returns when reading may go on under the rate
+    /// limit (nil: no limit), and the bytes to hand over now: a full batch, and always before
+    /// reading waits (`windowFull`, or the rate), since the fetcher can only consume what it was
+    /// given and progress should not stall while the socket is not read.
+    mutating func wrote(_ count: Int, at position: Int64, windowFull: Bool) -> (due: NIODeadline?, batch: (count: Int, offset: Int64)?) {
+        if pendingBytes == 0 { pendingOffset = position }
+        pendingBytes += count
+        var due: NIODeadline?
+        if let rateLimit {
+            let start = started ?? .now()
+            started = start
+            received += Int64(count)
+            due = start + .nanoseconds(received * 1_000_000_000 / Int64(rateLimit))
+        }
+        let waits = windowFull || due.map { $0 > .now() } == true
+        return (due, pendingBytes >= Self.batch || waits ? takePending() : nil)
+    }
+
+    /// The bytes written and not yet handed over, if any; they count as handed over from now.
+    mutating func takePending() -> (count: Int, offset: Int64)? {
+        guard pendingBytes > 0 else { return nil }
+        defer { pendingBytes = 0 }
+        return (pendingBytes, pendingOffset)
     }
 }

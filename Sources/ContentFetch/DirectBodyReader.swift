@@ -172,69 +172,43 @@ final class DirectBodyReader: Sendable {
                     guard leftover > 0 else { return }
                 }
                 let take = min(Int64(leftover), remaining)
-                if collected.readableBytes < 64 << 10 { collected.writeBytes(UnsafeRawBufferPointer(rebasing: buffer[0..<Int(take)])) }
+                if collected.readableBytes < BodyPacing.collectLimit { collected.writeBytes(UnsafeRawBufferPointer(rebasing: buffer[0..<Int(take)])) }
                 remaining -= take
                 leftover = 0
             }
             continuation.yield(.end(collected: collected))
         case .write(let from, let to):
             var position = from
-            var pendingOffset = from
-            var pending = 0
-            var started: ContinuousClock.Instant?
-            var received: Int64 = 0
+            var pacing = BodyPacing(rateLimit: rateLimit)
+            // What is on disk is reported before the reading ends, so the journal can keep it.
+            func handOver() {
+                if let batch = pacing.takePending() { continuation.yield(.body(count: batch.count, offset: batch.offset)) }
+            }
+            defer { handOver() }
             while remaining > 0 {
                 let count: Int
                 if leftover > 0 {
                     count = Int(min(Int64(leftover), remaining))
                     leftover = 0
                 } else {
-                    do {
-                        count = try read(socket, into: UnsafeMutableRawBufferPointer(rebasing: buffer[0..<Int(min(Int64(buffer.count), remaining))]))
-                    } catch {
-                        // What is on disk is reported before the error, so the journal can keep it.
-                        if pending > 0 { continuation.yield(.body(count: pending, offset: pendingOffset)) }
-                        throw error
-                    }
-                    guard count > 0 else {
-                        // Closed early: what is on disk is reported; the fetcher names the byte.
-                        if pending > 0 { continuation.yield(.body(count: pending, offset: pendingOffset)) }
-                        return
-                    }
+                    count = try read(socket, into: UnsafeMutableRawBufferPointer(rebasing: buffer[0..<Int(min(Int64(buffer.count), remaining))]))
+                    // Closed early: the fetcher names the byte.
+                    guard count > 0 else { return }
                 }
-                guard position + Int64(count) <= to else {
-                    throw FetchError(.network, "the server sent more than the bytes asked for (up to byte \(to))")
-                }
-                do {
-                    _ = try fd.writeAll(toAbsoluteOffset: position, UnsafeRawBufferPointer(rebasing: buffer[0..<count]))
-                } catch {
-                    if pending > 0 { continuation.yield(.body(count: pending, offset: pendingOffset)) }
-                    throw FetchError(.install, "cannot write the partial download: \(error); free disk space and run again")
-                }
-                if pending == 0 { pendingOffset = position }
-                pending += count
-                position += Int64(count)
-                remaining -= Int64(count)
+                try BodyPacing.write(UnsafeRawBufferPointer(rebasing: buffer[0..<count]), to: fd, at: position, end: to)
                 let full = state.withLock { state -> Bool in
-                    state.position = position
+                    state.position = position + Int64(count)
                     state.outstanding += count
                     return state.outstanding >= window
                 }
-                var due: ContinuousClock.Instant?
-                if let rateLimit {
-                    let start = started ?? .now
-                    started = start
-                    received += Int64(count)
-                    due = start + .nanoseconds(received * 1_000_000_000 / Int64(rateLimit))
-                }
-                let waits = full || due.map { $0 > .now } == true
-                if pending >= BodyReceiver.batch || waits || remaining == 0 {
-                    continuation.yield(.body(count: pending, offset: pendingOffset))
-                    pending = 0
-                }
+                let (due, batch) = pacing.wrote(count, at: position, windowFull: full)
+                if let batch { continuation.yield(.body(count: batch.count, offset: batch.offset)) }
+                position += Int64(count)
+                remaining -= Int64(count)
                 if full, !waitForWindow() { return }
                 if let due, !sleep(until: due) { return }
             }
+            handOver()
             continuation.yield(.end(collected: nil))
         }
     }
@@ -263,13 +237,12 @@ final class DirectBodyReader: Sendable {
     }
 
     /// Sleeps until `due` unless cancelled meanwhile (false then).
-    private func sleep(until due: ContinuousClock.Instant) -> Bool {
+    private func sleep(until due: NIODeadline) -> Bool {
         while true {
             if state.withLock({ $0.cancelled }) { return false }
-            let left = due - .now
+            let left = due - .now()
             guard left > .zero else { return true }
-            let (seconds, attoseconds) = left.components
-            _ = wake.wait(timeout: .now() + .nanoseconds(Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000)))
+            _ = wake.wait(timeout: .now() + .nanoseconds(Int(left.nanoseconds)))
         }
     }
 

@@ -108,9 +108,9 @@ final class PartialArchive {
         }
     }
 
-    /// Records `chunk`, which segment `index` has just written at `offset`; its receiver has
-    /// written up to `writtenThrough` by now.
-    func wrote(_ count: Int, segment index: Int, at offset: Int64, writtenThrough: Int64? = nil) throws(FetchError) {
+    /// Records `count` bytes that segment `index` has just written after its earlier ones; its
+    /// receiver has written up to `writtenThrough` by now.
+    func wrote(_ count: Int, segment index: Int, writtenThrough: Int64? = nil) throws(FetchError) {
         written[index] += Int64(count)
         ahead[index] = max(ahead[index], written[index], (writtenThrough ?? 0) - segments[index].start)
         rate.add(Int64(count))

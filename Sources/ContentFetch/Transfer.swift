@@ -271,7 +271,7 @@ extension ContentFetcher {
                 try await accept(id, etag: head.headers.first(name: "etag"))
                 source.proceed(.write(from: position, to: end))
             case .body(let count, let offset):
-                try await self.received(id, segment: segment, at: offset, count: count, writtenThrough: source.writtenThrough)
+                try await self.received(id, segment: segment, count: count, writtenThrough: source.writtenThrough)
                 source.consumed(count)
                 position = offset + Int64(count)
             case .end(let collected):
@@ -359,10 +359,10 @@ extension ContentFetcher {
         try apply(.accepted, to: &partial.download, received: partial.bytesWritten, rate: partial.rate)
     }
 
-    /// Chunks were written: hash them, sync when due, apply pause or cancel, report progress.
-    func received(_ id: String, segment: Int, at offset: Int64, count: Int, writtenThrough: Int64) throws {
+    /// Bytes were written: hash them, sync when due, apply pause or cancel, report progress.
+    func received(_ id: String, segment: Int, count: Int, writtenThrough: Int64) throws {
         guard let partial = transfers[id] else { throw CancellationError() }
-        try partial.wrote(count, segment: segment, at: offset, writtenThrough: writtenThrough)
+        try partial.wrote(count, segment: segment, writtenThrough: writtenThrough)
         if stopAll { throw Stop(control: .pause) }
         if let control = controls[id] { throw Stop(control: control) }
         // Requests from other processes are read at syncs: a file check per chunk would cost more.
