@@ -63,6 +63,7 @@ public enum RangeEvaluator {
         guard let specs = parse(range) else { return .full }
         if specs.count > maxRanges { return .full }
         var satisfiable: [ByteRange] = []
+        satisfiable.reserveCapacity(specs.count)
         for spec in specs {
             switch spec {
             case .from(let first, let last):
@@ -83,15 +84,23 @@ public enum RangeEvaluator {
     }
 
     /// Parses `bytes=...`; nil when the header is syntactically invalid or not in bytes, in which
-    /// case it is ignored. Works on UTF-8 bytes: it runs on every range request.
+    /// case it is ignored. Works on the string's UTF-8 bytes in place: it runs on every range
+    /// request, and copying and splitting them cost more than the rest of the decision.
     static func parse(_ header: String) -> [Spec]? {
-        let bytes = Array(header.utf8)
+        var header = header
+        return header.withUTF8 { parse(bytes: $0) }
+    }
+
+    private static func parse(bytes: UnsafeBufferPointer<UInt8>) -> [Spec]? {
         guard let equals = bytes.firstIndex(of: UInt8(ascii: "=")) else { return nil }
         let unit = trim(bytes[..<equals])
         guard unit.count == 5, zip(unit, "bytes".utf8).allSatisfy({ $0 | 0x20 == $1 }) else { return nil }
         var specs: [Spec] = []
-        for part in bytes[(equals + 1)...].split(separator: UInt8(ascii: ","), omittingEmptySubsequences: false) {
-            let item = trim(part)
+        var start = equals + 1
+        while start <= bytes.count {
+            let end = bytes[start...].firstIndex(of: UInt8(ascii: ",")) ?? bytes.count
+            defer { start = end + 1 }
+            let item = trim(bytes[start..<end])
             // RFC 9110 allows empty list elements ("bytes=0-1, ,5-6").
             if item.isEmpty { continue }
             guard let dash = item.firstIndex(of: UInt8(ascii: "-")) else { return nil }
@@ -112,7 +121,9 @@ public enum RangeEvaluator {
         return specs.isEmpty ? nil : specs
     }
 
-    private static func trim(_ bytes: ArraySlice<UInt8>) -> ArraySlice<UInt8> {
+    private typealias Bytes = Slice<UnsafeBufferPointer<UInt8>>
+
+    private static func trim(_ bytes: Bytes) -> Bytes {
         var slice = bytes
         while let first = slice.first, first == 0x20 || first == 0x09 { slice = slice.dropFirst() }
         while let last = slice.last, last == 0x20 || last == 0x09 { slice = slice.dropLast() }
@@ -120,7 +131,7 @@ public enum RangeEvaluator {
     }
 
     /// Digits only; values too large for 64 bits saturate (a position past any file).
-    private static func number(_ digits: ArraySlice<UInt8>) -> UInt64? {
+    private static func number(_ digits: Bytes) -> UInt64? {
         guard !digits.isEmpty, digits.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }) else { return nil }
         var value: UInt64 = 0
         for digit in digits {
@@ -134,6 +145,7 @@ public enum RangeEvaluator {
 
     /// Sorts ranges and merges those that overlap or touch.
     static func coalesce(_ ranges: [ByteRange]) -> [ByteRange] {
+        if ranges.count < 2 { return ranges }
         let sorted = ranges.sorted { $0.first < $1.first }
         var merged: [ByteRange] = []
         for range in sorted {

@@ -5,8 +5,9 @@ import NIOHTTP1
 import Synchronization
 
 /// A file to serve: an open handle kept for the process's lifetime (archives are immutable) and
-/// its validators.
-public struct ServedFile: Sendable {
+/// its validators. A class: every response carries one, and a reference is one retain where the
+/// struct's strings were six.
+public final class ServedFile: Sendable {
     public let handle: NIOFileHandle
     public let size: UInt64
     /// Strong entity tag, quotes included.
@@ -17,12 +18,15 @@ public struct ServedFile: Sendable {
     /// `Repr-Digest` (RFC 9530), `sha-256=:<base64>:`, when the ETag is a quoted SHA-256 in hex:
     /// caches and clients can check what they hold without a byte of the body.
     public let reprDigest: String?
+    /// The validator fields as the fast path writes them (`ResponseFields`), rendered once.
+    let validatorFields: [UInt8]
 
     public init(handle: NIOFileHandle, size: UInt64, etag: String, modified: Date, contentType: String = "application/zip") {
         self.handle = handle
         self.size = size
         self.etag = etag
-        lastModified = HTTPDate.format(modified)
+        let lastModified = HTTPDate.format(modified)
+        self.lastModified = lastModified
         self.contentType = contentType
         let hex = Array(etag.utf8.dropFirst().dropLast())
         var bytes: [UInt8] = []
@@ -32,7 +36,11 @@ public struct ServedFile: Sendable {
                 bytes.append(byte)
             }
         }
-        reprDigest = bytes.count == 32 ? "sha-256=:\(Data(bytes).base64EncodedString()):" : nil
+        let digest = bytes.count == 32 ? "sha-256=:\(Data(bytes).base64EncodedString()):" : nil
+        reprDigest = digest
+        var fields = "Accept-Ranges: bytes\r\nETag: \(etag)\r\nLast-Modified: \(lastModified)\r\n"
+        if let digest { fields += "Repr-Digest: \(digest)\r\n" }
+        validatorFields = Array(fields.utf8)
     }
 }
 
@@ -55,6 +63,17 @@ public protocol ContentResolver: Sendable {
     /// use at once, so handles are kept per event loop.
     /// `name` is what follows the key in the path (without the query): `<id>-<version>.zip`, say.
     func resolve(key: Substring, name: Substring, on eventLoop: any EventLoop) -> ContentResolution
+
+    /// A value that changes whenever a `.file` resolution given earlier may no longer hold (a
+    /// transaction revoked, the files closed). A connection answers its later requests for the
+    /// same path from the resolution it got, without calling `resolve`, while this is unchanged
+    /// and the resolution is fresh (`freshFor`). Read on the event loop for every request: it
+    /// must be cheap (an atomic load). `nil`, the default, means resolutions are never reused.
+    var reuseStamp: UInt64? { get }
+}
+
+extension ContentResolver {
+    public var reuseStamp: UInt64? { nil }
 }
 
 /// Told of every content response, for metrics.
@@ -91,6 +110,7 @@ public final class ContentChannelHandler: ChannelDuplexHandler, RemovableChannel
     private var state = State.idle
     /// A forwarded request whose response has not ended yet.
     private var forwardedResponsePending = false
+    private var resolved: ResolvedContent?
 
     public init(
         prefix: String, resolver: any ContentResolver, observer: (any ContentObserver)? = nil,
@@ -157,9 +177,9 @@ public final class ContentChannelHandler: ChannelDuplexHandler, RemovableChannel
             range: head.headers.first(name: "range"), ifRange: head.headers.first(name: "if-range"),
             ifNoneMatch: head.headers.first(name: "if-none-match"), ifModifiedSince: head.headers.first(name: "if-modified-since"))
         let response = ContentResponse.make(
-            request, prefix: prefix, maxRanges: maxRanges, resolver: resolver,
+            request, prefix: prefix, maxRanges: maxRanges, resolver: resolver, resolved: &resolved,
             eventLoop: context.eventLoop, allocator: context.channel.allocator)
-        let headers = HTTPHeaders(response.headers)
+        let headers = response.fields.httpHeaders
         context.write(wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: response.status, headers: headers))), promise: nil)
         for piece in response.body { context.write(wrapOutboundOut(.body(piece)), promise: nil) }
         let report = ResponseReport(response, observer: observer)
@@ -167,7 +187,7 @@ public final class ContentChannelHandler: ChannelDuplexHandler, RemovableChannel
         let promise = context.eventLoop.makePromise(of: Void.self)
         context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: promise)
         promise.futureResult.assumeIsolated().whenComplete { [self] result in
-            let succeeded = report.finished(result)
+            let succeeded = report.finished(result, observer: observer)
             state = .idle
             if !keepAlive || !succeeded { context.close(promise: nil) }
         }

@@ -51,6 +51,7 @@ public final class ContentFastPath: ChannelDuplexHandler {
     @exclusivity(unchecked) private var readHeld = false
     /// The response head is built here, then copied in front of a small body (or sent as is).
     @exclusivity(unchecked) private var headScratch = ByteBuffer()
+    @exclusivity(unchecked) private var resolved: ResolvedContent?
 
     public init(
         prefix: String, resolver: any ContentResolver, observer: (any ContentObserver)? = nil,
@@ -167,7 +168,7 @@ public final class ContentFastPath: ChannelDuplexHandler {
 
     private func answer(_ request: RequestHeadParser.Head, context: ChannelHandlerContext) {
         var response = ContentResponse.make(
-            request.content, prefix: prefix, maxRanges: maxRanges, resolver: resolver,
+            request.content, prefix: prefix, maxRanges: maxRanges, resolver: resolver, resolved: &resolved,
             eventLoop: context.eventLoop, allocator: context.channel.allocator)
         if !response.keepAlive { closing = true }
 
@@ -177,12 +178,7 @@ public final class ContentFastPath: ChannelDuplexHandler {
         headScratch.writeInteger(UInt8(ascii: " "))
         headScratch.writeString(response.status.reasonPhrase)
         headScratch.writeStaticString("\r\n")
-        for (name, value) in response.headers {
-            headScratch.writeString(name)
-            headScratch.writeStaticString(": ")
-            headScratch.writeString(value)
-            headScratch.writeStaticString("\r\n")
-        }
+        response.fields.render(into: &headScratch)
         headScratch.writeStaticString("\r\n")
         // Taken out of the response so that a small body's buffer is uniquely referenced and the
         // head is written into it in place.
@@ -218,11 +214,11 @@ public final class ContentFastPath: ChannelDuplexHandler {
         }
         sent.futureResult.assumeIsolated().whenComplete { [self] result in
             inFlight -= 1
-            if !report.finished(result) {
+            if !report.finished(result, observer: observer) {
                 context.close(promise: nil)
             } else if closing, inFlight == 0 {
                 context.close(promise: nil)
-            } else if context.channel.isActive {
+            } else {
                 heads?.responseSent()
             }
         }

@@ -29,6 +29,9 @@ final class ContentService: ContentResolver, Sendable {
     /// The port actually bound (differs from the configuration's when that is 0).
     let boundPort = Mutex(0)
     private let revoked: Mutex<Set<String>>
+    /// Changes with every change to `revoked` and when files are closed: connections reuse
+    /// their last resolution only while it holds (`ContentResolver.reuseStamp`).
+    private let stamp = Atomic<UInt64>(0)
     private struct FileKey: Hashable {
         let sha256: String
         let eventLoop: ObjectIdentifier
@@ -75,6 +78,8 @@ final class ContentService: ContentResolver, Sendable {
     func markRevoked(_ transactionId: String, _ value: Bool) {
         revoked.withLock { set in
             if value { set.insert(transactionId) } else { set.remove(transactionId) }
+            // Inside the lock: a request that reads the new stamp sees the new set.
+            stamp.add(1, ordering: .sequentiallyConsistent)
         }
     }
 
@@ -91,7 +96,10 @@ final class ContentService: ContentResolver, Sendable {
     /// Picks up revocations written by other replicas (sharing the data folder or the database).
     func refreshRevocations() async throws {
         let current = try await store.revokedTransactionIds()
-        revoked.withLock { $0 = current }
+        revoked.withLock { set in
+            if set != current { stamp.add(1, ordering: .sequentiallyConsistent) }
+            set = current
+        }
     }
 
     /// Applies what the database announces (PostgreSQL: at once, as other replicas commit).
@@ -110,6 +118,8 @@ final class ContentService: ContentResolver, Sendable {
     }
 
     // MARK: ContentResolver (runs on the event loop)
+
+    var reuseStamp: UInt64? { stamp.load(ordering: .sequentiallyConsistent) }
 
     func resolve(key token: Substring, name: Substring, on eventLoop: any EventLoop) -> ContentResolution {
         let now = Date()
@@ -198,6 +208,7 @@ final class ContentService: ContentResolver, Sendable {
     }
 
     func closeFiles() {
+        stamp.add(1, ordering: .sequentiallyConsistent)
         openFiles.withLock { files in
             for file in files.values { try? file.handle.close() }
             files.removeAll()

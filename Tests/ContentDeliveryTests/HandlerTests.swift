@@ -197,3 +197,80 @@ func rawResponse(_ channel: EmbeddedChannel, file: OneFileResolver) throws -> (h
         _ = try channel.finish()
     }
 }
+
+/// A resolver whose resolutions may be reused, counting how often it is asked.
+final class StampedResolver: ContentResolver, @unchecked Sendable {
+    // Touched only on the embedded channel's loop, which is the test's thread.
+    let inner: OneFileResolver
+    var stamp: UInt64 = 1
+    var freshFor: Int64 = 900
+    var calls = 0
+
+    init(size: Int) throws { inner = try OneFileResolver(size: size) }
+
+    func resolve(key: Substring, name: Substring, on eventLoop: any EventLoop) -> ContentResolution {
+        calls += 1
+        guard key == "ok" else { return .refuse(.forbidden, APIError(.revoked, "refunded")) }
+        return .file(inner.file, fileName: "p-1.0.zip", freshFor: freshFor)
+    }
+
+    var reuseStamp: UInt64? { stamp }
+}
+
+@Suite struct ResolutionReuseTests {
+    func get(_ channel: EmbeddedChannel, _ path: String, file: OneFileResolver) throws -> String {
+        try channel.writeInbound(ByteBuffer(string: "GET /v1/content/\(path) HTTP/1.1\r\nRange: bytes=0-9\r\n\r\n"))
+        return try rawResponse(channel, file: file).head
+    }
+
+    @Test("a connection reuses its last resolution for the same path while the stamp holds and it is fresh")
+    func reuse() throws {
+        let resolver = try StampedResolver(size: 100)
+        let channel = EmbeddedChannel(handler: ContentFastPath(prefix: "/v1/content/", resolver: resolver))
+        #expect(try get(channel, "ok/p-1.0.zip", file: resolver.inner).hasPrefix("HTTP/1.1 206"))
+        #expect(try get(channel, "ok/p-1.0.zip", file: resolver.inner).contains("Cache-Control: private, max-age=9"))
+        #expect(resolver.calls == 1, "the second request was answered from the first one's resolution")
+        // Another path on the same connection is resolved.
+        _ = try get(channel, "ok/other.zip", file: resolver.inner)
+        #expect(resolver.calls == 2)
+        // A revocation (the stamp moves) is seen by the very next request.
+        resolver.stamp += 1
+        _ = try get(channel, "ok/other.zip", file: resolver.inner)
+        #expect(resolver.calls == 3)
+        // A resolution that is no longer fresh is never reused.
+        resolver.freshFor = 0
+        resolver.stamp += 1
+        _ = try get(channel, "ok/other.zip", file: resolver.inner)
+        _ = try get(channel, "ok/other.zip", file: resolver.inner)
+        #expect(resolver.calls == 5)
+        _ = try channel.finish()
+    }
+
+    @Test("refusals are never reused")
+    func refusalsAreAskedAgain() throws {
+        let resolver = try StampedResolver(size: 100)
+        let channel = EmbeddedChannel(handler: ContentFastPath(prefix: "/v1/content/", resolver: resolver))
+        #expect(try get(channel, "gone/p-1.0.zip", file: resolver.inner).hasPrefix("HTTP/1.1 403"))
+        #expect(try get(channel, "gone/p-1.0.zip", file: resolver.inner).hasPrefix("HTTP/1.1 403"))
+        #expect(resolver.calls == 2)
+        _ = try channel.finish()
+    }
+
+    @Test("the fast path's bytes and NIO's headers carry the same fields in the same order")
+    func bothRenderingsAgree() throws {
+        let resolver = try OneFileResolver(size: 10)
+        var fields = ResponseFields(date: "Sun, 06 Nov 1994 08:49:37 GMT", close: true)
+        fields.caching = .privateImmutable(maxAge: 1234)
+        fields.validators = resolver.file
+        fields.contentType = .multipart(boundary: "b0undary")
+        fields.attachment = "p-1.0.zip"
+        fields.contentRange = .bytes(ByteRange(first: 0, last: 18_446_744_073_709_551_614), size: 18_446_744_073_709_551_615)
+        fields.contentLength = 0
+        var bytes = ByteBuffer()
+        fields.render(into: &bytes)
+        let lines = String(buffer: bytes).split(separator: "\r\n").map(String.init)
+        #expect(lines == fields.httpHeaders.map { "\($0.name): \($0.value)" })
+        #expect(lines.contains("Content-Range: bytes 0-18446744073709551614/18446744073709551615"))
+        #expect(lines.contains("Content-Length: 0") && lines.contains("Cache-Control: private, max-age=1234, immutable, no-transform"))
+    }
+}

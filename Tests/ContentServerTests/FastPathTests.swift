@@ -118,6 +118,51 @@ extension HardeningTests {
         #expect(server.stop() == 0)
     }
 
+    static let revokedOnTheSameConnection = """
+        import json, socket, sys, urllib.request
+
+        port, path, refund = int(sys.argv[1]), sys.argv[2], open(sys.argv[3]).read()
+        s = socket.create_connection(('127.0.0.1', port))
+        s.settimeout(10)
+        f = s.makefile('rb')
+
+        def get():
+            s.sendall(f'GET {path} HTTP/1.1\\r\\nHost: x\\r\\nRange: bytes=0-9\\r\\n\\r\\n'.encode())
+            code = f.readline().decode().split(' ')[1]
+            length = 0
+            while (line := f.readline().decode()) not in ('\\r\\n', ''):
+                name, _, value = line.partition(':')
+                if name.lower() == 'content-length':
+                    length = int(value)
+            return code, f.read(length)
+
+        codes = [get()[0], get()[0]]
+        request = urllib.request.Request(f'http://127.0.0.1:{port}/v1/notifications', data=json.dumps({'signedPayload': refund}).encode(),
+                                         headers={'Content-Type': 'application/json'})
+        codes.append(str(urllib.request.urlopen(request).status))
+        code, body = get()
+        codes.append(code)
+        codes.append(json.loads(body)['error']['code'] if code == '403' else '-')
+        print(' '.join(codes))
+        """
+
+    @Test("a refund cuts a download's kept-alive connection at its very next request")
+    func refundOnAnOpenConnection() throws {
+        let tmp = try TemporaryFolder()
+        let (store, server) = try start(tmp)
+        let v1 = try pack(tmp, version: "1.0")
+        #expect(try multipart(server, tmp, ["archive=@\(v1.archivePath)"]).status == 201)
+        let purchase = try store.purchase(productId: product)
+        let grant = try postJSON(server.base + "/v1/downloads", ["signedTransaction": purchase.signedTransaction], folder: tmp)
+        let url = try #require((grant.json["downloads"] as? [[String: Any]])?.first?["url"] as? String)
+        let refund = try store.refund(transactionId: purchase.transaction.transactionId!)
+        let payload = try tmp.write("refund.jws", refund.signedPayload)
+        let script = try tmp.write("revoked.py", Self.revokedOnTheSameConnection)
+        let result = try run("python3", [script, String(server.port), String(url.dropFirst(server.base.count)), payload])
+        #expect(result.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "206 206 200 403 revoked", "\(result.stdout) \(result.stderr)")
+        #expect(server.stop() == 0)
+    }
+
     @Test("a slow-loris client trickling a content request head is cut off too")
     func slowContentHead() throws {
         let tmp = try TemporaryFolder()

@@ -1,0 +1,200 @@
+import NIOCore
+import NIOHTTP1
+
+/// The header fields of a content response as values, rendered in one order into either the
+/// bytes the fast path writes or the `HTTPHeaders` NIO's encoder takes.
+///
+/// Why values rather than a list of strings: small range requests are bound by per-request CPU,
+/// and building a dozen strings per response (numbers formatted, values interpolated, then copied
+/// into the buffer) was about a third of the server's user time for 4 KiB ranges. Rendered
+/// straight into the outgoing buffer they cost a few copies of bytes that already exist.
+struct ResponseFields {
+    enum Caching {
+        case unset
+        /// `private, max-age=N, immutable, no-transform`: bytes behind a grant.
+        case privateImmutable(maxAge: Int64)
+        /// `no-store`: errors.
+        case noStore
+    }
+
+    enum ContentType {
+        case unset
+        case text(String)
+        case multipart(boundary: String)
+    }
+
+    enum ContentRange {
+        case unset
+        case bytes(ByteRange, size: UInt64)
+        /// `bytes */size`, for 416.
+        case unsatisfied(size: UInt64)
+    }
+
+    var date: String
+    var close: Bool
+    /// `Allow: GET, HEAD`, for 405.
+    var allow = false
+    var location: String? = nil
+    var caching = Caching.unset
+    /// The file whose validators the response carries: `Accept-Ranges`, `ETag`, `Last-Modified`
+    /// and `Repr-Digest` when it has one.
+    var validators: ServedFile? = nil
+    var contentType = ContentType.unset
+    /// `Content-Disposition: attachment` with this file name.
+    var attachment: String? = nil
+    var contentRange = ContentRange.unset
+    var contentLength: UInt64? = nil
+
+    init(date: String, close: Bool) {
+        self.date = date
+        self.close = close
+    }
+
+    func render<Sink: HeadFieldSink>(into sink: inout Sink) {
+        sink.field("Date", date)
+        if close { sink.field("Connection", "close" as StaticString) }
+        if allow { sink.field("Allow", "GET, HEAD" as StaticString) }
+        if let location { sink.field("Location", location) }
+        switch caching {
+        case .unset: break
+        case .privateImmutable(let maxAge):
+            sink.beginField("Cache-Control")
+            sink.append("private, max-age=")
+            sink.append(UInt64(max(0, maxAge)))
+            sink.append(", immutable, no-transform")
+            sink.endField()
+        case .noStore: sink.field("Cache-Control", "no-store" as StaticString)
+        }
+        if let file = validators { sink.validatorFields(of: file) }
+        switch contentType {
+        case .unset: break
+        case .text(let type): sink.field("Content-Type", type)
+        case .multipart(let boundary):
+            sink.beginField("Content-Type")
+            sink.append("multipart/byteranges; boundary=")
+            sink.append(boundary)
+            sink.endField()
+        }
+        if let attachment {
+            sink.beginField("Content-Disposition")
+            sink.append("attachment; filename=\"")
+            sink.append(attachment)
+            sink.append("\"")
+            sink.endField()
+        }
+        switch contentRange {
+        case .unset: break
+        case .bytes(let range, let size):
+            sink.beginField("Content-Range")
+            sink.append("bytes ")
+            sink.append(range.first)
+            sink.append("-")
+            sink.append(range.last)
+            sink.append("/")
+            sink.append(size)
+            sink.endField()
+        case .unsatisfied(let size):
+            sink.beginField("Content-Range")
+            sink.append("bytes */")
+            sink.append(size)
+            sink.endField()
+        }
+        if let contentLength {
+            sink.beginField("Content-Length")
+            sink.append(contentLength)
+            sink.endField()
+        }
+    }
+
+    /// The fields for NIO's HTTP/1 encoder.
+    var httpHeaders: HTTPHeaders {
+        var sink = HTTPHeadersSink()
+        render(into: &sink)
+        return sink.headers
+    }
+}
+
+/// Where `ResponseFields` renders to: one field at a time, its value in pieces.
+protocol HeadFieldSink {
+    mutating func beginField(_ name: StaticString)
+    mutating func append(_ text: String)
+    mutating func append(_ text: StaticString)
+    mutating func append(_ number: UInt64)
+    mutating func endField()
+    /// `Accept-Ranges`, `ETag`, `Last-Modified` and, when the file has one, `Repr-Digest`.
+    mutating func validatorFields(of file: ServedFile)
+}
+
+extension HeadFieldSink {
+    mutating func validatorFields(of file: ServedFile) {
+        field("Accept-Ranges", "bytes" as StaticString)
+        field("ETag", file.etag)
+        field("Last-Modified", file.lastModified)
+        if let digest = file.reprDigest { field("Repr-Digest", digest) }
+    }
+
+    mutating func field(_ name: StaticString, _ value: String) {
+        beginField(name)
+        append(value)
+        endField()
+    }
+
+    mutating func field(_ name: StaticString, _ value: StaticString) {
+        beginField(name)
+        append(value)
+        endField()
+    }
+}
+
+/// The fast path's rendering: `Name: value\r\n`, straight into the response's buffer.
+extension ByteBuffer: HeadFieldSink {
+    mutating func beginField(_ name: StaticString) {
+        writeStaticString(name)
+        writeStaticString(": ")
+    }
+
+    mutating func append(_ text: String) { writeString(text) }
+    mutating func append(_ text: StaticString) { writeStaticString(text) }
+
+    /// Decimal digits written in place: `String(n)` allocates a string on every call.
+    mutating func append(_ number: UInt64) {
+        var digits = 1
+        var rest = number
+        while rest >= 10 {
+            rest /= 10
+            digits += 1
+        }
+        writeWithUnsafeMutableBytes(minimumWritableBytes: digits) { raw in
+            var value = number
+            var index = digits
+            repeat {
+                index -= 1
+                raw[index] = UInt8(ascii: "0") + UInt8(truncatingIfNeeded: value % 10)
+                value /= 10
+            } while value > 0
+            return digits
+        }
+    }
+
+    mutating func endField() { writeStaticString("\r\n") }
+
+    /// One copy of the bytes rendered when the file was opened: they never change.
+    mutating func validatorFields(of file: ServedFile) { writeBytes(file.validatorFields) }
+}
+
+/// The rendering for requests that came through NIO's decoder.
+struct HTTPHeadersSink: HeadFieldSink {
+    var headers = HTTPHeaders()
+    private var name = ""
+    private var value = ""
+
+    mutating func beginField(_ name: StaticString) {
+        self.name = name.description
+        value = ""
+    }
+
+    mutating func append(_ text: String) { value += text }
+    mutating func append(_ text: StaticString) { value += text.description }
+    mutating func append(_ number: UInt64) { value += String(number) }
+    mutating func endField() { headers.add(name: name, value: value) }
+}
