@@ -37,6 +37,7 @@ public final class ContentFastPath: ChannelDuplexHandler {
     private let heads: (any RequestHeadObserver)?
     private let maxRanges: Int
     private let parser: RequestHeadParser
+    private let installDecoder: ((ChannelPipeline.SynchronousOperations) throws -> Void)?
 
     // The state is touched only on the channel's event loop, one call at a time; unchecked
     // exclusivity drops runtime access checks that every request would pay for.
@@ -53,10 +54,16 @@ public final class ContentFastPath: ChannelDuplexHandler {
     @exclusivity(unchecked) private var headScratch = ByteBuffer()
     @exclusivity(unchecked) private var resolved: ResolvedContent?
 
+    /// - Parameter installDecoder: adds the HTTP/1 handlers behind this one at the first request
+    ///   it does not take. A connection that only downloads then never has them: every `read`
+    ///   and every event would otherwise cross them on every request. Without it, the handlers
+    ///   behind must be in place from the start.
     public init(
         prefix: String, resolver: any ContentResolver, observer: (any ContentObserver)? = nil,
-        heads: (any RequestHeadObserver)? = nil, maxRanges: Int = RangeEvaluator.defaultMaxRanges
+        heads: (any RequestHeadObserver)? = nil, maxRanges: Int = RangeEvaluator.defaultMaxRanges,
+        installDecoder: ((ChannelPipeline.SynchronousOperations) throws -> Void)? = nil
     ) {
+        self.installDecoder = installDecoder
         self.prefix = prefix
         self.resolver = resolver
         self.observer = observer
@@ -106,8 +113,12 @@ public final class ContentFastPath: ChannelDuplexHandler {
     }
 
     public func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
-        if let idle = event as? IdleStateHandler.IdleStateEvent, idle == .read, inFlight > 0 {
-            return  // a client downloading sends nothing for minutes
+        if let idle = event as? IdleStateHandler.IdleStateEvent, idle == .read {
+            if inFlight > 0 { return }  // a client downloading sends nothing for minutes
+            if !handedOff {  // between requests: idle
+                context.close(promise: nil)
+                return
+            }
         }
         // The client will send nothing more (half-close), or the server is shutting down: finish
         // the responses in flight (a download may take the whole drain period), take no new
@@ -155,6 +166,15 @@ public final class ContentFastPath: ChannelDuplexHandler {
 
     private func handOff(context: ChannelHandlerContext) {
         handedOff = true
+        if let installDecoder {
+            do {
+                try installDecoder(context.pipeline.syncOperations)
+            } catch {
+                pending = nil
+                context.close(promise: nil)
+                return
+            }
+        }
         if let buffer = pending {
             pending = nil
             context.fireChannelRead(wrapInboundOut(buffer))

@@ -28,20 +28,28 @@ struct ContentHTTPChannel: HTTPChannelHandler {
             limits.maxHeaderFieldCount = 100
             let sync = channel.pipeline.syncOperations
             try sync.addHandler(IdleStateHandler(readTimeout: .nanoseconds(Int64(idleTimeout.components.seconds) * 1_000_000_000)))
-            // Plain content requests are answered here from the bytes read; the first other
-            // request hands the connection to the HTTP/1 pipeline below for good.
             let deadline = RequestHeadDeadline(timeout: .nanoseconds(Int64(headerTimeout.components.seconds) * 1_000_000_000 + headerTimeout.components.attoseconds / 1_000_000_000))
-            try sync.addHandler(ContentFastPath(prefix: Self.contentPrefix, resolver: service, observer: service.metrics, heads: deadline))
             // Shutdown waits for responses the HTTP/1 handlers have written to leave (sendfile).
-            try sync.addHandler(QuiesceAfterWrites())
-            try sync.configureHTTPServerPipeline(
-                withPipeliningAssistance: true, withErrorHandling: false, withOutboundHeaderValidation: false,
-                withEncoderConfiguration: .init(), withDecoderLimitConfiguration: limits)
+            let quiesce = QuiesceAfterWrites()
+            // Plain content requests are answered here from the bytes read; the first other
+            // request adds the HTTP/1 handlers behind it and hands the connection to them for good.
+            let fastPath = ContentFastPath(
+                prefix: Self.contentPrefix, resolver: service, observer: service.metrics, heads: deadline,
+                installDecoder: { sync in
+                    try sync.configureHTTPServerPipeline(
+                        position: .after(quiesce), withPipeliningAssistance: true, withErrorHandling: false, withOutboundHeaderValidation: false,
+                        withEncoderConfiguration: .init(), withDecoderLimitConfiguration: limits)
+                    try sync.addHandlers(
+                        [
+                            ContentChannelHandler(prefix: Self.contentPrefix, resolver: service, observer: service.metrics),
+                            HTTP1ToHTTPServerCodec(secure: false),
+                            // No idle timeout here: this handler cannot see content transfers and would cut them.
+                            HTTPConnectionStateHandler(idleTimeout: nil, logger: logger),
+                        ], position: .after(deadline))
+                })
+            try sync.addHandler(fastPath)
+            try sync.addHandler(quiesce)
             try sync.addHandler(deadline)
-            try sync.addHandler(ContentChannelHandler(prefix: Self.contentPrefix, resolver: service, observer: service.metrics))
-            try sync.addHandler(HTTP1ToHTTPServerCodec(secure: false))
-            // No idle timeout here: this handler cannot see content transfers and would cut them.
-            try sync.addHandler(HTTPConnectionStateHandler(idleTimeout: nil, logger: logger))
             return try NIOAsyncChannel(wrappingChannelSynchronously: channel, configuration: .init(isOutboundHalfClosureEnabled: true))
         }
     }

@@ -127,9 +127,33 @@ func rawResponse(_ channel: EmbeddedChannel, file: OneFileResolver) throws -> (h
         _ = try channel.finish()
     }
 
+    @Test("a connection idle between requests is closed; after a hand-off the handlers behind decide")
+    func readIdleClosesBetweenRequests() throws {
+        let file = try OneFileResolver(size: 100)
+        let channel = EmbeddedChannel(handler: ContentFastPath(prefix: "/v1/content/", resolver: file))
+        try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 8080)).wait()
+        try channel.writeInbound(ByteBuffer(string: "GET /v1/content/ok/x HTTP/1.1\r\nRange: bytes=0-3\r\n\r\n"))
+        _ = try rawResponse(channel, file: file)
+        #expect(channel.isActive)
+        channel.pipeline.fireUserInboundEventTriggered(IdleStateHandler.IdleStateEvent.read)
+        #expect(!channel.isActive)
+
+        var installed = 0
+        let handedOff = EmbeddedChannel(
+            handler: ContentFastPath(prefix: "/v1/content/", resolver: file, installDecoder: { _ in installed += 1 }))
+        try handedOff.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 8080)).wait()
+        try handedOff.writeInbound(ByteBuffer(string: "POST /v1/downloads HTTP/1.1\r\nContent-Length: 0\r\n\r\n"))
+        #expect(installed == 1, "the decoder is installed at the first request the fast path does not take")
+        _ = try handedOff.readInbound(as: ByteBuffer.self)
+        handedOff.pipeline.fireUserInboundEventTriggered(IdleStateHandler.IdleStateEvent.read)
+        #expect(handedOff.isActive, "after the hand-off the idle event is the HTTP handlers' to act on")
+        _ = try handedOff.finish()
+    }
+
     @Test func connectionCloseClosesAfterTheResponse() throws {
         let file = try OneFileResolver(size: 100)
         let channel = EmbeddedChannel(handler: ContentFastPath(prefix: "/v1/content/", resolver: file))
+        try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 8080)).wait()
         try channel.writeInbound(ByteBuffer(string: "HEAD /v1/content/ok/x HTTP/1.1\r\nConnection: close\r\n\r\n"))
         let response = try rawResponse(channel, file: file)
         #expect(response.head.contains("Connection: close") && response.body.isEmpty)
