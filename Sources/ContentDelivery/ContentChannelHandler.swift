@@ -180,6 +180,8 @@ public final class ContentChannelHandler: ChannelDuplexHandler, RemovableChannel
             request, prefix: prefix, maxRanges: maxRanges, resolver: resolver, resolved: &resolved,
             eventLoop: context.eventLoop, allocator: context.channel.allocator)
         let headers = response.fields.httpHeaders
+        let corked = !response.body.isEmpty
+        if corked { context.setCork(true) }
         context.write(wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: response.status, headers: headers))), promise: nil)
         for piece in response.body { context.write(wrapOutboundOut(.body(piece)), promise: nil) }
         let report = ResponseReport(response, observer: observer)
@@ -187,6 +189,7 @@ public final class ContentChannelHandler: ChannelDuplexHandler, RemovableChannel
         let promise = context.eventLoop.makePromise(of: Void.self)
         context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: promise)
         promise.futureResult.assumeIsolated().whenComplete { [self] result in
+            if corked { context.setCork(false) }
             let succeeded = report.finished(result, observer: observer)
             state = .idle
             if !keepAlive || !succeeded { context.close(promise: nil) }
