@@ -188,8 +188,8 @@ public final class ContentChannelHandler: ChannelDuplexHandler, RemovableChannel
         let keepAlive = response.keepAlive
         let promise = context.eventLoop.makePromise(of: Void.self)
         context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: promise)
+        if corked { context.setCork(false) }
         promise.futureResult.assumeIsolated().whenComplete { [self] result in
-            if corked { context.setCork(false) }
             let succeeded = report.finished(result, observer: observer)
             state = .idle
             if !keepAlive || !succeeded { context.close(promise: nil) }

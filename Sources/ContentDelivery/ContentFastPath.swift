@@ -142,7 +142,12 @@ public final class ContentFastPath: ChannelDuplexHandler {
 
     private func answerPending(context: ChannelHandlerContext) {
         var wrote = false
-        defer { if wrote { context.flush() } }
+        var corked = false
+        defer {
+            if wrote { context.flush() }
+            // The first write of each response has left by now, its head with it.
+            if corked { context.setCork(false) }
+        }
         while !closing, context.channel.isWritable, let buffer = pending, buffer.readableBytes > 0 {
             switch parser.parse(buffer) {
             case .incomplete:
@@ -157,7 +162,7 @@ public final class ContentFastPath: ChannelDuplexHandler {
                     pending!.moveReaderIndex(forwardBy: length)
                 }
                 heads?.requestHeadReceived()
-                answer(request, context: context)
+                if answer(request, context: context) { corked = true }
                 wrote = true
             }
         }
@@ -186,7 +191,8 @@ public final class ContentFastPath: ChannelDuplexHandler {
         }
     }
 
-    private func answer(_ request: RequestHeadParser.Head, context: ChannelHandlerContext) {
+    /// Returns whether it corked the connection for the response: the caller uncorks after the flush.
+    private func answer(_ request: RequestHeadParser.Head, context: ChannelHandlerContext) -> Bool {
         var response = ContentResponse.make(
             request.content, prefix: prefix, maxRanges: maxRanges, resolver: resolver, resolved: &resolved,
             eventLoop: context.eventLoop, allocator: context.channel.allocator)
@@ -224,7 +230,8 @@ public final class ContentFastPath: ChannelDuplexHandler {
 
         let report = ResponseReport(response, observer: observer)
         inFlight += 1
-        // A head followed by a file: corked, so the head leaves with the first bytes of the file.
+        // A head followed by a file: corked until flushed, so the head leaves with the first
+        // bytes of the file.
         let corked = !pieces.isEmpty
         if corked { context.setCork(true) }
         let sent = context.eventLoop.makePromise(of: Void.self)
@@ -237,7 +244,6 @@ public final class ContentFastPath: ChannelDuplexHandler {
         }
         sent.futureResult.assumeIsolated().whenComplete { [self] result in
             inFlight -= 1
-            if corked { context.setCork(false) }
             if !report.finished(result, observer: observer) {
                 context.close(promise: nil)
             } else if closing, inFlight == 0 {
@@ -246,6 +252,7 @@ public final class ContentFastPath: ChannelDuplexHandler {
                 heads?.responseSent()
             }
         }
+        return corked
     }
 }
 
@@ -253,9 +260,10 @@ extension ChannelHandlerContext {
     /// Sets `TCP_CORK` (Linux; elsewhere nothing): while it is on, the kernel sends only full
     /// segments. A response head written before a file region (sendfile) otherwise leaves in a
     /// segment of its own, and the client wakes up, reads and parses it alone: 1 MiB ranges ran
-    /// at 0.80x nginx's rate, which corks the same way (`tcp_nopush`), and at 0.93x corked
-    /// (docs/performance.md). Two system calls per response that carries a file; small ranges
-    /// leave with their head in one write and are not corked.
+    /// at 0.80x nginx's rate, which corks the same way (`tcp_nopush`), and at 0.92-0.95x corked
+    /// (docs/performance.md). Uncorked right after the flush that sent the head: kept on until a
+    /// whole archive had left, a 1 GiB download ran slower. Two system calls per response that
+    /// carries a file; small ranges leave with their head in one write and are not corked.
     func setCork(_ on: Bool) {
         #if os(Linux)
             let tcpCork: CInt = 3  // <netinet/tcp.h>; not imported into Swift

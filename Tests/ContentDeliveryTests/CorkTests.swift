@@ -1,0 +1,66 @@
+import Foundation
+import NIOCore
+import NIOPosix
+import Synchronization
+import Testing
+
+@testable import ContentDelivery
+
+/// A real socket: `TCP_CORK` exists only there. A cork left on holds the end of every response
+/// for 200 ms, which no byte-checking test notices, so the socket's state is read back.
+@Suite struct CorkTests {
+    /// Keeps the server side of the one connection the test makes.
+    final class Accepted: ChannelInboundHandler, @unchecked Sendable {
+        typealias InboundIn = ByteBuffer
+        let channel = Mutex<(any Channel)?>(nil)
+        func handlerAdded(context: ChannelHandlerContext) { channel.withLock { $0 = context.channel } }
+    }
+
+    @Test("a response with a file region is corked only until its head has left with the file's first bytes")
+    func corkIsReleased() async throws {
+        let file = try OneFileResolver(size: 300_000)
+        let accepted = Accepted()
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        let server = try await ServerBootstrap(group: group)
+            .childChannelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandler(accepted)
+                    try channel.pipeline.syncOperations.addHandler(ContentFastPath(prefix: "/v1/content/", resolver: file), position: .first)
+                }
+            }
+            .bind(host: "127.0.0.1", port: 0).get()
+        let port = try #require(server.localAddress?.port)
+
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(fd) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = in_port_t(UInt16(port).bigEndian)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        let connected = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        #expect(connected == 0)
+        var timeout = timeval(tv_sec: 10, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        let request = Array("GET /v1/content/ok/p-1.0.zip HTTP/1.1\r\nRange: bytes=1000-200999\r\n\r\n".utf8)
+        #expect(send(fd, request, request.count, 0) == request.count)
+        var received: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 65536)
+        while received.firstRange(of: Array("\r\n\r\n".utf8)).map({ received.count - $0.upperBound }) ?? -1 < 200_000 {
+            let count = recv(fd, &chunk, chunk.count, 0)
+            guard count > 0 else { break }
+            received += chunk[..<count]
+        }
+        #expect(received.count > 200_000, "the whole response arrived")
+        #expect(Array(received.suffix(200_000)) == Array(file.bytes[1000..<201_000]))
+
+        let channel = try #require(accepted.channel.withLock { $0 })
+        let cork = try await channel.eventLoop.submit {
+            try channel.syncOptions!.getOption(ChannelOptions.tcpOption(.init(rawValue: 3)))
+        }.get()
+        #expect(cork == 0, "TCP_CORK is off again once the response has been flushed")
+        try await server.close()
+        try await group.shutdownGracefully()
+    }
+}
