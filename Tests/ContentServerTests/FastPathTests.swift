@@ -1,4 +1,6 @@
+import ContentArchive
 import Foundation
+import IAPProtocol
 import IAPTestSupport
 import Testing
 
@@ -160,6 +162,32 @@ extension HardeningTests {
         let script = try tmp.write("revoked.py", Self.revokedOnTheSameConnection)
         let result = try run("python3", [script, String(server.port), String(url.dropFirst(server.base.count)), payload])
         #expect(result.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "206 206 200 403 revoked", "\(result.stdout) \(result.stderr)")
+        #expect(server.stop() == 0)
+    }
+
+    @Test("metrics: every response is counted by status and bytes; only those over 64 KiB as transfers")
+    func contentMetrics() throws {
+        let tmp = try TemporaryFolder()
+        let (store, server) = try start(tmp)
+        // Random bytes, stored: an archive larger than the 100,000 bytes asked for below.
+        let content = tmp.sub("large")
+        try FileManager.default.createDirectory(atPath: content, withIntermediateDirectories: true)
+        var generator = SystemRandomNumberGenerator()
+        _ = FileManager.default.createFile(atPath: content + "/payload.bin", contents: Data((0..<300_000).map { _ in UInt8.random(in: 0...255, using: &generator) }))
+        let v1 = try ArchivePacker.pack(
+            folder: content,
+            options: .init(productId: try ProductIdentifier(product), contentVersion: try ContentVersion("1.0"), outputDirectory: tmp.sub("out")))
+        #expect(try multipart(server, tmp, ["archive=@\(v1.archivePath)"]).status == 201)
+        let purchase = try store.purchase(productId: product)
+        let grant = try postJSON(server.base + "/v1/downloads", ["signedTransaction": purchase.signedTransaction], folder: tmp)
+        let url = try #require((grant.json["downloads"] as? [[String: Any]])?.first?["url"] as? String)
+        #expect(try curl(["-r", "0-9", url], folder: tmp).status == 206)
+        #expect(try curl(["-r", "0-99999", url], folder: tmp).status == 206)
+        let lines = try curl([server.base + "/metrics"], folder: tmp).text.split(separator: "\n").map(String.init)
+        #expect(lines.contains("iap_content_responses_total{status=\"206\"} 2"), "\(lines.filter { $0.hasPrefix("iap_content") })")
+        #expect(lines.contains("iap_content_bytes_served_total 100010"))
+        #expect(lines.contains("iap_content_transfer_duration_seconds_count 1"))
+        #expect(lines.contains("iap_content_active_transfers 0.0") || lines.contains("iap_content_active_transfers 0"))
         #expect(server.stop() == 0)
     }
 
