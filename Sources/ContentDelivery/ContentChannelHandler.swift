@@ -201,8 +201,6 @@ public final class ContentChannelHandler: ChannelDuplexHandler, RemovableChannel
 enum HTTPDate {
     private static let cache = Mutex<(Int, String)>((0, ""))
 
-    static var now: String { format(Date()) }
-
     static func format(_ date: Date) -> String {
         let second = Int(date.timeIntervalSince1970)
         if let cached = cache.withLock({ $0.0 == second ? $0.1 : nil }) { return cached }

@@ -2,6 +2,7 @@ import ContentArchive
 import Foundation
 import IAPProtocol
 import IAPTestSupport
+import SandboxStore
 import Testing
 
 /// Content requests are answered ahead of NIO's HTTP/1 decoder (`ContentFastPath`) until the
@@ -103,15 +104,20 @@ extension HardeningTests {
         print('\\n'.join(failures) if failures else 'ok')
         """
 
+    /// Publishes `archive`, buys its product and returns the purchase and the granted download URL.
+    func publishAndBuy(_ archive: PackResult, server: ServerProcess, store: SandboxStore, tmp: TemporaryFolder) throws -> (SandboxStore.Purchase, String) {
+        #expect(try multipart(server, tmp, ["archive=@\(archive.archivePath)"]).status == 201)
+        let purchase = try store.purchase(productId: product)
+        let grant = try postJSON(server.base + "/v1/downloads", ["signedTransaction": purchase.signedTransaction], folder: tmp)
+        return (purchase, try #require((grant.json["downloads"] as? [[String: Any]])?.first?["url"] as? String))
+    }
+
     @Test("content requests answered ahead of the decoder: pipelining, hand-off to the API, bodies, HTTP/1.0, half-close, limits")
     func fastPathSeams() throws {
         let tmp = try TemporaryFolder()
         let (store, server) = try start(tmp)
         let v1 = try pack(tmp, version: "1.0")
-        #expect(try multipart(server, tmp, ["archive=@\(v1.archivePath)"]).status == 201)
-        let purchase = try store.purchase(productId: product)
-        let grant = try postJSON(server.base + "/v1/downloads", ["signedTransaction": purchase.signedTransaction], folder: tmp)
-        let url = try #require((grant.json["downloads"] as? [[String: Any]])?.first?["url"] as? String)
+        let (_, url) = try publishAndBuy(v1, server: server, store: store, tmp: tmp)
         let path = String(url.dropFirst(server.base.count))
         let script = try tmp.write("raw.py", Self.rawClient)
         let result = try run("python3", [script, String(server.port), path, v1.archivePath])
@@ -153,10 +159,7 @@ extension HardeningTests {
         let tmp = try TemporaryFolder()
         let (store, server) = try start(tmp)
         let v1 = try pack(tmp, version: "1.0")
-        #expect(try multipart(server, tmp, ["archive=@\(v1.archivePath)"]).status == 201)
-        let purchase = try store.purchase(productId: product)
-        let grant = try postJSON(server.base + "/v1/downloads", ["signedTransaction": purchase.signedTransaction], folder: tmp)
-        let url = try #require((grant.json["downloads"] as? [[String: Any]])?.first?["url"] as? String)
+        let (purchase, url) = try publishAndBuy(v1, server: server, store: store, tmp: tmp)
         let refund = try store.refund(transactionId: purchase.transaction.transactionId!)
         let payload = try tmp.write("refund.jws", refund.signedPayload)
         let script = try tmp.write("revoked.py", Self.revokedOnTheSameConnection)
@@ -177,10 +180,7 @@ extension HardeningTests {
         let v1 = try ArchivePacker.pack(
             folder: content,
             options: .init(productId: try ProductIdentifier(product), contentVersion: try ContentVersion("1.0"), outputDirectory: tmp.sub("out")))
-        #expect(try multipart(server, tmp, ["archive=@\(v1.archivePath)"]).status == 201)
-        let purchase = try store.purchase(productId: product)
-        let grant = try postJSON(server.base + "/v1/downloads", ["signedTransaction": purchase.signedTransaction], folder: tmp)
-        let url = try #require((grant.json["downloads"] as? [[String: Any]])?.first?["url"] as? String)
+        let (_, url) = try publishAndBuy(v1, server: server, store: store, tmp: tmp)
         #expect(try curl(["-r", "0-9", url], folder: tmp).status == 206)
         #expect(try curl(["-r", "0-99999", url], folder: tmp).status == 206)
         let lines = try curl([server.base + "/metrics"], folder: tmp).text.split(separator: "\n").map(String.init)
