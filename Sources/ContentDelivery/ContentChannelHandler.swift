@@ -79,7 +79,16 @@ extension ContentResolver {
 /// Told of every content response, for metrics.
 public protocol ContentObserver: Sendable {
     func responseStarted(status: HTTPResponseStatus, bytes: UInt64)
+    /// `duration` is measured only for responses of more than `ContentObserverLimits.untimedBytes`
+    /// (64 KiB); it is zero for smaller ones, which leave with their head in one write: two
+    /// clock reads per small range were wasted on them.
     func responseFinished(status: HTTPResponseStatus, bytes: UInt64, duration: Duration, succeeded: Bool)
+}
+
+/// The size below which content responses are not timed, for observers that treat those
+/// differently (the server's metrics do not count them as transfers).
+public enum ContentObserverLimits {
+    public static let untimedBytes: UInt64 = ContentResponse.smallRange
 }
 
 /// Serves `GET` and `HEAD` of paths under a prefix straight from files with `sendfile`

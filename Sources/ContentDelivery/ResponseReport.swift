@@ -9,20 +9,20 @@ import NIOHTTP1
 struct ResponseReport {
     private let status: HTTPResponseStatus
     private let bytes: UInt64
-    private let started: ContinuousClock.Instant
+    private let started: ContinuousClock.Instant?
 
     /// Tells the observer that `response` starts now.
     init(_ response: ContentResponse, observer: (any ContentObserver)?) {
         status = response.status
         bytes = response.servedBytes
-        started = .now
+        started = bytes > ContentObserverLimits.untimedBytes ? .now : nil
         observer?.responseStarted(status: status, bytes: bytes)
     }
 
     /// Tells the observer how the response's last write ended; returns whether it succeeded.
     func finished(_ result: Result<Void, any Error>, observer: (any ContentObserver)?) -> Bool {
         let succeeded = (try? result.get()) != nil
-        observer?.responseFinished(status: status, bytes: bytes, duration: ContinuousClock.now - started, succeeded: succeeded)
+        observer?.responseFinished(status: status, bytes: bytes, duration: started.map { .now - $0 } ?? .zero, succeeded: succeeded)
         return succeeded
     }
 }

@@ -48,12 +48,12 @@ final class ServerMetrics: ContentObserver, Sendable {
         ).increment()
     }
 
-    /// Responses of up to this many archive bytes leave in one write (`ContentResponse.smallRange`
-    /// and its head): they are counted by status and in the bytes served, but not as transfers
-    /// (the gauge and the duration histogram). A scrape cannot see one in flight, its duration
-    /// is nil, and recording both cost about 5% of the server's CPU on 4 KiB ranges: two
-    /// atomics and a lock per request, shared by every event loop.
-    static let transferThreshold: UInt64 = 64 << 10
+    /// Responses of up to this many archive bytes leave in one write with their head: they are
+    /// counted by status and in the bytes served, but not as transfers (the gauge and the
+    /// duration histogram). A scrape cannot see one in flight, it is not timed, and recording
+    /// both cost about 5% of the server's CPU on 4 KiB ranges: two atomics and a lock per
+    /// request, shared by every event loop.
+    static let transferThreshold = ContentObserverLimits.untimedBytes
 
     func responseStarted(status: HTTPResponseStatus, bytes: UInt64) {
         if bytes > Self.transferThreshold { activeTransfers.increment() }
