@@ -94,11 +94,7 @@ public enum RangeEvaluator {
     private static func parse(bytes: UnsafeBufferPointer<UInt8>) -> [Spec]? {
         guard let equals = bytes.firstIndex(of: UInt8(ascii: "=")) else { return nil }
         let unit = trim(bytes[..<equals])
-        // Case-insensitive "bytes", byte by byte: `zip` with a string's UTF-8 view is not
-        // specialized here and cost more than the rest of the parse.
-        guard unit.count == 5 else { return nil }
-        let at = unit.startIndex
-        for offset in 0..<5 where unit[at + offset] | 0x20 != bytesUnit[offset] { return nil }
+        guard equalsIgnoringCase(unit, "bytes") else { return nil }
         var specs: [Spec] = []
         var start = equals + 1
         while start <= bytes.count {
@@ -126,7 +122,6 @@ public enum RangeEvaluator {
     }
 
     private typealias Bytes = Slice<UnsafeBufferPointer<UInt8>>
-    private static let bytesUnit = Array("bytes".utf8)
 
     private static func trim(_ bytes: Bytes) -> Bytes {
         var slice = bytes

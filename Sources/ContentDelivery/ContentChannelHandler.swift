@@ -38,9 +38,9 @@ public final class ServedFile: Sendable {
         }
         let digest = bytes.count == 32 ? "sha-256=:\(Data(bytes).base64EncodedString()):" : nil
         reprDigest = digest
-        var fields = "Accept-Ranges: bytes\r\nETag: \(etag)\r\nLast-Modified: \(lastModified)\r\n"
-        if let digest { fields += "Repr-Digest: \(digest)\r\n" }
-        validatorFields = Array(fields.utf8)
+        var fields = ByteBuffer()
+        fields.validatorFields(etag: etag, lastModified: lastModified, reprDigest: digest)
+        validatorFields = Array(fields.readableBytesView)
     }
 }
 

@@ -128,9 +128,9 @@ struct RequestHeadParser: Sendable {
             case .connection:
                 for token in value.split(separator: UInt8(ascii: ",")) {
                     let option = token.drop { $0 == 0x20 || $0 == 0x09 }.reversed().drop { $0 == 0x20 || $0 == 0x09 }.reversed()
-                    if Self.equalsIgnoringCase(option, "close") { connectionClose = true }
-                    if Self.equalsIgnoringCase(option, "keep-alive") { connectionKeepAlive = true }
-                    if Self.equalsIgnoringCase(option, "upgrade") { return .handOff }
+                    if equalsIgnoringCase(option, "close") { connectionClose = true }
+                    if equalsIgnoringCase(option, "keep-alive") { connectionKeepAlive = true }
+                    if equalsIgnoringCase(option, "upgrade") { return .handOff }
                 }
             case .contentLength:
                 // A body on GET or HEAD: the decoder knows how to read and drop it.
@@ -169,15 +169,6 @@ struct RequestHeadParser: Sendable {
         }
     }
 
-    private static func equalsIgnoringCase<Bytes: Collection<UInt8>>(_ bytes: Bytes, _ lowercase: StaticString) -> Bool {
-        guard bytes.count == lowercase.utf8CodeUnitCount else { return false }
-        return lowercase.withUTF8Buffer { expected in
-            zip(bytes, expected).allSatisfy { byte, lower in
-                (byte >= UInt8(ascii: "A") && byte <= UInt8(ascii: "Z") ? byte | 0x20 : byte) == lower
-            }
-        }
-    }
-
     /// RFC 9110 §5.6.2 tchar.
     private static func isTokenByte(_ byte: UInt8) -> Bool {
         switch byte {
@@ -189,6 +180,17 @@ struct RequestHeadParser: Sendable {
             true
         default:
             false
+        }
+    }
+}
+
+/// Whether `bytes` spell `lowercase` with ASCII letters in either case (header names, tokens,
+/// range units). Generic over the bytes so that each caller's collection is specialized.
+func equalsIgnoringCase<Bytes: Collection<UInt8>>(_ bytes: Bytes, _ lowercase: StaticString) -> Bool {
+    guard bytes.count == lowercase.utf8CodeUnitCount else { return false }
+    return lowercase.withUTF8Buffer { expected in
+        zip(bytes, expected).allSatisfy { byte, lower in
+            (byte >= UInt8(ascii: "A") && byte <= UInt8(ascii: "Z") ? byte | 0x20 : byte) == lower
         }
     }
 }

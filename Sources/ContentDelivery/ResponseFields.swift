@@ -127,10 +127,16 @@ protocol HeadFieldSink {
 
 extension HeadFieldSink {
     mutating func validatorFields(of file: ServedFile) {
+        validatorFields(etag: file.etag, lastModified: file.lastModified, reprDigest: file.reprDigest)
+    }
+
+    /// The validator fields one by one: how every sink writes them, and how `ServedFile` renders
+    /// the block the fast path copies.
+    mutating func validatorFields(etag: String, lastModified: String, reprDigest: String?) {
         field("Accept-Ranges", "bytes" as StaticString)
-        field("ETag", file.etag)
-        field("Last-Modified", file.lastModified)
-        if let digest = file.reprDigest { field("Repr-Digest", digest) }
+        field("ETag", etag)
+        field("Last-Modified", lastModified)
+        if let reprDigest { field("Repr-Digest", reprDigest) }
     }
 
     mutating func field(_ name: StaticString, _ value: String) {

@@ -27,8 +27,8 @@ struct ContentHTTPChannel: HTTPChannelHandler {
             limits.maxHeaderListSize = 64 * 1024
             limits.maxHeaderFieldCount = 100
             let sync = channel.pipeline.syncOperations
-            try sync.addHandler(IdleStateHandler(readTimeout: .nanoseconds(Int64(idleTimeout.components.seconds) * 1_000_000_000)))
-            let deadline = RequestHeadDeadline(timeout: .nanoseconds(Int64(headerTimeout.components.seconds) * 1_000_000_000 + headerTimeout.components.attoseconds / 1_000_000_000))
+            try sync.addHandler(IdleStateHandler(readTimeout: .nanoseconds(idleTimeout.nanoseconds)))
+            let deadline = RequestHeadDeadline(timeout: headerTimeout)
             // Shutdown waits for responses the HTTP/1 handlers have written to leave (sendfile).
             let quiesce = QuiesceAfterWrites()
             // Plain content requests are answered here from the bytes read; the first other

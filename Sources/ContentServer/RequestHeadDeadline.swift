@@ -20,8 +20,8 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler, 
     /// Kept for the fast path's calls, which arrive outside this handler's own events.
     private var context: ChannelHandlerContext?
 
-    init(timeout: TimeAmount) {
-        state = HeadDeadline(timeout: .nanoseconds(timeout.nanoseconds))
+    init(timeout: Duration) {
+        state = HeadDeadline(timeout: timeout)
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
@@ -93,7 +93,7 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler, 
     }
 }
 
-private extension Duration {
+extension Duration {
     /// Whole nanoseconds, for NIO's `TimeAmount`.
     var nanoseconds: Int64 {
         let (seconds, attoseconds) = components
