@@ -265,7 +265,7 @@ let package = Package(
         ),
         .testTarget(
             name: "ContentArchiveTests",
-            dependencies: ["ContentArchive", "IAPTestSupport"]
+            dependencies: ["ContentArchive", "IAPTestSupport", .product(name: "SystemPackage", package: "swift-system")]
         ),
         // Helpers for tests that run the real executables (servers on ephemeral ports, curl).
         .target(name: "IAPTestSupport", dependencies: ["CatalogPostgres", "ContentCatalog"], path: "Tests/Support"),

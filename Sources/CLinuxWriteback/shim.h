@@ -3,6 +3,17 @@
 #ifdef __linux__
 int sync_file_range(int fd, long long offset, long long nbytes, unsigned int flags);
 static const unsigned int cwriteback_start = 2; /* SYNC_FILE_RANGE_WRITE */
+
+#include <sys/syscall.h>
+#include <unistd.h>
+/* copy_file_range(2), through syscall(2): glibc declares it only under _GNU_SOURCE too. */
+static inline long cwriteback_copy_file_range(int in, long long *in_offset, int out, long long *out_offset, unsigned long count) {
+#ifdef SYS_copy_file_range
+    return syscall(SYS_copy_file_range, in, in_offset, out, out_offset, count, 0);
+#else
+    return -1;
+#endif
+}
 #if defined(__x86_64__) || defined(__i386__)
 static const int cwriteback_o_direct = 040000;
 #elif defined(__aarch64__) || defined(__arm__)

@@ -148,7 +148,7 @@ public enum ArchivePacker {
                 let piece = try MappedBytes(previousFD!, range: position..<end, path: previousPath)
                 archiveHasher.update(piece)
                 chunkHasher.check(piece, at: position)
-                if !overCap { try writer.write(piece.bytes) }
+                if !overCap, try !writer.copy(from: previousFD!, range: position..<end) { try writer.write(piece.bytes) }
                 position = end
             }
         }

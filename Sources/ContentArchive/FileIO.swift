@@ -88,6 +88,45 @@ final class BufferedFileWriter {
         }
     }
 
+    /// Appends bytes `range` of `source` inside the kernel (`copy_file_range`), without passing
+    /// them through this process; returns false, having written nothing, where that cannot be
+    /// done (direct writes, other systems, a file system or kernel that refuses it), and the
+    /// caller writes the bytes itself.
+    ///
+    /// Why: an incremental build copies most of the previous archive. Written from a mapping of
+    /// it, each byte was copied by the CPU into the new file's pages through user addresses, at
+    /// a rate that varied by 2x from run to run (0.25 to 0.8 s of system time for 570 MB) while
+    /// the archive's hasher read the same bytes on the other core; the kernel's own copy took
+    /// 0.18 s every time.
+    func copy(from source: FileDescriptor, range: Range<UInt64>) throws(ArchiveError) -> Bool {
+        #if os(Linux)
+            guard directFD == nil, copyFileRangeWorks else { return false }
+            try writeOut(all: true)
+            var from = Int64(range.lowerBound)
+            var to = Int64(bufferStart)
+            while UInt64(from) < range.upperBound {
+                let n = cwriteback_copy_file_range(source.rawValue, &from, fd.rawValue, &to, UInt(range.upperBound - UInt64(from)))
+                if n > 0 { continue }
+                if n < 0 && errno == EINTR { continue }
+                guard UInt64(from) == range.lowerBound else {
+                    // Part is in: the file is as far as `to`, and the rest cannot follow the same way.
+                    if n == 0 { throw .io("\(path): the source ended \(range.upperBound - UInt64(from)) bytes early while copying") }
+                    throw ioError(errno, action: "copy into", path: path)
+                }
+                copyFileRangeWorks = false
+                return false
+            }
+            bufferStart = UInt64(to)
+            startWriteback()
+            return true
+        #else
+            return false
+        #endif
+    }
+
+    /// Cleared at the first refusal of `copy_file_range`, so later copies do not ask again.
+    private var copyFileRangeWorks = true
+
     /// Writes the buffer out. Directly, only whole aligned blocks leave the buffer; with `all`
     /// false the rest is also written through the ordinary descriptor but kept.
     private func writeOut(all: Bool) throws(ArchiveError) {

@@ -79,12 +79,24 @@ struct HashCache: Sendable {
     /// Writes the cache beside `archive`; failures are ignored (the next build hashes instead).
     func write(besideArchive archive: String, now: Date = Date()) {
         let recent = Int64((now.timeIntervalSince1970 - 2) * 1_000_000_000)
-        var text = "iap-pack-hashes 1\n"
+        // Built as bytes: String interpolation and Foundation's `contains` per line were half of
+        // what an incremental build of 5,000 files did after its last archive byte.
+        var text = Array("iap-pack-hashes 1\n".utf8)
+        text.reserveCapacity(digests.count * 160)
         for (path, entry) in digests.sorted(by: { $0.key < $1.key })
-        where entry.identity.modified < recent && entry.identity.changed < recent && !path.contains("\n") && !path.contains("\t") {
+        where entry.identity.modified < recent && entry.identity.changed < recent
+            && !path.utf8.contains(UInt8(ascii: "\n")) && !path.utf8.contains(UInt8(ascii: "\t"))
+        {
             let i = entry.identity
-            text += "\(entry.sha256)\t\(i.device)\t\(i.inode)\t\(i.size)\t\(i.modified)\t\(i.changed)\t\(path)\n"
+            text += entry.sha256.utf8
+            for field in [String(i.device), String(i.inode), String(i.size), String(i.modified), String(i.changed)] {
+                text.append(UInt8(ascii: "\t"))
+                text += field.utf8
+            }
+            text.append(UInt8(ascii: "\t"))
+            text += path.utf8
+            text.append(UInt8(ascii: "\n"))
         }
-        try? AtomicFile.write(Data(text.utf8), to: Self.path(besideArchive: archive), permissions: 0o644, durability: .processKill)
+        try? AtomicFile.write(Data(text), to: Self.path(besideArchive: archive), permissions: 0o644, durability: .processKill)
     }
 }

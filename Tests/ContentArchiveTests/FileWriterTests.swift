@@ -1,5 +1,6 @@
 import Foundation
 import IAPTestSupport
+import SystemPackage
 import Testing
 
 @testable import ContentArchive
@@ -54,5 +55,38 @@ struct FileWriterTests {
         try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: folder) }
         try exercise(in: folder)
+    }
+
+    @Test("ranges of another file copied in the kernel land between buffered writes, in order")
+    func kernelCopies() throws {
+        let tmp = try TemporaryFolder()
+        let sourcePath = tmp.path + "/source.bin"
+        try Data(Self.pattern).write(to: URL(fileURLWithPath: sourcePath))
+        let source = try FileDescriptor.open(sourcePath, .readOnly)
+        defer { try? source.close() }
+
+        let path = tmp.path + "/out.bin"
+        let writer = try BufferedFileWriter(creating: path, durable: false)
+        var expected: [UInt8] = []
+        var copied = 0
+        for (head, range) in [(5, 100..<70_000), (0, 3_000_000..<(9 << 20)), (4097, 0..<1), (100, 7..<4_000_000)] {
+            let written = Array(Self.pattern[..<head])
+            try writer.write(written)
+            expected += written
+            if try writer.copy(from: source, range: UInt64(range.lowerBound)..<UInt64(range.upperBound)) {
+                copied += 1
+            } else {
+                try writer.write(Array(Self.pattern[range]))
+            }
+            expected += Self.pattern[range]
+            #expect(writer.offset == UInt64(expected.count))
+        }
+        try writer.write([1, 2, 3])
+        expected += [1, 2, 3]
+        try writer.finish()
+        #expect(try Data(contentsOf: URL(fileURLWithPath: path)) == Data(expected))
+        #if os(Linux)
+            #expect(copied == 4, "copy_file_range is available on any Linux since 5.3")
+        #endif
     }
 }
