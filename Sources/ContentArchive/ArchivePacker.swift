@@ -85,6 +85,7 @@ public enum ArchivePacker {
                     break
                 }
             }
+            for sample in plan.samples { cache.insertSample(sample.key, value: sample.value) }
             cache.write(besideArchive: archivePath, now: options.hashCacheTime ?? Date())
             return result
         } catch {

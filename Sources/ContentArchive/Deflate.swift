@@ -66,6 +66,20 @@ struct LevelSample: Sendable {
 }
 
 extension LevelSample {
+    /// As the hash cache keeps it: "compressible count zlibSize size1,size2,...".
+    var encoded: String {
+        "\(compressible ? 1 : 0) \(count) \(zlibSize) \(sizes.map(String.init).joined(separator: ","))"
+    }
+
+    /// Decodes ``encoded``; nil for anything else.
+    init?(encoded: String) {
+        let fields = encoded.split(separator: " ", omittingEmptySubsequences: false)
+        guard fields.count == 4, fields[0] == "0" || fields[0] == "1", let count = Int(fields[1]), let zlibSize = Int(fields[2]) else { return nil }
+        let sizes = fields[3].isEmpty ? [] : fields[3].split(separator: ",", omittingEmptySubsequences: false).map { Int($0) }
+        guard sizes.count <= 9, !sizes.contains(nil) else { return nil }
+        self.init(compressible: fields[0] == "1", count: count, sizes: sizes.map { $0! }, zlibSize: zlibSize)
+    }
+
     /// Measures `sample` (in an extension, so that the memberwise initializer stays).
     init(sample: UnsafeRawBufferPointer, level requested: Int) {
         count = sample.count

@@ -60,6 +60,16 @@ struct PreviousBuild: Sendable {
         guard UInt64(info.st_size) == manifest.archiveSize else {
             throw .invalid("--previous: \(archive) is \(info.st_size) bytes but \(manifestPath) says \(manifest.archiveSize): they are not from the same build")
         }
+        #if os(Linux)
+            // Most of the previous archive is about to be copied. When it is not in the page cache
+            // (restored from a pipeline's cache, or evicted since it was built), the disk starts
+            // reading it now, while the folder is scanned, rather than page by page during the copy.
+            let readahead = open(archive, O_RDONLY)
+            if readahead >= 0 {
+                _ = posix_fadvise(readahead, 0, 0, POSIX_FADV_WILLNEED)
+                close(readahead)
+            }
+        #endif
         // Reused bytes are mapped from the archive, so every range must lie inside it.
         if let outside = manifest.entries.first(where: { $0.localHeaderOffset > $0.dataOffset || $0.dataOffset > manifest.archiveSize || $0.compressedSize > manifest.archiveSize - $0.dataOffset }) {
             throw .corrupt(
@@ -129,8 +139,11 @@ struct Plan: Sendable {
     var totalBytes: UInt64 = 0
     /// Each content file's identity when planned (by disk path), for the next build's ``HashCache``.
     var identities: [String: FileIdentity] = [:]
+    /// The sample measurements the levels were chosen from, for the next build's ``HashCache``.
+    var samples: [(key: SampleKey, value: String)] = []
 
-    /// `previous`, when given, is waited for only once the folder's files are sampled.
+    /// `previous`, when given, is waited for once the folder is scanned (its hash cache may hold
+    /// the samples' measurements).
     init(content: ScannedContent, options: PackOptions, previous: Background<PreviousBuild>? = nil) throws(ArchiveError) {
         productId = content.info.productIdentifier
         let chunking = options.chunking
@@ -138,7 +151,16 @@ struct Plan: Sendable {
         items += content.directories.map { ($0, .directory, 0) }
         items += content.files.map { ($0.archivePath, .file($0.diskPath), $0.size) }
         items.sort { $0.0.utf8.lexicographicallyPrecedes($1.0.utf8) }
-        let (compressible, kindLevels) = options.level > 0 ? Self.chooseLevels(items, level: options.level) : ([:], [:])
+        // Taken by the scan, before any file is read: a file changed while it is packed then
+        // shows a new identity to the next build, which hashes it again.
+        for file in content.files { identities[file.diskPath] = file.identity }
+        let previousBuild = try previous?.value()
+        var compressible: [String: Bool] = [:]
+        var kindLevels: [String: Int] = [:]
+        if options.level > 0 {
+            let sampling = Sampling(level: options.level, encoder: chunking.encoder, identities: identities, known: previousBuild?.hashCache)
+            (compressible, kindLevels, samples) = Self.chooseLevels(items, sampling: sampling)
+        }
         for (path, source, size) in items {
             var method: Method = .stored
             var level = options.level
@@ -161,10 +183,7 @@ struct Plan: Sendable {
             entries.append(Entry(path: path, size: size, source: source, method: method, level: level))
             totalBytes += size
         }
-        // Taken by the scan, before any file is read: a file changed while it is packed then
-        // shows a new identity to the next build, which hashes it again.
-        for file in content.files { identities[file.diskPath] = file.identity }
-        if let previous = try previous?.value(), previous.manifest.encoder == chunking.encoder {
+        if let previous = previousBuild, previous.manifest.encoder == chunking.encoder {
             reuse(previous)
         }
         for index in entries.indices {
@@ -188,14 +207,18 @@ struct Plan: Sendable {
     /// are hashed (on all cores); a file that cannot be read is left to the workers, which
     /// report it.
     private mutating func reuse(_ previous: PreviousBuild) {
-        var bySize: [UInt64: [ArchiveManifest.Entry]] = [:]
-        for old in previous.manifest.entries where old.kind == .file && old.level != nil && old.chunks != nil && old.uncompressedSize > 0 {
-            bySize[old.uncompressedSize, default: []].append(old)
+        // Indices into the previous entries rather than copies of them: copying thousands of
+        // entries (strings and chunk lists) into candidate lists cost more than matching them.
+        let olds = previous.manifest.entries
+        var bySize: [UInt64: [Int]] = [:]
+        for (index, old) in olds.enumerated() where old.kind == .file && old.level != nil && old.chunks != nil && old.uncompressedSize > 0 {
+            bySize[old.uncompressedSize, default: []].append(index)
         }
-        let candidates = entries.indices.compactMap { index -> (index: Int, disk: String, olds: [ArchiveManifest.Entry])? in
+        let candidates = entries.indices.compactMap { index -> (index: Int, disk: String, olds: [Int])? in
             let entry = entries[index]
-            guard case .file(let disk) = entry.source else { return nil }
-            let olds = (bySize[entry.size] ?? []).filter { old in
+            guard case .file(let disk) = entry.source, let sameSize = bySize[entry.size] else { return nil }
+            let matching = sameSize.filter { oldIndex in
+                let old = olds[oldIndex]
                 guard old.level == entry.level else { return false }
                 switch entry.method {
                 case .stored: return old.method == .stored
@@ -203,7 +226,7 @@ struct Plan: Sendable {
                 case .smaller: return true
                 }
             }
-            return olds.isEmpty ? nil : (index, disk, olds)
+            return matching.isEmpty ? nil : (index, disk, matching)
         }
         // Files the previous build read and that have not changed since need no hashing.
         let cache = previous.hashCache
@@ -212,10 +235,10 @@ struct Plan: Sendable {
             cache.digest(of: candidate.disk, identity: identities[candidate.disk]) ?? (try? ArchivePacker.hashFile(candidate.disk).1)
         }
         for (candidate, digest) in zip(candidates, digests) {
-            guard let digest, let old = candidate.olds.first(where: { $0.sha256 == digest }) else { continue }
+            guard let digest, let old = candidate.olds.first(where: { olds[$0].sha256 == digest }) else { continue }
             let entry = entries[candidate.index]
             entries[candidate.index] = Entry(
-                path: entry.path, size: entry.size, source: .previous(archive: previous.archive, entry: old, disk: candidate.disk),
+                path: entry.path, size: entry.size, source: .previous(archive: previous.archive, entry: olds[old], disk: candidate.disk),
                 method: entry.method, level: entry.level)
         }
     }
@@ -224,27 +247,58 @@ struct Plan: Sendable {
     /// more than the faster level saves.
     static let sampledSize: UInt64 = 2 << 20
 
+    /// What sampling needs beyond the files: the level asked, and the measurements a previous
+    /// build recorded for files that have not changed since (``SampleKey``).
+    struct Sampling: Sendable {
+        let level: Int
+        let encoder: String
+        let identities: [String: FileIdentity]
+        let known: HashCache?
+
+        /// The key of a measurement of `taken` bytes from each of `files` (nil when one of them
+        /// was not scanned, which cannot be told from its identity).
+        func key(_ what: String, level: Int, files: [(disk: String, taken: Int)]) -> SampleKey? {
+            var key = SampleKey(what, level: level, encoder: encoder)
+            for file in files {
+                guard let identity = identities[file.disk] else { return nil }
+                key.add(file: file.disk, identity: identity, taken: file.taken)
+            }
+            return key
+        }
+    }
+
     /// Whether each file of `sampledSize` or more is worth deflating, judged from its first
     /// 64 KiB; and the level for each kind (extension) of file, judged from a sample spread over
     /// the files of that kind: files of one kind compress alike, and one sample per kind costs
     /// little however many files there are. The levels are chosen together (``LevelBudget``),
     /// each kind's sample standing for the bytes of its deflated files.
-    private static func chooseLevels(_ items: [(String, Source, UInt64)], level: Int) -> (compressible: [String: Bool], kinds: [String: Int]) {
-        let large = items.compactMap { path, source, size -> (path: String, disk: String)? in
+    private static func chooseLevels(
+        _ items: [(String, Source, UInt64)], sampling: Sampling
+    ) -> (compressible: [String: Bool], kinds: [String: Int], samples: [(key: SampleKey, value: String)]) {
+        let level = sampling.level
+        let large = items.compactMap { path, source, size -> (path: String, disk: String, size: UInt64)? in
             guard case .file(let disk) = source, size >= sampledSize else { return nil }
-            return (path, disk)
+            return (path, disk, size)
         }
-        let judged = parallelMap(large) { file -> Bool? in
-            guard let fd = try? FileDescriptor.open(file.disk, .readOnly) else { return nil }
+        let judged = parallelMap(large) { file -> (verdict: Bool?, key: SampleKey?) in
+            let key = sampling.key("compressible", level: 1, files: [(file.disk, Int(min(file.size, UInt64(ArchivePacker.sampleSize))))])
+            if let key, let known = sampling.known?.sample(key), let verdict = ["0": false, "1": true][known] { return (verdict, key) }
+            guard let fd = try? FileDescriptor.open(file.disk, .readOnly) else { return (nil, nil) }
             defer { try? fd.close() }
-            guard let sample = try? readFully(fd, at: 0, count: ArchivePacker.sampleSize, path: file.disk), !sample.isEmpty else { return nil }
-            return sample.withUnsafeBytes { DeflateCompressor(level: 1).looksCompressible($0) }
+            guard let sample = try? readFully(fd, at: 0, count: ArchivePacker.sampleSize, path: file.disk), !sample.isEmpty else { return (nil, nil) }
+            // Recorded only when what was read is what the key says.
+            let verdict = sample.withUnsafeBytes { DeflateCompressor(level: 1).looksCompressible($0) }
+            return (verdict, sample.count == Int(min(file.size, UInt64(ArchivePacker.sampleSize))) ? key : nil)
         }
         var compressible: [String: Bool] = [:]
-        for (file, verdict) in zip(large, judged) { compressible[file.path] = verdict }
+        var samples: [(key: SampleKey, value: String)] = []
+        for (file, result) in zip(large, judged) {
+            compressible[file.path] = result.verdict
+            if let verdict = result.verdict, let key = result.key { samples.append((key, verdict ? "1" : "0")) }
+        }
 
         // Levels 10 to 12 are kept as asked: there is nothing to choose, so nothing to sample.
-        guard level <= 9 else { return (compressible, [:]) }
+        guard level <= 9 else { return (compressible, [:], samples) }
         var kinds: [(name: String, files: [String], bytes: UInt64)] = []
         var kindIndex: [String: Int] = [:]
         for (path, source, size) in items {
@@ -257,28 +311,52 @@ struct Plan: Sendable {
             kinds[kindIndex[name]!].files.append(disk)
             kinds[kindIndex[name]!].bytes += size
         }
-        let samples = parallelMap(kinds) { kind in measureSample(of: kind.files, level: level) }
-        let measured = zip(kinds, samples).compactMap { kind, sample in sample.map { (name: kind.name, weight: kind.bytes, sample: $0) } }
+        let measuredKinds = parallelMap(kinds) { kind in measureSample(of: kind.files, sampling: sampling) }
+        for result in measuredKinds {
+            if let sample = result.sample, let key = result.key { samples.append((key, sample.encoded)) }
+        }
+        let measured = zip(kinds, measuredKinds).compactMap { kind, result in result.sample.map { (name: kind.name, weight: kind.bytes, sample: $0) } }
         let levels = LevelBudget.choose(measured.map { ($0.weight, $0.sample) }, requested: level)
-        return (compressible, Dictionary(uniqueKeysWithValues: zip(measured.map(\.name), levels)))
+        return (compressible, Dictionary(uniqueKeysWithValues: zip(measured.map(\.name), levels)), samples)
     }
 
     /// Measures a sample of up to 64 KiB taken from the start of files spread over `files` (a
     /// quarter each from four of them when there are that many). nil when less than 4 KiB could
     /// be read: too little to judge by (and the workers report a file that cannot be read).
-    private static func measureSample(of files: [String], level: Int) -> LevelSample? {
+    /// Taken from the previous build's cache when the files it would read are unchanged; the key
+    /// is returned with a measurement only when the bytes read were those the key describes.
+    private static func measureSample(of files: [String], sampling: Sampling) -> (sample: LevelSample?, key: SampleKey?) {
         let spread = Set((0..<4).map { $0 * files.count / 4 })
         let order = spread.sorted() + files.indices.filter { !spread.contains($0) }
         let piece = ArchivePacker.sampleSize / min(4, files.count)
-        var sample: [UInt8] = []
-        for index in order where sample.count < ArchivePacker.sampleSize {
-            guard let fd = try? FileDescriptor.open(files[index], .readOnly) else { continue }
-            defer { try? fd.close() }
-            let count = min(piece, ArchivePacker.sampleSize - sample.count)
-            sample += (try? readFully(fd, at: 0, count: count, path: files[index])) ?? []
+        // The files and bytes a read of unchanged files takes, from their sizes alone.
+        var expected: [(disk: String, taken: Int)] = []
+        var total = 0
+        for index in order where total < ArchivePacker.sampleSize {
+            let taken = Int(min(UInt64(min(piece, ArchivePacker.sampleSize - total)), sampling.identities[files[index]]?.size ?? 0))
+            expected.append((files[index], taken))
+            total += taken
         }
-        guard sample.count >= 4096 else { return nil }
-        return sample.withUnsafeBytes { LevelSample(sample: $0, level: level) }
+        let key = sampling.key("kind", level: sampling.level, files: expected)
+        if let key, let known = sampling.known?.sample(key), let sample = LevelSample(encoded: known) { return (sample, key) }
+
+        var sample: [UInt8] = []
+        var read: [(disk: String, taken: Int)] = []
+        for index in order where sample.count < ArchivePacker.sampleSize {
+            let count = min(piece, ArchivePacker.sampleSize - sample.count)
+            guard let fd = try? FileDescriptor.open(files[index], .readOnly) else {
+                read.append((files[index], -1))
+                continue
+            }
+            defer { try? fd.close() }
+            let bytes = (try? readFully(fd, at: 0, count: count, path: files[index])) ?? []
+            read.append((files[index], bytes.count))
+            sample += bytes
+        }
+        guard sample.count >= 4096 else { return (nil, nil) }
+        let measured = sample.withUnsafeBytes { LevelSample(sample: $0, level: sampling.level) }
+        let same = read.count == expected.count && zip(read, expected).allSatisfy { $0.disk == $1.disk && $0.taken == $1.taken }
+        return (measured, same ? key : nil)
     }
 
     /// `transform` applied to each element on all cores, in order.

@@ -103,6 +103,38 @@ struct IncrementalPackingTests {
         #expect(HashCache.load(besideArchive: old.archivePath).digests.isEmpty)
     }
 
+    @Test("sample measurements come from the cache while the files sampled are unchanged, and are measured again once one changes")
+    func sampleCache() throws {
+        let tmp = try TemporaryFolder()
+        let v1 = try makeVersion1(tmp)
+        var first = try options("1.0", tmp.sub("old"))
+        first.hashCacheTime = Date().addingTimeInterval(10)
+        let old = try ArchivePacker.pack(folder: v1, options: first)
+        var cache = HashCache.load(besideArchive: old.archivePath)
+        // The two files of 2 MiB or more judged, and a sample of the kinds with enough bytes to
+        // judge by (the log and the small media; the levels and the README have under 4 KiB).
+        #expect(cache.samples.count == 4)
+
+        // The cache is made to say that the noise is worth deflating.
+        let noise = v1 + "/media/noise.bin"
+        let next = try options("1.1", tmp.sub("inc"), previous: old.archivePath)
+        let sampling = Plan.Sampling(level: next.level, encoder: next.chunking.encoder, identities: [noise: try #require(FileIdentity.of(noise))], known: nil)
+        let key = try #require(sampling.key("compressible", level: 1, files: [(noise, ArchivePacker.sampleSize)]))
+        #expect(cache.sample(key) == "0")
+        cache.insertSample(key, value: "1")
+        cache.write(besideArchive: old.archivePath, now: Date().addingTimeInterval(10))
+        func noiseMethod() throws -> Plan.Method? {
+            let content = try ContentScanner.scan(folder: v1, productId: next.productId, contentVersion: next.contentVersion)
+            let previous = Background { () throws(ArchiveError) in try PreviousBuild.load(old.archivePath) }
+            return try Plan(content: content, options: next, previous: previous).entries.first { $0.path == "Contents/media/noise.bin" }?.method
+        }
+        // Taken at its word while the file is as it was sampled...
+        #expect(try noiseMethod() == .deflate)
+        // ...and not once it has been written again, even with the same bytes.
+        try Data(contentsOf: URL(fileURLWithPath: noise)).write(to: URL(fileURLWithPath: noise))
+        #expect(try noiseMethod() == .stored)
+    }
+
     @Test("the chunk hashes iap-pack writes are the ones computed from the archive alone")
     func chunkHashesAgree() throws {
         let tmp = try TemporaryFolder()
