@@ -54,6 +54,10 @@ public final class ContentFastPath: ChannelDuplexHandler {
     /// The response head is built here, then copied in front of a small body (or sent as is).
     @exclusivity(unchecked) private var headScratch = ByteBuffer()
     @exclusivity(unchecked) private var resolved: ResolvedContent?
+    /// The channel's writability and allocator, kept here: every `context.channel` access retains
+    /// and releases the channel through an existential, several times per request.
+    @exclusivity(unchecked) private var writable = true
+    @exclusivity(unchecked) private var allocator = ByteBufferAllocator()
 
     /// - Parameter installDecoder: adds the HTTP/1 handlers behind this one at the first request
     ///   it does not take. A connection that only downloads then never has them: every `read`
@@ -71,6 +75,11 @@ public final class ContentFastPath: ChannelDuplexHandler {
         self.heads = heads
         self.maxRanges = maxRanges
         parser = RequestHeadParser(prefix: prefix)
+    }
+
+    public func handlerAdded(context: ChannelHandlerContext) {
+        writable = context.channel.isWritable
+        allocator = context.channel.allocator
     }
 
     public func channelRead(context: ChannelHandlerContext, data: NIOAny) {
@@ -94,7 +103,8 @@ public final class ContentFastPath: ChannelDuplexHandler {
     }
 
     public func channelWritabilityChanged(context: ChannelHandlerContext) {
-        if context.channel.isWritable, !handedOff {
+        writable = context.channel.isWritable
+        if writable, !handedOff {
             answerPending(context: context)
             if readHeld, !handedOff {
                 readHeld = false
@@ -106,7 +116,7 @@ public final class ContentFastPath: ChannelDuplexHandler {
 
     public func read(context: ChannelHandlerContext) {
         // Pipelined requests wait in the socket while responses cannot be written.
-        if !handedOff, !context.channel.isWritable {
+        if !handedOff, !writable {
             readHeld = true
             return
         }
@@ -149,7 +159,7 @@ public final class ContentFastPath: ChannelDuplexHandler {
             // The first write of each response has left by now, its head with it.
             if corked { context.setCork(false) }
         }
-        while !closing, context.channel.isWritable, let buffer = pending, buffer.readableBytes > 0 {
+        while !closing, writable, let buffer = pending, buffer.readableBytes > 0 {
             switch parser.parse(buffer) {
             case .incomplete:
                 return
@@ -196,7 +206,7 @@ public final class ContentFastPath: ChannelDuplexHandler {
     private func answer(_ request: RequestHeadParser.Head, context: ChannelHandlerContext) -> Bool {
         var response = ContentResponse.make(
             request.content, prefix: prefix, maxRanges: maxRanges, resolver: resolver, resolved: &resolved,
-            eventLoop: context.eventLoop, allocator: context.channel.allocator)
+            eventLoop: context.eventLoop, allocator: allocator)
         if !response.keepAlive { closing = true }
 
         headScratch.clear()

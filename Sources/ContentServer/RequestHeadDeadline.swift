@@ -19,6 +19,9 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler, 
     private var timer: Scheduled<Void>?
     /// Kept for the fast path's calls, which arrive outside this handler's own events.
     private var context: ChannelHandlerContext?
+    /// Whether the channel is active, kept from its events: the fast path reports every response,
+    /// and asking the channel each time retained and released it.
+    private var active = false
 
     init(timeout: Duration) {
         state = HeadDeadline(timeout: timeout)
@@ -26,7 +29,8 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler, 
 
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
-        if context.channel.isActive { awaitHead(context) }
+        active = context.channel.isActive
+        if active { awaitHead(context) }
     }
 
     func handlerRemoved(context: ChannelHandlerContext) {
@@ -34,6 +38,7 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler, 
     }
 
     func channelActive(context: ChannelHandlerContext) {
+        active = true
         awaitHead(context)
         context.fireChannelActive()
     }
@@ -63,10 +68,11 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler, 
     }
 
     func responseSent() {
-        if let context, context.channel.isActive { awaitHead(context) }
+        if active, let context { awaitHead(context) }
     }
 
     func channelInactive(context: ChannelHandlerContext) {
+        active = false
         if state.connectionClosed() { timer?.cancel() }
         timer = nil
         context.fireChannelInactive()
