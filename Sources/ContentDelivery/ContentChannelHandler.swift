@@ -119,7 +119,7 @@ public final class ContentChannelHandler: ChannelDuplexHandler, RemovableChannel
     private var state = State.idle
     /// A forwarded request whose response has not ended yet.
     private var forwardedResponsePending = false
-    private var resolved: ResolvedContent?
+    private var memory = ResponseMemory()
 
     public init(
         prefix: String, resolver: any ContentResolver, observer: (any ContentObserver)? = nil,
@@ -186,7 +186,7 @@ public final class ContentChannelHandler: ChannelDuplexHandler, RemovableChannel
             range: head.headers.first(name: "range"), ifRange: head.headers.first(name: "if-range"),
             ifNoneMatch: head.headers.first(name: "if-none-match"), ifModifiedSince: head.headers.first(name: "if-modified-since"))
         let response = ContentResponse.make(
-            request, prefix: prefix, maxRanges: maxRanges, resolver: resolver, resolved: &resolved,
+            request, prefix: prefix, maxRanges: maxRanges, resolver: resolver, memory: &memory,
             eventLoop: context.eventLoop, allocator: context.channel.allocator)
         let headers = response.fields.httpHeaders
         let corked = !response.body.isEmpty
@@ -208,7 +208,7 @@ public final class ContentChannelHandler: ChannelDuplexHandler, RemovableChannel
 
 /// IMF-fixdate strings (RFC 9110 §5.6.7), cached per second.
 enum HTTPDate {
-    private static let cache = Mutex<(Int, String)>((0, ""))
+    private static let cache = Mutex<(Int, String)>((.min, ""))
 
     static func format(_ date: Date) -> String {
         let second = Int(date.timeIntervalSince1970)

@@ -53,7 +53,7 @@ public final class ContentFastPath: ChannelDuplexHandler {
     @exclusivity(unchecked) private var readHeld = false
     /// The response head is built here, then copied in front of a small body (or sent as is).
     @exclusivity(unchecked) private var headScratch = ByteBuffer()
-    @exclusivity(unchecked) private var resolved: ResolvedContent?
+    @exclusivity(unchecked) private var memory = ResponseMemory()
     /// The channel's writability and allocator, kept here: every `context.channel` access retains
     /// and releases the channel through an existential, several times per request.
     @exclusivity(unchecked) private var writable = true
@@ -160,7 +160,7 @@ public final class ContentFastPath: ChannelDuplexHandler {
             if corked { context.setCork(false) }
         }
         while !closing, writable, let buffer = pending, buffer.readableBytes > 0 {
-            switch parser.parse(buffer) {
+            switch parser.parse(buffer, knownURI: memory.resolved?.uri) {
             case .incomplete:
                 return
             case .handOff:
@@ -205,16 +205,22 @@ public final class ContentFastPath: ChannelDuplexHandler {
     /// Returns whether it corked the connection for the response: the caller uncorks after the flush.
     private func answer(_ request: RequestHeadParser.Head, context: ChannelHandlerContext) -> Bool {
         var response = ContentResponse.make(
-            request.content, prefix: prefix, maxRanges: maxRanges, resolver: resolver, resolved: &resolved,
+            request.content, prefix: prefix, maxRanges: maxRanges, resolver: resolver, memory: &memory,
             eventLoop: context.eventLoop, allocator: allocator)
         if !response.keepAlive { closing = true }
 
         headScratch.clear()
-        headScratch.writeString(request.http10 ? "HTTP/1.0 " : "HTTP/1.1 ")
-        headScratch.writeString(String(response.status.code))
-        headScratch.writeInteger(UInt8(ascii: " "))
-        headScratch.writeString(response.status.reasonPhrase)
-        headScratch.writeStaticString("\r\n")
+        headScratch.writeStaticString(request.http10 ? "HTTP/1.0 " : "HTTP/1.1 ")
+        // The two statuses of nearly every response, as literals (no number formatted).
+        switch response.status {
+        case .partialContent: headScratch.writeStaticString("206 Partial Content\r\n")
+        case .ok: headScratch.writeStaticString("200 OK\r\n")
+        default:
+            headScratch.writeString(String(response.status.code))
+            headScratch.writeInteger(UInt8(ascii: " "))
+            headScratch.writeString(response.status.reasonPhrase)
+            headScratch.writeStaticString("\r\n")
+        }
         response.fields.render(into: &headScratch)
         headScratch.writeStaticString("\r\n")
         // Taken out of the response so that a small body's buffer is uniquely referenced and the

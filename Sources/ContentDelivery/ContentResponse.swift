@@ -19,6 +19,24 @@ struct ContentRequest: Sendable, Equatable {
 /// asking the resolver again: checking a grant token (hashing it, a lock, the revocation set) was
 /// a tenth of the server's CPU for 4 KiB ranges. Reused only while the resolver's `reuseStamp`
 /// is unchanged (a revocation changes it) and the resolution is fresh.
+/// What a connection remembers from one response to the next: its last resolution, and the
+/// `Date` field of the current second (formatted once per second per connection, where a cache
+/// shared by every event loop cost a lock and a contended retain per response).
+struct ResponseMemory {
+    var resolved: ResolvedContent?
+    private var dateSecond: Int64 = .min
+    private var dateText = ""
+
+    mutating func date(_ now: Date) -> String {
+        let second = Int64(now.timeIntervalSince1970)
+        if second != dateSecond {
+            dateSecond = second
+            dateText = HTTPDate.format(now)
+        }
+        return dateText
+    }
+}
+
 struct ResolvedContent {
     let uri: String
     let stamp: UInt64
@@ -45,16 +63,16 @@ struct ContentResponse {
     /// writes the head there, so head and body leave in one buffer without a copy of the body.
     static let headroom = 1024
 
-    /// Decides the answer to `request`. `resolved` is the connection's last resolution: used
-    /// when it still holds for this request, replaced when the resolver is asked.
+    /// Decides the answer to `request`. `memory.resolved` is the connection's last resolution:
+    /// used when it still holds for this request, replaced when the resolver is asked.
     static func make(
         _ request: ContentRequest, prefix: String, maxRanges: Int, resolver: any ContentResolver,
-        resolved: inout ResolvedContent?, eventLoop: any EventLoop, allocator: ByteBufferAllocator
+        memory: inout ResponseMemory, eventLoop: any EventLoop, allocator: ByteBufferAllocator
     ) -> ContentResponse {
         let (method, uri, keepAlive) = (request.method, request.uri, request.keepAlive)
         let now = Date()
         let seconds = Int64(now.timeIntervalSince1970)
-        var fields = ResponseFields(date: HTTPDate.format(now), close: !keepAlive)
+        var fields = ResponseFields(date: memory.date(now), close: !keepAlive)
         guard method == .GET || method == .HEAD else {
             fields.allow = true
             return error(
@@ -62,11 +80,11 @@ struct ContentResponse {
                 fields: fields, method: method, keepAlive: keepAlive, allocator: allocator)
         }
         let stamp = resolver.reuseStamp
-        if let known = resolved, let stamp, known.stamp == stamp, seconds < known.expiresAt, known.uri == uri {
+        if let known = memory.resolved, let stamp, known.stamp == stamp, seconds < known.expiresAt, known.uri == uri {
             fields.caching = .privateImmutable(maxAge: known.expiresAt - seconds)
             return serve(known.file, fileName: known.fileName, request: request, maxRanges: maxRanges, fields: fields, allocator: allocator)
         }
-        resolved = nil
+        memory.resolved = nil
         let utf8 = uri.utf8
         let start = utf8.index(utf8.startIndex, offsetBy: prefix.utf8.count)
         // The key is the first path segment after the prefix; what follows it (a file name for
@@ -91,7 +109,7 @@ struct ContentResponse {
             // revalidated while the URL is valid (the archive under a URL never changes).
             fields.caching = .privateImmutable(maxAge: freshFor)
             if let stamp {
-                resolved = ResolvedContent(uri: uri, stamp: stamp, file: file, fileName: fileName, expiresAt: seconds + freshFor)
+                memory.resolved = ResolvedContent(uri: uri, stamp: stamp, file: file, fileName: fileName, expiresAt: seconds + freshFor)
             }
             return serve(file, fileName: fileName, request: request, maxRanges: maxRanges, fields: fields, allocator: allocator)
         }

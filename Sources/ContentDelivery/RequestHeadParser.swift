@@ -35,15 +35,17 @@ struct RequestHeadParser: Sendable {
         headLine = Array("HEAD \(prefix)".utf8)
     }
 
-    /// Parses one request head at the start of `buffer`.
-    func parse(_ buffer: ByteBuffer) -> Parsed {
-        buffer.withUnsafeReadableBytes { raw in parse(raw.bindMemory(to: UInt8.self)) }
+    /// Parses one request head at the start of `buffer`. `knownURI`, the connection's last
+    /// target, is used as the request's when the bytes spell it: a download asks for the same
+    /// URL range after range, and building the string again was 1.5% of the CPU per 4 KiB range.
+    func parse(_ buffer: ByteBuffer, knownURI: String? = nil) -> Parsed {
+        buffer.withUnsafeReadableBytes { raw in parse(raw.bindMemory(to: UInt8.self), knownURI: knownURI) }
     }
 
     /// Parses one request head at the start of `bytes` (RFC 9112 §2-§5), strictly: whatever
     /// it is not sure of is handed off, so it never answers a request NIO's parser would read
     /// differently.
-    func parse(_ bytes: UnsafeBufferPointer<UInt8>) -> Parsed {
+    func parse(_ bytes: UnsafeBufferPointer<UInt8>, knownURI: String? = nil) -> Parsed {
         let method: HTTPMethod
         let lead: [UInt8]
         if bytes.starts(with: getLine) {
@@ -73,7 +75,13 @@ struct RequestHeadParser: Sendable {
         var p = lead.count
         while p < end, bytes[p] > 0x20, bytes[p] < 0x7F { p += 1 }
         guard p < end, bytes[p] == 0x20 else { return .handOff }
-        let uri = String(decoding: UnsafeBufferPointer(rebasing: bytes[(method == .GET ? 4 : 5)..<p]), as: UTF8.self)
+        let target = UnsafeBufferPointer(rebasing: bytes[(method == .GET ? 4 : 5)..<p])
+        let uri: String
+        if var known = knownURI, known.withUTF8({ $0.count == target.count && $0.elementsEqual(target) }) {
+            uri = known
+        } else {
+            uri = String(decoding: target, as: UTF8.self)
+        }
         let version = UnsafeBufferPointer(rebasing: bytes[(p + 1)..<min(p + 11, end)])
         let http10: Bool
         if version.elementsEqual("HTTP/1.1\r\n".utf8) {

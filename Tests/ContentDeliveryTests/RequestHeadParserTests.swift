@@ -1,3 +1,4 @@
+import Foundation
 import NIOCore
 import NIOHTTP1
 import Testing
@@ -28,6 +29,33 @@ import Testing
                 == ContentRequest(
                     method: .GET, uri: "/v1/content/tok/p-1.0.zip", keepAlive: true,
                     range: "bytes=0-9", ifRange: "\"abc\"", ifNoneMatch: nil))
+    }
+
+    @Test("the connection's last target is taken as the request's only when the bytes spell it")
+    func knownTarget() throws {
+        let known = "/v1/content/tok/p-1.0.zip?x=1"
+        func uri(_ target: String) throws -> String {
+            guard case .request(let head, _) = parser.parse(ByteBuffer(string: "GET \(target) HTTP/1.1\r\n\r\n"), knownURI: known) else {
+                throw ParseFailed()
+            }
+            return head.content.uri
+        }
+        #expect(try uri(known) == known)
+        // Same length, one byte different; a prefix of it; longer.
+        #expect(try uri("/v1/content/tok/p-1.0.zip?x=2") == "/v1/content/tok/p-1.0.zip?x=2")
+        #expect(try uri("/v1/content/tok/p-1.0.zip") == "/v1/content/tok/p-1.0.zip")
+        #expect(try uri(known + "0") == known + "0")
+    }
+
+    struct ParseFailed: Error {}
+
+    @Test("the Date field is formatted once per second per connection, and changes with the second")
+    func dateMemory() {
+        var memory = ResponseMemory()
+        #expect(memory.date(Date(timeIntervalSince1970: 0.2)) == "Thu, 01 Jan 1970 00:00:00 GMT")
+        #expect(memory.date(Date(timeIntervalSince1970: 0.9)) == "Thu, 01 Jan 1970 00:00:00 GMT")
+        #expect(memory.date(Date(timeIntervalSince1970: 1_795_530_672)) == HTTPDate.format(Date(timeIntervalSince1970: 1_795_530_672)))
+        #expect(memory.date(Date(timeIntervalSince1970: 1)) == "Thu, 01 Jan 1970 00:00:01 GMT")
     }
 
     @Test func fieldNamesAnyCaseValuesTrimmed() throws {
