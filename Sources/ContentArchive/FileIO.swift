@@ -94,10 +94,9 @@ final class BufferedFileWriter {
     /// caller writes the bytes itself.
     ///
     /// Why: an incremental build copies most of the previous archive. Written from a mapping of
-    /// it, each byte was copied by the CPU into the new file's pages through user addresses, at
-    /// a rate that varied by 2x from run to run (0.25 to 0.8 s of system time for 570 MB) while
-    /// the archive's hasher read the same bytes on the other core; the kernel's own copy took
-    /// 0.18 s every time.
+    /// it, the build's system time varied from 0.25 to 0.92 s between runs (570 MB copied through
+    /// user addresses while the archive's hasher read the same bytes on the other core); copied
+    /// in the kernel it held 0.31-0.36 s (docs/performance.md).
     func copy(from source: FileDescriptor, range: Range<UInt64>) throws(ArchiveError) -> Bool {
         #if os(Linux)
             guard directFD == nil, copyFileRangeWorks else { return false }

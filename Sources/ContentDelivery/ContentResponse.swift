@@ -14,11 +14,6 @@ struct ContentRequest: Sendable, Equatable {
     var ifModifiedSince: String? = nil
 }
 
-/// What a connection's last `.file` resolution was, kept so that its next request for the same
-/// path (a download sends one request per range, all with the same URL) is answered without
-/// asking the resolver again: checking a grant token (hashing it, a lock, the revocation set) was
-/// a tenth of the server's CPU for 4 KiB ranges. Reused only while the resolver's `reuseStamp`
-/// is unchanged (a revocation changes it) and the resolution is fresh.
 /// What a connection remembers from one response to the next: its last resolution, and the
 /// `Date` field of the current second (formatted once per second per connection, where a cache
 /// shared by every event loop cost a lock and a contended retain per response).
@@ -37,6 +32,11 @@ struct ResponseMemory {
     }
 }
 
+/// What a connection's last `.file` resolution was, kept so that its next request for the same
+/// path (a download sends one request per range, all with the same URL) is answered without
+/// asking the resolver again: checking a grant token (hashing it, a lock, the revocation set) was
+/// a tenth of the server's CPU for 4 KiB ranges. Reused only while the resolver's `reuseStamp`
+/// is unchanged (a revocation changes it) and the resolution is fresh.
 struct ResolvedContent {
     let uri: String
     let stamp: UInt64
