@@ -2,7 +2,6 @@ import Foundation
 import IAPProtocol
 import NIOCore
 import NIOHTTP1
-import Synchronization
 
 /// A file to serve: an open handle kept for the process's lifetime (archives are immutable) and
 /// its validators. A class: every response carries one, and a reference is one retain where the
@@ -206,23 +205,18 @@ public final class ContentChannelHandler: ChannelDuplexHandler, RemovableChannel
     }
 }
 
-/// IMF-fixdate strings (RFC 9110 §5.6.7), cached per second.
+/// IMF-fixdate strings (RFC 9110 §5.6.7). Not cached here: a response's `Date` comes from its
+/// connection's ``ResponseMemory`` (formatted once per second per connection), and a file's
+/// `Last-Modified` is formatted once when the file is opened.
 enum HTTPDate {
-    private static let cache = Mutex<(Int, String)>((.min, ""))
-
     static func format(_ date: Date) -> String {
-        let second = Int(date.timeIntervalSince1970)
-        if let cached = cache.withLock({ $0.0 == second ? $0.1 : nil }) { return cached }
-        var time = time_t(second)
+        var time = time_t(Int(date.timeIntervalSince1970))
         var parts = tm()
         gmtime_r(&time, &parts)
         let days = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"]
         let months = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
         func two(_ n: Int32) -> String { n < 10 ? "0\(n)" : "\(n)" }
-        let text =
-            "\(days[Int(parts.tm_wday)]), \(two(parts.tm_mday)) \(months[Int(parts.tm_mon)]) \(parts.tm_year + 1900) "
+        return "\(days[Int(parts.tm_wday)]), \(two(parts.tm_mday)) \(months[Int(parts.tm_mon)]) \(parts.tm_year + 1900) "
             + "\(two(parts.tm_hour)):\(two(parts.tm_min)):\(two(parts.tm_sec)) GMT"
-        cache.withLock { $0 = (second, text) }
-        return text
     }
 }

@@ -15,8 +15,8 @@ struct ContentRequest: Sendable, Equatable {
 }
 
 /// What a connection remembers from one response to the next: its last resolution, and the
-/// `Date` field of the current second (formatted once per second per connection, where a cache
-/// shared by every event loop cost a lock and a contended retain per response).
+/// `Date` field of the current second (formatted once per second per connection: a cache shared
+/// by every event loop cost a lock and a contended retain per response).
 struct ResponseMemory {
     var resolved: ResolvedContent?
     private var dateSecond: Int64 = .min

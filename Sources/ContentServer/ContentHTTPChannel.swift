@@ -27,7 +27,7 @@ struct ContentHTTPChannel: HTTPChannelHandler {
             limits.maxHeaderListSize = 64 * 1024
             limits.maxHeaderFieldCount = 100
             let sync = channel.pipeline.syncOperations
-            try sync.addHandler(IdleStateHandler(readTimeout: .nanoseconds(idleTimeout.nanoseconds)))
+            try sync.addHandler(IdleStateHandler(readTimeout: TimeAmount(idleTimeout)))
             let deadline = RequestHeadDeadline(timeout: headerTimeout)
             // Shutdown waits for responses the HTTP/1 handlers have written to leave (sendfile).
             let quiesce = QuiesceAfterWrites()

@@ -91,18 +91,10 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler, 
             context.close(promise: nil)
         case .scheduleTimer(let due):
             let delay = ContinuousClock.now.duration(to: due)
-            timer = context.eventLoop.assumeIsolated().scheduleTask(in: .nanoseconds(max(0, delay.nanoseconds))) { [self] in
+            timer = context.eventLoop.assumeIsolated().scheduleTask(in: TimeAmount(max(.zero, delay))) { [self] in
                 timer = nil
                 perform(state.timerFired(now: .now), context)
             }
         }
-    }
-}
-
-extension Duration {
-    /// Whole nanoseconds, for NIO's `TimeAmount`.
-    var nanoseconds: Int64 {
-        let (seconds, attoseconds) = components
-        return seconds * 1_000_000_000 + attoseconds / 1_000_000_000
     }
 }

@@ -36,6 +36,15 @@ struct IncrementalPackingTests {
         return options
     }
 
+    /// 1.0 packed from a fresh folder with its hash cache written in full (the build counts as
+    /// done 10 s on, so no file is too recent to be recorded).
+    func packVersion1WithCache(_ tmp: TemporaryFolder) throws -> (folder: String, packed: PackResult) {
+        let v1 = try makeVersion1(tmp)
+        var first = try options("1.0", tmp.sub("old"))
+        first.hashCacheTime = Date().addingTimeInterval(10)
+        return (v1, try ArchivePacker.pack(folder: v1, options: first))
+    }
+
     @Test("--previous gives the bytes of a full build and copies the unchanged entries")
     func sameBytesAsFullBuild() throws {
         let tmp = try TemporaryFolder()
@@ -75,10 +84,7 @@ struct IncrementalPackingTests {
     @Test("unchanged files take their SHA-256 from the previous build's hash cache; a file rewritten in place is hashed again")
     func hashCache() throws {
         let tmp = try TemporaryFolder()
-        let v1 = try makeVersion1(tmp)
-        var first = try options("1.0", tmp.sub("old"))
-        first.hashCacheTime = Date().addingTimeInterval(10)
-        let old = try ArchivePacker.pack(folder: v1, options: first)
+        let (v1, old) = try packVersion1WithCache(tmp)
         let cache = HashCache.load(besideArchive: old.archivePath)
         let log = v1 + "/logs/big.log"
         #expect(cache.digest(of: log, identity: FileIdentity.of(log)) == old.manifest.entries.first { $0.path == "Contents/logs/big.log" }?.sha256)
@@ -106,10 +112,7 @@ struct IncrementalPackingTests {
     @Test("sample measurements come from the cache while the files sampled are unchanged, and are measured again once one changes")
     func sampleCache() throws {
         let tmp = try TemporaryFolder()
-        let v1 = try makeVersion1(tmp)
-        var first = try options("1.0", tmp.sub("old"))
-        first.hashCacheTime = Date().addingTimeInterval(10)
-        let old = try ArchivePacker.pack(folder: v1, options: first)
+        let (v1, old) = try packVersion1WithCache(tmp)
         var cache = HashCache.load(besideArchive: old.archivePath)
         // The two files of 2 MiB or more judged, and a sample of the kinds with enough bytes to
         // judge by (the log and the small media; the levels and the README have under 4 KiB).
