@@ -17,7 +17,6 @@ command -v nginx >/dev/null && command -v wrk >/dev/null || { apt-get update -qq
 . tools/lib.sh
 build_release iap-server iap-pack iap-sandbox
 work=$(mktemp -d); chmod 755 "$work"; trap 'kill $(jobs -p) 2>/dev/null || true; [ -f "$work/nginx.pid" ] && kill "$(cat "$work/nginx.pid" 2>/dev/null)" 2>/dev/null || true; rm -rf "$work"' EXIT
-tick=$(getconf CLK_TCK)
 
 archive=$(random_archive bench.archive $((1024 * 1024 * 1024 - 4096)) "$work" "$work/out")
 size=$(stat -c %s "$archive")
@@ -26,7 +25,11 @@ ours_pid=$server_pid
 port=$(cat "$work/port")
 ours_url=$(grant_url "$work" bench.archive)
 
-mkdir -p "$work/www"; ln "$archive" "$work/www/archive.zip"; chmod 755 "$work/www"; chmod 644 "$work/www/archive.zip"
+# nginx serves the very file iap-server serves (a hard link to the store's copy): sendfile's cost
+# depends on how the file's pages sit in the page cache (folio sizes follow the writes that made
+# them), so two copies of the same bytes are not the same load.
+stored=$(ls "$work"/data/archives/*.zip | head -1)
+mkdir -p "$work/www"; ln "$stored" "$work/www/archive.zip"; chmod 755 "$work/www"; chmod 644 "$work/www/archive.zip"
 # nginx's workers run as an unprivileged user: check they can read the file before measuring.
 nginx_port=$((port + 1))
 cat > "$work/nginx.conf" <<CONF
@@ -49,14 +52,16 @@ for url in "$ours_url" "$nginx_url"; do
   [ "$code" = 206 ] || { echo "setup failed: $url answered $code to a range request" >&2; exit 1; }
 done
 nginx_pids() { echo "$(cat "$work/nginx.pid") $(pgrep -P "$(cat "$work/nginx.pid")" | tr '\n' ' ')"; }
-cpu_ticks() { local t=0; for p in "$@"; do set -- $(cut -d' ' -f14,15 "/proc/$p/stat"); t=$((t + $1 + $2)); done; echo $t; }
+# Nanoseconds on CPU of every thread of the processes (schedstat): clock ticks are 10 ms, and a
+# 1 GiB download takes 15-20 of them, too coarse for a ratio.
+cpu_ns() { local t=0 f; for p in "$@"; do for f in /proc/"$p"/task/*/schedstat; do t=$((t + $(cut -d' ' -f1 "$f"))); done; done; echo $t; }
 
 download() { # url pids... -> "MB/s cpu-seconds-per-GiB" of one curl download
   local url=$1; shift
-  local before=$(cpu_ticks "$@")
+  local before=$(cpu_ns "$@")
   local speed=$(curl -s -o /dev/null -w '%{speed_download}' "$url")
-  local after=$(cpu_ticks "$@")
-  awk -v s="$speed" -v a="$after" -v b="$before" -v t="$tick" -v z="$size" 'BEGIN { printf "%.1f %.3f\n", s / 1e6, (a - b) / t / (z / 1073741824) }'
+  local after=$(cpu_ns "$@")
+  awk -v s="$speed" -v a="$after" -v b="$before" -v z="$size" 'BEGIN { printf "%.1f %.4f\n", s / 1e6, (a - b) / 1e9 / (z / 1073741824) }'
 }
 echo "archive: $size bytes; $(nproc) cores; wrk ${secs}s per run, median of $rounds rounds" >&2
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
@@ -64,8 +69,12 @@ spread() { sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%s-%s", 
 # Whole downloads alternate too: medians of $rounds each.
 : > "$work/ours.dl"; : > "$work/nginx.dl"
 for round in $(seq "$rounds"); do
-  download "$ours_url" $ours_pid >> "$work/ours.dl"
-  download "$nginx_url" $(nginx_pids) >> "$work/nginx.dl"
+  # Who goes first flips every round.
+  if [ $((round % 2)) = 1 ]; then
+    download "$ours_url" $ours_pid >> "$work/ours.dl"; download "$nginx_url" $(nginx_pids) >> "$work/nginx.dl"
+  else
+    download "$nginx_url" $(nginx_pids) >> "$work/nginx.dl"; download "$ours_url" $ours_pid >> "$work/ours.dl"
+  fi
   echo "  1 GiB download, round $round: iap-server $(tail -1 "$work/ours.dl"), nginx $(tail -1 "$work/nginx.dl") (MB/s CPU-s/GiB)" >&2
 done
 
@@ -91,8 +100,13 @@ for range in "0-4095" "0-1048575" "$multi"; do
   for c in 16 64; do
     : > "$work/ours.runs"; : > "$work/nginx.runs"
     for round in $(seq "$rounds"); do
-      wrk_run "$ours_url" "$range" "$c" >> "$work/ours.runs"; echo >> "$work/ours.runs"
-      wrk_run "$nginx_url" "$range" "$c" >> "$work/nginx.runs"; echo >> "$work/nginx.runs"
+      if [ $((round % 2)) = 1 ]; then
+        wrk_run "$ours_url" "$range" "$c" >> "$work/ours.runs"; echo >> "$work/ours.runs"
+        wrk_run "$nginx_url" "$range" "$c" >> "$work/nginx.runs"; echo >> "$work/nginx.runs"
+      else
+        wrk_run "$nginx_url" "$range" "$c" >> "$work/nginx.runs"; echo >> "$work/nginx.runs"
+        wrk_run "$ours_url" "$range" "$c" >> "$work/ours.runs"; echo >> "$work/ours.runs"
+      fi
       echo "  range ${range:0:20}, $c conns, round $round: iap-server $(tail -1 "$work/ours.runs"), nginx $(tail -1 "$work/nginx.runs") (req/s p99-ms)" >&2
     done
     ors=$(cut -d' ' -f1 "$work/ours.runs" | median); op=$(cut -d' ' -f2 "$work/ours.runs" | median)

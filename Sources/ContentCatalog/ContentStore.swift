@@ -249,11 +249,11 @@ public final class ContentStore: Sendable {
         var source = path
         if !move {
             source = temporaryUploadPath()
-            do {
-                try FileManager.default.copyItem(atPath: path, toPath: source)
+            // In large writes: the store's copy is what sendfile serves from the page cache next.
+            do throws(DurableFileError) {
+                try LargeWriteCopy.copy(from: path, to: source)
             } catch {
-                try? FileManager.default.removeItem(atPath: source)
-                throw CatalogError(.storage, "cannot copy the archive into \(uploadsDirectory): \(error.localizedDescription); check free space and permissions")
+                throw CatalogError(.storage, "cannot copy the archive into the store: \(error.message)")
             }
         }
         // The bytes reach the disk before their name does: a power cut never publishes a torn archive.

@@ -47,12 +47,14 @@ enum UploadReceiver {
             throw UploadError(.contentTooLarge, .tooLarge, "the upload is \(length) bytes; archives are at most \(ArchiveLimits.maxArchiveSize) bytes (2 GiB)")
         }
         var written: UInt64 = 0
+        let writes = GatheredWrites(fd: fd, folder: folder)
         do {
             for try await chunk in body {
                 written += UInt64(chunk.readableBytes)
                 guard written <= ArchiveLimits.maxArchiveSize else { throw tooLarge }
-                try write(chunk, to: fd, folder: folder)
+                try writes.append(chunk)
             }
+            try writes.flush()
         } catch let error as UploadError {
             throw error
         } catch {
@@ -62,6 +64,34 @@ enum UploadReceiver {
     }
 
     private static let tooLarge = UploadError(.contentTooLarge, .tooLarge, "the upload passed \(ArchiveLimits.maxArchiveSize) bytes (2 GiB), the most an archive may weigh")
+
+    /// Upload bytes gathered into writes of ``size``: the page cache keeps the stored archive in
+    /// folios as large as the writes that made them, and sendfile serves an archive held in small
+    /// folios with more CPU (see `LargeWriteCopy`). One buffer per upload in flight.
+    private final class GatheredWrites {
+        static let size = 4 << 20
+        let fd: SystemPackage.FileDescriptor
+        let folder: String
+        var pending = ByteBuffer()
+
+        init(fd: SystemPackage.FileDescriptor, folder: String) {
+            self.fd = fd
+            self.folder = folder
+        }
+
+        func append(_ chunk: ByteBuffer) throws(UploadError) {
+            if pending.readableBytes + chunk.readableBytes > Self.size { try flush() }
+            if chunk.readableBytes >= Self.size { return try UploadReceiver.write(chunk, to: fd, folder: folder) }
+            if pending.capacity < Self.size { pending.reserveCapacity(Self.size) }
+            pending.writeImmutableBuffer(chunk)
+        }
+
+        func flush() throws(UploadError) {
+            guard pending.readableBytes > 0 else { return }
+            try UploadReceiver.write(pending, to: fd, folder: folder)
+            pending.clear()
+        }
+    }
 
     private static func write(_ chunk: ByteBuffer, to fd: SystemPackage.FileDescriptor, folder: String) throws(UploadError) {
         do {
@@ -107,6 +137,7 @@ enum UploadReceiver {
     private static func receiveMultipart(_ body: RequestBody, boundary: String, into fd: SystemPackage.FileDescriptor, folder: String) async throws(UploadError) -> [UInt8]? {
         let parser = MultipartParser(boundary: boundary)
         let parts = Parts()
+        let writes = GatheredWrites(fd: fd, folder: folder)
         parser.onHeader = { name, value in
             guard parts.failure == nil, name.lowercased() == "content-disposition" else { return }
             switch parameter("name", in: value) {
@@ -128,7 +159,7 @@ enum UploadReceiver {
                     parts.failure = tooLarge
                     return
                 }
-                do throws(UploadError) { try write(buffer, to: fd, folder: folder) } catch { parts.failure = error }
+                do throws(UploadError) { try writes.append(buffer) } catch { parts.failure = error }
             case .manifest:
                 guard parts.manifest.count + buffer.readableBytes <= maxManifest else {
                     parts.failure = UploadError(.contentTooLarge, .tooLarge, "the manifest part passed 16 MiB")
@@ -168,6 +199,7 @@ enum UploadReceiver {
                     }
                 }
             }
+            try writes.flush()
         } catch let error as UploadError {
             throw error
         } catch {

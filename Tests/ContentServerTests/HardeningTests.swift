@@ -67,6 +67,39 @@ struct HardeningTests {
         (try? FileManager.default.contentsOfDirectory(atPath: tmp.sub("data/tmp"))) ?? []
     }
 
+    /// Packs a product whose archive is over `megabytes` MiB (one incompressible file), so that
+    /// an upload spans several of the server's gathered writes.
+    func packLarge(_ tmp: TemporaryFolder, version: String, megabytes: Int) throws -> PackResult {
+        let folder = tmp.sub("large-\(version)")
+        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+        var generator = SystemRandomNumberGenerator()
+        let words = (0..<((megabytes << 20) + 12_345) / 8).map { _ in generator.next() as UInt64 }
+        try words.withUnsafeBytes { try Data($0).write(to: URL(fileURLWithPath: folder + "/media.bin")) }
+        try Data("level \(version)".utf8).write(to: URL(fileURLWithPath: folder + "/level.txt"))
+        return try ArchivePacker.pack(
+            folder: folder,
+            options: .init(
+                productId: try ProductIdentifier(product), contentVersion: try ContentVersion(version), outputDirectory: tmp.sub("out-\(version)")))
+    }
+
+    @Test("uploads larger than the server's gathered writes are stored byte for byte, in both forms")
+    func largeUploadsAreStoredWhole() throws {
+        let tmp = try TemporaryFolder()
+        let (_, server) = try start(tmp)
+        let v1 = try packLarge(tmp, version: "1.0", megabytes: 9), v2 = try packLarge(tmp, version: "1.1", megabytes: 6)
+        let put = try curl(
+            ["-X", "PUT", "-T", v1.archivePath, "-H", "Authorization: Bearer \(adminToken)", server.base + "/v1/admin/archives"], folder: tmp)
+        #expect(put.status == 201, "\(put.text)")
+        let form = try multipart(server, tmp, ["archive=@\(v2.archivePath)"])
+        #expect(form.status == 201, "\(form.text)")
+        for packed in [v1, v2] {
+            let stored = tmp.sub("data/archives/\(packed.manifest.archiveSHA256).zip")
+            #expect(FileManager.default.contentsEqual(atPath: stored, andPath: packed.archivePath), "\(stored)")
+        }
+        #expect(leftovers(tmp).isEmpty)
+        #expect(server.stop() == 0)
+    }
+
     @Test("multipart uploads: archive and manifest parts are checked like the header form; malformed bodies are refused and leave nothing")
     func multipartUploads() throws {
         let tmp = try TemporaryFolder()

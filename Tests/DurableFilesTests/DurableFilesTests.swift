@@ -32,6 +32,26 @@ import Testing
         #expect(leftovers().isEmpty)
     }
 
+    @Test func largeWriteCopyCopiesEveryByteAndNeverOverwrites() throws {
+        let source = folder + "/archive.zip", copy = folder + "/copy.zip"
+        var generator = SystemRandomNumberGenerator()
+        // Two whole chunks and a tail: every read but the last fills the buffer.
+        let words = (0..<(2 * LargeWriteCopy.chunkSize + 4_099) / 8).map { _ in generator.next() as UInt64 }
+        try words.withUnsafeBytes { try Data($0).write(to: URL(fileURLWithPath: source)) }
+        try LargeWriteCopy.copy(from: source, to: copy, permissions: 0o640)
+        #expect(FileManager.default.contentsEqual(atPath: source, andPath: copy))
+        var info = stat()
+        #expect(stat(copy, &info) == 0 && info.st_mode & 0o777 == 0o640)
+
+        try Data("keep".utf8).write(to: URL(fileURLWithPath: folder + "/taken.zip"))
+        let exists = #expect(throws: DurableFileError.self) { try LargeWriteCopy.copy(from: source, to: folder + "/taken.zip") }
+        #expect(exists?.message.contains("taken.zip") == true)
+        #expect(contents(folder + "/taken.zip") == "keep")
+        let missing = #expect(throws: DurableFileError.self) { try LargeWriteCopy.copy(from: folder + "/none.zip", to: folder + "/other.zip") }
+        #expect(missing?.message.contains("none.zip: it does not exist; check the path") == true)
+        #expect(!FileManager.default.fileExists(atPath: folder + "/other.zip"))
+    }
+
     @Test func aFailedWriteNamesTheFileAndLeavesTheOldOne() throws {
         let path = folder + "/missing-folder/state.json"
         let error = #expect(throws: DurableFileError.self) { try AtomicFile.write(Data("x".utf8), to: path) }
