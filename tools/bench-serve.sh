@@ -66,15 +66,16 @@ download() { # url pids... -> "MB/s cpu-seconds-per-GiB" of one curl download
 echo "archive: $size bytes; $(nproc) cores; wrk ${secs}s per run, median of $rounds rounds" >&2
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
 spread() { sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%s-%s", lo, hi }'; }
+# Runs two measures, the first one first in odd rounds: who goes first flips every round.
+in_turn() { # round first second
+  if [ $(($1 % 2)) = 1 ]; then "$2"; "$3"; else "$3"; "$2"; fi
+}
+ours_download() { download "$ours_url" $ours_pid >> "$work/ours.dl"; }
+nginx_download() { download "$nginx_url" $(nginx_pids) >> "$work/nginx.dl"; }
 # Whole downloads alternate too: medians of $rounds each.
 : > "$work/ours.dl"; : > "$work/nginx.dl"
 for round in $(seq "$rounds"); do
-  # Who goes first flips every round.
-  if [ $((round % 2)) = 1 ]; then
-    download "$ours_url" $ours_pid >> "$work/ours.dl"; download "$nginx_url" $(nginx_pids) >> "$work/nginx.dl"
-  else
-    download "$nginx_url" $(nginx_pids) >> "$work/nginx.dl"; download "$ours_url" $ours_pid >> "$work/ours.dl"
-  fi
+  in_turn "$round" ours_download nginx_download
   echo "  1 GiB download, round $round: iap-server $(tail -1 "$work/ours.dl"), nginx $(tail -1 "$work/nginx.dl") (MB/s CPU-s/GiB)" >&2
 done
 
@@ -84,6 +85,9 @@ wrk_run() { # url range connections -> "req/s p99ms"
     $1 == "99%" { v = $2; if (v ~ /us$/) { sub(/us/, "", v); v /= 1000 } else if (v ~ /ms$/) { sub(/ms/, "", v) } else if (v ~ /s$/) { sub(/s/, "", v); v *= 1000 }; p99 = v }
     END { printf "%s %s", rps, p99 }'
 }
+# One wrk run of the current $range and $c against each server, appended to its runs.
+ours_wrk() { wrk_run "$ours_url" "$range" "$c" >> "$work/ours.runs"; echo >> "$work/ours.runs"; }
+nginx_wrk() { wrk_run "$nginx_url" "$range" "$c" >> "$work/nginx.runs"; echo >> "$work/nginx.runs"; }
 printf '\n%-34s %24s %24s %8s\n' "measure" "iap-server" "nginx" "ratio"
 for column in 1 2; do
   om=$(cut -d' ' -f$column "$work/ours.dl" | median); nm=$(cut -d' ' -f$column "$work/nginx.dl" | median)
@@ -100,13 +104,7 @@ for range in "0-4095" "0-1048575" "$multi"; do
   for c in 16 64; do
     : > "$work/ours.runs"; : > "$work/nginx.runs"
     for round in $(seq "$rounds"); do
-      if [ $((round % 2)) = 1 ]; then
-        wrk_run "$ours_url" "$range" "$c" >> "$work/ours.runs"; echo >> "$work/ours.runs"
-        wrk_run "$nginx_url" "$range" "$c" >> "$work/nginx.runs"; echo >> "$work/nginx.runs"
-      else
-        wrk_run "$nginx_url" "$range" "$c" >> "$work/nginx.runs"; echo >> "$work/nginx.runs"
-        wrk_run "$ours_url" "$range" "$c" >> "$work/ours.runs"; echo >> "$work/ours.runs"
-      fi
+      in_turn "$round" ours_wrk nginx_wrk
       echo "  range ${range:0:20}, $c conns, round $round: iap-server $(tail -1 "$work/ours.runs"), nginx $(tail -1 "$work/nginx.runs") (req/s p99-ms)" >&2
     done
     ors=$(cut -d' ' -f1 "$work/ours.runs" | median); op=$(cut -d' ' -f2 "$work/ours.runs" | median)

@@ -81,9 +81,11 @@ enum UploadReceiver {
 
         func append(_ chunk: ByteBuffer) throws(UploadError) {
             if pending.readableBytes + chunk.readableBytes > Self.size { try flush() }
-            if chunk.readableBytes >= Self.size { return try UploadReceiver.write(chunk, to: fd, folder: folder) }
-            if pending.capacity < Self.size { pending.reserveCapacity(Self.size) }
-            pending.writeImmutableBuffer(chunk)
+            if chunk.readableBytes >= Self.size {
+                try UploadReceiver.write(chunk, to: fd, folder: folder)
+            } else {
+                pending.writeImmutableBuffer(chunk)
+            }
         }
 
         func flush() throws(UploadError) {

@@ -53,19 +53,7 @@ public enum AtomicFile {
         let temp = path + ".tmp-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
         let fd = open(temp, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, permissions)
         guard fd >= 0 else { throw .io("write", path, errno: errno) }
-        var failure: Int32 = 0
-        data.withUnsafeBytes { raw in
-            var done = 0
-            while done < raw.count {
-                let n = systemWrite(fd, raw.baseAddress! + done, raw.count - done)
-                if n < 0 {
-                    if errno == EINTR { continue }
-                    failure = errno
-                    return
-                }
-                done += n
-            }
-        }
+        var failure = data.withUnsafeBytes { writeFully(fd, $0) }
         if failure == 0, sync, fsync(fd) != 0 { failure = errno }
         close(fd)
         guard failure == 0 else {
@@ -106,7 +94,17 @@ public enum Directory {
     }
 }
 
-/// `write(2)`, named apart from ``AtomicFile/write(_:to:permissions:durability:)``.
-private func systemWrite(_ fd: Int32, _ bytes: UnsafeRawPointer, _ count: Int) -> Int {
-    write(fd, bytes, count)
+/// Writes all of `bytes` to `fd` at its position (`write(2)` again after a short write or an
+/// interruption); 0, or the `errno` that stopped it.
+func writeFully(_ fd: Int32, _ bytes: UnsafeRawBufferPointer) -> Int32 {
+    var done = 0
+    while done < bytes.count {
+        let n = write(fd, bytes.baseAddress! + done, bytes.count - done)
+        if n < 0 {
+            if errno == EINTR { continue }
+            return errno
+        }
+        done += n
+    }
+    return 0
 }

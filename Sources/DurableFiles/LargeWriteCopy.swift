@@ -31,7 +31,7 @@ public enum LargeWriteCopy {
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: chunkSize, alignment: 4096)
         defer { buffer.deallocate() }
         _ = posix_fadvise(input, 0, 0, POSIX_FADV_SEQUENTIAL)
-        copying: while true {
+        while true {
             let count = read(input, buffer.baseAddress, chunkSize)
             if count < 0 {
                 if errno == EINTR { continue }
@@ -39,15 +39,10 @@ public enum LargeWriteCopy {
                 break
             }
             if count == 0 { break }
-            var done = 0
-            while done < count {
-                let written = write(output, buffer.baseAddress! + done, count - done)
-                if written < 0 {
-                    if errno == EINTR { continue }
-                    failure = .io("write", destination, errno: errno)
-                    break copying
-                }
-                done += written
+            let code = writeFully(output, UnsafeRawBufferPointer(rebasing: buffer[0..<count]))
+            if code != 0 {
+                failure = .io("write", destination, errno: code)
+                break
             }
         }
         if close(output) != 0, failure == nil { failure = .io("write", destination, errno: errno) }
