@@ -1,5 +1,5 @@
-/* sync_file_range(2) and O_DIRECT are declared by glibc only under _GNU_SOURCE, which Swift's Glibc
-   module does not set; declare them here. */
+/* sync_file_range(2), copy_file_range(2), renameat2(2) and O_DIRECT are declared by glibc only
+   under _GNU_SOURCE, which Swift's Glibc module does not set; declare them here. */
 #ifdef __linux__
 int sync_file_range(int fd, long long offset, long long nbytes, unsigned int flags);
 static const unsigned int cwriteback_start = 2; /* SYNC_FILE_RANGE_WRITE */
@@ -11,6 +11,18 @@ static inline long cwriteback_copy_file_range(int in, long long *in_offset, int 
 #ifdef SYS_copy_file_range
     return syscall(SYS_copy_file_range, in, in_offset, out, out_offset, count, 0);
 #else
+    return -1;
+#endif
+}
+/* renameat2(2) with RENAME_EXCHANGE: swaps two names in one step (-1 and errno when the kernel or
+   file system cannot). Declared by glibc only under _GNU_SOURCE as well. */
+#include <errno.h>
+#include <fcntl.h>
+static inline int cwriteback_exchange(const char *from, const char *to) {
+#ifdef SYS_renameat2
+    return (int)syscall(SYS_renameat2, AT_FDCWD, from, AT_FDCWD, to, 2 /* RENAME_EXCHANGE */);
+#else
+    errno = ENOSYS;
     return -1;
 #endif
 }

@@ -64,12 +64,17 @@ public enum ArchivePacker {
             manifestWriter = mw
             try mw.write(Array(manifest.jsonData()))
             try mw.finish()
-            guard rename(archiveTemp, archivePath) == 0 else { throw ioError(errno, action: "rename into", path: archivePath) }
-            guard rename(manifestTemp, manifestPath) == 0 else {
-                let error = ioError(errno, action: "rename into", path: manifestPath)
-                unlink(archivePath)
+            // The archive goes first: a build killed between the two leaves the new archive
+            // beside the last build's manifest, which does not verify it, so publishing refuses
+            // the pair until the build runs again.
+            let placedArchive = try PlacedFile.move(archiveTemp, to: archivePath)
+            do throws(ArchiveError) {
+                try PlacedFile.move(manifestTemp, to: manifestPath).commit()
+            } catch {
+                placedArchive.rollback()
                 throw error
             }
+            placedArchive.commit()
             if options.sync { try syncDirectory(options.outputDirectory) }
             var result = PackResult(archivePath: archivePath, manifestPath: manifestPath, manifest: manifest)
             var cache = HashCache()

@@ -286,6 +286,52 @@ func readFully(_ fd: FileDescriptor, at offset: UInt64, count: Int, path: String
     return result
 }
 
+/// A finished file moved to its final name by ``PlacedFile/move(_:to:)``. A file it replaced
+/// waits under the temporary name until ``commit()`` removes it, or ``rollback()`` puts it back.
+struct PlacedFile {
+    let path: String
+    let temp: String
+    /// Whether a file was at `path` before (it is at `temp` now).
+    let replaced: Bool
+
+    /// Moves `temp` to `path`. A regular file already at `path` is swapped with `temp` in one step
+    /// (`renameat2` with `RENAME_EXCHANGE`) rather than renamed over.
+    ///
+    /// Why: when a rename replaces a file, ext4 (its `auto_da_alloc` guard for programs that skip
+    /// fsync) allocates and starts writing back the new file there and then. A `--no-sync`
+    /// incremental build of 540 MB into a folder holding the last build's archive took 1.3-2.1 s
+    /// instead of 0.6 s, most of it in that rename. The swap also lets a failed build put the
+    /// last build's archive back.
+    static func move(_ temp: String, to path: String) throws(ArchiveError) -> PlacedFile {
+        #if os(Linux)
+            var info = stat()
+            if lstat(path, &info) == 0 && info.st_mode & S_IFMT == S_IFREG {
+                if cwriteback_exchange(temp, path) == 0 { return PlacedFile(path: path, temp: temp, replaced: true) }
+                // EINVAL or ENOSYS: a file system or kernel without exchange; a rename does it.
+                guard errno == EINVAL || errno == ENOSYS else { throw ioError(errno, action: "rename into", path: path) }
+            }
+        #endif
+        guard rename(temp, path) == 0 else { throw ioError(errno, action: "rename into", path: path) }
+        return PlacedFile(path: path, temp: temp, replaced: false)
+    }
+
+    /// Removes the replaced file, if any.
+    func commit() {
+        if replaced { unlink(temp) }
+    }
+
+    /// Puts back what was at `path` before, or removes the new file when nothing was.
+    func rollback() {
+        #if os(Linux)
+            if replaced && cwriteback_exchange(temp, path) == 0 {
+                unlink(temp)
+                return
+            }
+        #endif
+        unlink(path)
+    }
+}
+
 /// Makes a folder and its parents, like `mkdir -p`.
 func makeDirectories(_ path: String) throws(ArchiveError) {
     do { try Directory.create(path) } catch { throw .io(error.message) }

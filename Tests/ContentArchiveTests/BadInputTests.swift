@@ -113,6 +113,44 @@ struct BadInputTests {
         }
     }
 
+    @Test("a build into a folder holding the last one replaces its files and leaves nothing else; one that cannot place its manifest keeps the last archive")
+    func rebuildInPlace() throws {
+        let tmp = try TemporaryFolder()
+        let out = tmp.sub("out")
+        let args = ["--product-id", "com.example.x", "--content-version", "1.0", "-o", out, "--no-sync"]
+        try tmp.write("src/data.bin", pseudoRandomBytes(3 << 20, seed: 21))
+        let first = try iapPack(["build", tmp.sub("src")] + args)
+        #expect(first.status == 0, "\(first.stderr)")
+        let archive = out + "/com.example.x-1.0.zip"
+        let manifest = out + "/com.example.x-1.0.manifest.json"
+        let firstArchive = try Data(contentsOf: URL(fileURLWithPath: archive))
+        let names = tmp.files(in: "out")
+
+        // Rebuilt with other bytes (with and without --previous): both files replaced, and the
+        // replaced ones (kept under temporary names until the end) are gone.
+        try tmp.write("src/data.bin", pseudoRandomBytes(3 << 20, seed: 22))
+        for extra in [[], ["--previous", archive]] {
+            let again = try iapPack(["build", tmp.sub("src")] + args + extra)
+            #expect(again.status == 0, "\(again.stderr)")
+            #expect(tmp.files(in: "out") == names)
+            #expect(try Data(contentsOf: URL(fileURLWithPath: archive)) != firstArchive)
+            // The manifest in place describes the archive in place.
+            #expect(try ArchiveVerifier.verify(archive: archive, manifest: manifest).manifest == manifest)
+        }
+        let secondArchive = try Data(contentsOf: URL(fileURLWithPath: archive))
+
+        // The manifest's name taken by a folder: the build fails naming it, and the last build's
+        // archive is back in place, untouched.
+        try FileManager.default.removeItem(atPath: manifest)
+        try FileManager.default.createDirectory(atPath: manifest, withIntermediateDirectories: false)
+        try tmp.write("src/data.bin", pseudoRandomBytes(3 << 20, seed: 23))
+        let blocked = try iapPack(["build", tmp.sub("src")] + args)
+        #expect(blocked.status == 3, "\(blocked.stderr)")
+        #expect(blocked.stderr.contains(manifest))
+        #expect(try Data(contentsOf: URL(fileURLWithPath: archive)) == secondArchive)
+        #expect(tmp.files(in: "out") == names)
+    }
+
     @Test("the real 2 GiB cap: a sparse input that cannot fit is refused before anything is written")
     func realCap() throws {
         let tmp = try TemporaryFolder()
