@@ -46,11 +46,18 @@ public enum ArchivePacker {
         let manifestName = ArchiveManifest.manifestName(productId: content.info.productIdentifier, version: content.info.contentVersion)
         let archivePath = options.outputDirectory + "/" + archiveName
         let manifestPath = options.outputDirectory + "/" + manifestName
-        let suffix = ".partial-\(getpid())"
-        let archiveTemp = options.outputDirectory + "/." + archiveName + suffix
-        let manifestTemp = options.outputDirectory + "/." + manifestName + suffix
+        let leftovers = UnfinishedOutputs.removeLeftovers(in: options.outputDirectory)
+        let archiveTemp = options.outputDirectory + "/" + UnfinishedOutputs.temporaryName(for: archiveName)
+        let manifestTemp = options.outputDirectory + "/" + UnfinishedOutputs.temporaryName(for: manifestName)
+        let archiveClaim = UnfinishedOutputs.Claim(archiveTemp)
+        let manifestClaim = UnfinishedOutputs.Claim(manifestTemp)
+        defer {
+            archiveClaim.release()
+            manifestClaim.release()
+        }
 
         let writer = try BufferedFileWriter(creating: archiveTemp, direct: options.sync, durable: options.sync)
+        archiveClaim.lock()
         var manifestWriter: BufferedFileWriter?
         do throws(ArchiveError) {
             let (entries, size, digest) = try write(plan: plan, to: writer, options: options, progress: progress)
@@ -61,6 +68,7 @@ public enum ArchivePacker {
                 contentLength: entries.reduce(0) { $0 + $1.uncompressedSize },
                 createdAt: options.timestamp.iso8601, entries: entries, encoder: options.chunking.encoder)
             let mw = try BufferedFileWriter(creating: manifestTemp, durable: options.sync)
+            manifestClaim.lock()
             manifestWriter = mw
             try mw.write(Array(manifest.jsonData()))
             try mw.finish()
@@ -77,6 +85,7 @@ public enum ArchivePacker {
             placedArchive.commit()
             if options.sync { try syncDirectory(options.outputDirectory) }
             var result = PackResult(archivePath: archivePath, manifestPath: manifestPath, manifest: manifest)
+            result.removedLeftovers = leftovers
             var cache = HashCache()
             for (entry, written) in zip(plan.entries, entries) {
                 switch entry.source {

@@ -62,6 +62,8 @@ public struct PackResult: Sendable {
     /// Entries whose compressed bytes were copied from the previous archive, and their stored bytes.
     public var reusedEntries = 0
     public var reusedBytes: UInt64 = 0
+    /// Temporary files that interrupted builds had left in the output folder, removed by this one.
+    public var removedLeftovers: [String] = []
 }
 
 /// How far a pack has got, in uncompressed bytes.

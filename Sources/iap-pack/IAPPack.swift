@@ -31,9 +31,33 @@ struct IAPPack: ParsableCommand {
         abstract: "Packs In-App Purchase content into versioned, reproducible archives.",
         discussion: """
             Exit codes: 0 success, 1 invalid input (or an invalid archive), 2 the archive would \
-            exceed the size cap, 3 a file could not be read or written, 64 bad command-line usage.
+            exceed the size cap, 3 a file could not be read or written, 64 bad command-line usage, \
+            128 + N stopped by signal N (the build's temporary files are removed).
             """,
         subcommands: [Build.self, Verify.self, Inspect.self, Extract.self])
+}
+
+/// Ctrl-C, SIGTERM (a cancelled or timed-out CI job) and SIGHUP (a closed terminal) stop a build
+/// or an extraction without leaving its temporary files behind; the exit status is then 128 + the signal's
+/// number, as a shell reports a command killed by it. A signal ignored when the command started
+/// (SIGINT for a background job of a script) stays ignored.
+enum Interruption {
+    static func removeUnfinishedFilesOnStop() -> [any DispatchSourceSignal] {
+        [(SIGINT, "SIGINT"), (SIGTERM, "SIGTERM"), (SIGHUP, "SIGHUP")].compactMap { number, name in
+            let previous = signal(number, SIG_IGN)
+            if let previous, unsafeBitCast(previous, to: Int.self) == unsafeBitCast(SIG_IGN, to: Int.self) { return nil }
+            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
+            source.setEventHandler {
+                let removed = ArchivePacker.removeUnfinishedFiles()
+                let what = removed == 0 ? "no unfinished file was left" : "its unfinished files were removed"
+                let line = (isatty(STDERR_FILENO) == 1 ? "\n" : "") + "iap-pack: stopped by \(name); \(what)\n"
+                FileHandle.standardError.write(Data(line.utf8))
+                _exit(128 + number)
+            }
+            source.resume()
+            return source
+        }
+    }
 }
 
 /// Prints the outcome of a subcommand: JSON on stdout, or a human summary; errors on stderr.
@@ -95,7 +119,8 @@ struct Build: ParsableCommand, Reporting {
 
     func run() throws {
         signal(SIGXFSZ, SIG_IGN)  // a file-size limit then fails the write cleanly instead of killing us
-        try reporting(pack)
+        let handlers = Interruption.removeUnfinishedFilesOnStop()
+        try withExtendedLifetime(handlers) { try reporting(pack) }
     }
 
     private func pack() throws(ArchiveError) {
@@ -132,6 +157,9 @@ struct Build: ParsableCommand, Reporting {
                 """)
             if let previous {
                 print("  reused    \(result.reusedEntries) entries (\(humanBytes(result.reusedBytes)) compressed) from \(previous)")
+            }
+            for leftover in result.removedLeftovers {
+                print("  removed   \(leftover), left by a build that was stopped")
             }
         }
     }
@@ -268,7 +296,10 @@ struct Extract: ParsableCommand, Reporting {
     @Option(name: .customLong("content-version"), help: "Refuse the archive unless its plist names this version.") var contentVersion: String?
     @Flag(help: "Print one JSON object on stdout.") var json = false
 
-    func run() throws { try reporting(extract) }
+    func run() throws {
+        let handlers = Interruption.removeUnfinishedFilesOnStop()
+        try withExtendedLifetime(handlers) { try reporting(extract) }
+    }
 
     private func extract() throws(ArchiveError) {
         var expected: ContentInfo?
