@@ -49,8 +49,8 @@ public enum ArchivePacker {
         let leftovers = UnfinishedOutputs.removeLeftovers(in: options.outputDirectory)
         let archiveTemp = options.outputDirectory + "/" + UnfinishedOutputs.temporaryName(for: archiveName)
         let manifestTemp = options.outputDirectory + "/" + UnfinishedOutputs.temporaryName(for: manifestName)
-        let archiveClaim = UnfinishedOutputs.Claim(archiveTemp)
-        let manifestClaim = UnfinishedOutputs.Claim(manifestTemp)
+        let archiveClaim = UnfinishedFiles.Claim(archiveTemp)
+        let manifestClaim = UnfinishedFiles.Claim(manifestTemp)
         defer {
             archiveClaim.release()
             manifestClaim.release()

@@ -97,7 +97,7 @@ public enum SafeExtractor {
         }
         let temp = parent + "/." + destinationURL.lastPathComponent + ".extracting-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
         // An interrupted `iap-pack extract` removes the folder (``ArchivePacker/removeUnfinishedFiles()``).
-        let claim = UnfinishedOutputs.Claim(temp)
+        let claim = UnfinishedFiles.Claim(temp)
         defer { claim.release() }
         guard mkdir(temp, 0o755) == 0 else { throw ioError(errno, action: "create folder", path: temp) }
         do throws(ArchiveError) {

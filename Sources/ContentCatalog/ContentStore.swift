@@ -121,7 +121,14 @@ public final class ContentStore: Sendable {
         } else {
             self.database = try SQLiteCatalogDatabase(dataDirectory: dataDirectory)
         }
+        removedLeftoverUploads = UnfinishedFiles.removeLeftovers(in: uploadsDirectory) { $0.hasPrefix(Self.uploadPrefix) }
     }
+
+    /// Uploads that a run stopped part-way (a crash, `kill -9`, a cancelled `publish`) had left in
+    /// the uploads folder, removed when this store was opened. An upload in progress elsewhere
+    /// (another replica sharing the folder) holds a lock on its file and is left alone.
+    public let removedLeftoverUploads: [String]
+    private static let uploadPrefix = "upload-"
 
     /// The manifest the server computed from archive `sha256` when it was published.
     public func manifestPath(sha256: String) -> String { archivesDirectory + "/" + sha256 + ".manifest.json" }
@@ -142,8 +149,13 @@ public final class ContentStore: Sendable {
 
     public func archivePath(sha256: String) -> String { archivesDirectory + "/" + sha256 + ".zip" }
 
-    /// A fresh path for an upload in progress, inside the data folder so it can be renamed into place.
-    public func temporaryUploadPath() -> String { uploadsDirectory + "/upload-\(UUID().uuidString)" }
+    /// A fresh path for an upload in progress, inside the archive folder's file system so it can
+    /// be renamed into place. The caller creates the file, locks it (``UnfinishedFiles/Claim/lock()``)
+    /// and keeps the claim until the file is published or removed: opening the store sweeps the
+    /// uploads folder of files nobody holds.
+    public func claimUpload() -> UnfinishedFiles.Claim {
+        UnfinishedFiles.Claim(uploadsDirectory + "/" + Self.uploadPrefix + UUID().uuidString)
+    }
 
     // MARK: Catalog
 
@@ -247,11 +259,14 @@ public final class ContentStore: Sendable {
             return
         }
         var source = path
+        var claim: UnfinishedFiles.Claim?
+        defer { claim?.release() }
         if !move {
-            source = temporaryUploadPath()
+            claim = claimUpload()
+            source = claim!.path
             // In large writes: the store's copy is what sendfile serves from the page cache next.
             do throws(DurableFileError) {
-                try LargeWriteCopy.copy(from: path, to: source)
+                try LargeWriteCopy.copy(from: path, to: source, created: { claim?.lock() })
             } catch {
                 throw CatalogError(.storage, "cannot copy the archive into the store: \(error.message)")
             }

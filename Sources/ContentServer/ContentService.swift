@@ -52,6 +52,10 @@ final class ContentService: ContentResolver, Sendable {
         self.configuration = configuration
         store = try await ContentStore.open(
             dataDirectory: configuration.dataDirectory, archivesDirectory: configuration.archivesDirectory, databaseURL: configuration.databaseURL)
+        if let first = store.removedLeftoverUploads.first {
+            Logger(label: "iap-server.store").notice(
+                "removed \(store.removedLeftoverUploads.count) unfinished upload(s) an earlier run had left, \(first) first")
+        }
         verifier = SignedDataVerifier(
             configuration: .init(
                 bundleId: configuration.bundleId, trustRoots: configuration.trustRoots,

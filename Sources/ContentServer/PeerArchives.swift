@@ -100,13 +100,17 @@ final class PeerArchives: Sendable {
     /// Streams the archive into the uploads folder, hashing as it arrives, and hands it to the
     /// store (which syncs and renames it as it does uploads) only when size and SHA-256 match.
     private func fetchArchive(_ url: String, _ version: PublishedVersion) async throws {
-        let temporary = store.temporaryUploadPath()
+        let upload = store.claimUpload()
+        let temporary = upload.path
         guard FileManager.default.createFile(atPath: temporary, contents: nil), let file = FileHandle(forWritingAtPath: temporary) else {
+            upload.release()
             throw FetchError(description: "cannot create \(temporary)")
         }
+        upload.lock()
         defer {
             try? file.close()
             unlink(temporary)  // gone already once adopted
+            upload.release()
         }
         var hasher = SHA256()
         var received: Int64 = 0

@@ -331,12 +331,15 @@ struct APIRoutes: Sendable {
             }
             manifest = decoded
         }
-        let path = service.store.temporaryUploadPath()
+        let upload = service.store.claimUpload()
+        defer { upload.release() }
+        let path = upload.path
         let folder = service.configuration.dataDirectory
         do throws(UploadError) {
             let fd: SystemPackage.FileDescriptor
             do {
                 fd = try SystemPackage.FileDescriptor.open(path, .writeOnly, options: [.create, .exclusiveCreate], permissions: [.ownerReadWrite])
+                upload.lock()
             } catch {
                 throw UploadError(
                     .serviceUnavailable, .storage,

@@ -19,14 +19,17 @@ public enum LargeWriteCopy {
     public static let chunkSize = 8 << 20
 
     /// Copies `source` to a new file at `destination` (created with `permissions`; it must not
-    /// exist). On failure the partial destination is removed and the error names the file and
-    /// the fix.
-    public static func copy(from source: String, to destination: String, permissions: mode_t = 0o644) throws(DurableFileError) {
+    /// exist), calling `created` once the destination exists (to lock it, say). On failure the
+    /// partial destination is removed and the error names the file and the fix.
+    public static func copy(
+        from source: String, to destination: String, permissions: mode_t = 0o644, created: () -> Void = {}
+    ) throws(DurableFileError) {
         let input = open(source, O_RDONLY | O_CLOEXEC)
         guard input >= 0 else { throw .io("read", source, errno: errno) }
         defer { close(input) }
         let output = open(destination, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, permissions)
         guard output >= 0 else { throw .io("create", destination, errno: errno) }
+        created()
         var failure: DurableFileError?
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: chunkSize, alignment: 4096)
         defer { buffer.deallocate() }

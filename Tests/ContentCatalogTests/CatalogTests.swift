@@ -22,6 +22,41 @@ enum Backend: String, CaseIterable, CustomTestStringConvertible, Sendable {
 
 @Suite("The catalog")
 struct CatalogTests {
+    @Test("opening the store removes uploads a stopped run left, and none an upload in progress holds")
+    func leftoverUploads() throws {
+        let dir = FileManager.default.temporaryDirectory.path + "/catalog-" + UUID().uuidString
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let uploads = dir + "/data/tmp"
+        try FileManager.default.createDirectory(atPath: uploads, withIntermediateDirectories: true)
+        func leftover(_ name: String, modified: Date = Date().addingTimeInterval(-3600)) throws {
+            try Data("partial upload".utf8).write(to: URL(fileURLWithPath: uploads + "/" + name))
+            try FileManager.default.setAttributes([.modificationDate: modified], ofItemAtPath: uploads + "/" + name)
+        }
+        try leftover("upload-killed")
+        try leftover("upload-in-progress")
+        let held = open(uploads + "/upload-in-progress", O_RDONLY)
+        defer { close(held) }
+        #expect(flock(held, LOCK_EX | LOCK_NB) == 0)
+        try leftover("upload-just-created", modified: Date())
+        try leftover("notes.txt")
+
+        let store = try ContentStore(dataDirectory: dir + "/data")
+        #expect(store.removedLeftoverUploads == [uploads + "/upload-killed"])
+        #expect(
+            ((try? FileManager.default.contentsOfDirectory(atPath: uploads)) ?? []).sorted() == [
+                "notes.txt", "upload-in-progress", "upload-just-created",
+            ])
+        // A claimed upload is locked as soon as it exists: a second store opened on the folder
+        // (another replica) leaves it alone, whatever its age.
+        let upload = store.claimUpload()
+        #expect(FileManager.default.createFile(atPath: upload.path, contents: Data("bytes".utf8)))
+        upload.lock()
+        try FileManager.default.setAttributes([.modificationDate: Date().addingTimeInterval(-3600)], ofItemAtPath: upload.path)
+        #expect(try ContentStore(dataDirectory: dir + "/data").removedLeftoverUploads == [])
+        upload.release()
+        #expect(try ContentStore(dataDirectory: dir + "/data").removedLeftoverUploads == [upload.path])
+    }
+
     @Test("publishing: newer versions only, identical bytes are a no-op, anything else conflicts; lies are refused", arguments: Backend.allCases)
     func publishing(backend: Backend) async throws {
         let dir = FileManager.default.temporaryDirectory.path + "/catalog-" + UUID().uuidString
