@@ -58,10 +58,10 @@ let package = Package(
         .target(name: "IAPProtocol"),
         // Atomic writes, folder syncs, advisory locks, hex: what every durable file here needs.
         .target(name: "DurableFiles", dependencies: ["IAPProtocol"]),
-        // The four executables' one way to report an error and exit.
+        // The four executables' one way to report an error and exit (or to stop on a signal).
         .target(
             name: "CommandLineReporting",
-            dependencies: ["IAPProtocol", .product(name: "ArgumentParser", package: "swift-argument-parser")]
+            dependencies: ["DurableFiles", "IAPProtocol", .product(name: "ArgumentParser", package: "swift-argument-parser")]
         ),
         .target(
             name: "ContentArchive",

@@ -96,7 +96,7 @@ public enum SafeExtractor {
             }
         }
         let temp = parent + "/." + destinationURL.lastPathComponent + ".extracting-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
-        // An interrupted `iap-pack extract` removes the folder (``ArchivePacker/removeUnfinishedFiles()``).
+        // An interrupted `iap-pack extract` removes the folder (``UnfinishedFiles/removeAll()``).
         let claim = UnfinishedFiles.Claim(temp)
         defer { claim.release() }
         guard mkdir(temp, 0o755) == 0 else { throw ioError(errno, action: "create folder", path: temp) }

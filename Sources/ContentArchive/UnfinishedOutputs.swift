@@ -32,12 +32,3 @@ enum UnfinishedOutputs {
         UnfinishedFiles.removeLeftovers(in: directory, matching: isTemporaryName)
     }
 }
-
-extension ArchivePacker {
-    /// Removes the temporary files of the builds and extractions under way in this process, for
-    /// a command's interrupt handler to call before it exits: they then fail, and nothing they
-    /// wrote stays behind. Returns how many files and folders were removed.
-    public static func removeUnfinishedFiles() -> Int {
-        UnfinishedFiles.removeAll()
-    }
-}

@@ -37,29 +37,6 @@ struct IAPPack: ParsableCommand {
         subcommands: [Build.self, Verify.self, Inspect.self, Extract.self])
 }
 
-/// Ctrl-C, SIGTERM (a cancelled or timed-out CI job) and SIGHUP (a closed terminal) stop a build
-/// or an extraction without leaving its temporary files behind; the exit status is then 128 + the signal's
-/// number, as a shell reports a command killed by it. A signal ignored when the command started
-/// (SIGINT for a background job of a script) stays ignored.
-enum Interruption {
-    static func removeUnfinishedFilesOnStop() -> [any DispatchSourceSignal] {
-        [(SIGINT, "SIGINT"), (SIGTERM, "SIGTERM"), (SIGHUP, "SIGHUP")].compactMap { number, name in
-            let previous = signal(number, SIG_IGN)
-            if let previous, unsafeBitCast(previous, to: Int.self) == unsafeBitCast(SIG_IGN, to: Int.self) { return nil }
-            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
-            source.setEventHandler {
-                let removed = ArchivePacker.removeUnfinishedFiles()
-                let what = removed == 0 ? "no unfinished file was left" : "its unfinished files were removed"
-                let line = (isatty(STDERR_FILENO) == 1 ? "\n" : "") + "iap-pack: stopped by \(name); \(what)\n"
-                FileHandle.standardError.write(Data(line.utf8))
-                _exit(128 + number)
-            }
-            source.resume()
-            return source
-        }
-    }
-}
-
 /// Prints the outcome of a subcommand: JSON on stdout, or a human summary; errors on stderr.
 protocol Reporting {
     var json: Bool { get }
@@ -119,7 +96,7 @@ struct Build: ParsableCommand, Reporting {
 
     func run() throws {
         signal(SIGXFSZ, SIG_IGN)  // a file-size limit then fails the write cleanly instead of killing us
-        let handlers = Interruption.removeUnfinishedFilesOnStop()
+        let handlers = Interruption.removeUnfinishedFilesOnStop(tool: "iap-pack")
         try withExtendedLifetime(handlers) { try reporting(pack) }
     }
 
@@ -297,7 +274,7 @@ struct Extract: ParsableCommand, Reporting {
     @Flag(help: "Print one JSON object on stdout.") var json = false
 
     func run() throws {
-        let handlers = Interruption.removeUnfinishedFilesOnStop()
+        let handlers = Interruption.removeUnfinishedFilesOnStop(tool: "iap-pack")
         try withExtendedLifetime(handlers) { try reporting(extract) }
     }
 

@@ -192,7 +192,9 @@ struct Serve: AsyncParsableCommand {
 struct Publish: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Publish an archive into the catalog (the same checks as PUT /v1/admin/archives).",
-        discussion: "Exit codes: 0 published (or identical bytes already published), 1 invalid archive, 2 version conflict, 3 storage failure.")
+        discussion:
+            "Exit codes: 0 published (or identical bytes already published), 1 invalid archive, 2 version conflict, 3 storage failure, 128 + N stopped by signal N (nothing is published, and the partial copy is removed)."
+    )
 
     @Option(help: "The server's data folder.") var data: String
     @Argument(help: "The archive (<id>-<version>.zip); its manifest beside it is checked too.") var archive: String
@@ -201,6 +203,9 @@ struct Publish: AsyncParsableCommand {
     @OptionGroup var storeOptions: StoreOptions
 
     func run() async throws {
+        // The copy into the store is removed if the command is stopped part-way.
+        let handlers = Interruption.removeUnfinishedFilesOnStop(tool: "iap-server")
+        defer { withExtendedLifetime(handlers) {} }
         do throws(CatalogError) {
             let beside = ArchiveVerifier.manifestBeside(archive)
             let manifestPath = manifest ?? (FileManager.default.fileExists(atPath: beside) ? beside : nil)
