@@ -82,6 +82,37 @@ struct HardeningTests {
                 productId: try ProductIdentifier(product), contentVersion: try ContentVersion(version), outputDirectory: tmp.sub("out-\(version)")))
     }
 
+    @Test("iap-server publish stopped by SIGTERM while copying into the store leaves no upload file and publishes nothing")
+    func interruptedPublish() async throws {
+        let tmp = try TemporaryFolder()
+        // 256 MiB of zeros, stored: a copy into the store and its fsync long enough to be caught.
+        let folder = tmp.sub("big")
+        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+        #expect(FileManager.default.createFile(atPath: folder + "/zeros.bin", contents: nil))
+        let handle = try #require(FileHandle(forWritingAtPath: folder + "/zeros.bin"))
+        try handle.truncate(atOffset: 256 << 20)
+        try handle.close()
+        var options = PackOptions(productId: try ProductIdentifier(product), contentVersion: try ContentVersion("1.0"), outputDirectory: tmp.sub("out"))
+        options.level = 0
+        options.sync = false
+        let packed = try ArchivePacker.pack(folder: folder, options: options)
+        try tmp.write("stderr.txt", "")
+        let stderr = try #require(FileHandle(forWritingAtPath: tmp.sub("stderr.txt")))
+        let process = try launch(productsDirectory() + "/iap-server", ["publish", "--data", tmp.sub("data"), packed.archivePath], stderr: stderr)
+        let deadline = Date().addingTimeInterval(60)
+        while process.isRunning && Date() < deadline && !leftovers(tmp).contains(where: { $0.hasPrefix("upload-") }) {
+            usleep(1000)
+        }
+        try #require(process.isRunning, "publish ended before its copy was seen in the uploads folder")
+        kill(process.processIdentifier, SIGTERM)
+        process.waitUntilExit()
+        try stderr.close()
+        #expect(process.terminationStatus == 128 + SIGTERM)
+        #expect(leftovers(tmp).isEmpty, "left behind: \(leftovers(tmp))")
+        #expect(try String(contentsOfFile: tmp.sub("stderr.txt"), encoding: .utf8).contains("iap-server: stopped by SIGTERM"))
+        #expect(try await ContentStore(dataDirectory: tmp.sub("data")).database.versions(productId: nil).isEmpty)
+    }
+
     @Test("uploads larger than the server's gathered writes are stored byte for byte, in both forms")
     func largeUploadsAreStoredWhole() throws {
         let tmp = try TemporaryFolder()
