@@ -19,20 +19,12 @@ struct InterruptionTests {
         // being written (it is sent as soon as the temporary file exists).
         for index in 0..<3 { try tmp.write("src/log-\(index).txt", logText(lines: 100_000, seed: UInt64(index))) }
         let out = tmp.sub("out")
-        try tmp.write("stderr.txt", "")
-        let stderr = try #require(FileHandle(forWritingAtPath: tmp.sub("stderr.txt")))
-        let process = try launch(
+        let (caught, process) = try interrupt(
             productsDirectory() + "/iap-pack",
             ["build", tmp.sub("src"), "--product-id", "com.example.x", "--content-version", "1.0", "--level", "12", "-o", out],
-            stderr: stderr)
-        let deadline = Date().addingTimeInterval(60)
-        while process.isRunning && Date() < deadline && !tmp.files(in: "out").contains(where: { $0.contains(".partial-") }) {
-            usleep(1000)
-        }
-        try #require(process.isRunning, "the build ended before its temporary archive was seen")
-        kill(process.processIdentifier, SIGTERM)
-        process.waitUntilExit()
-        try stderr.close()
+            with: SIGTERM, stderrPath: tmp.sub("stderr.txt")
+        ) { tmp.files(in: "out").contains { $0.contains(".partial-") } }
+        try #require(caught, "the build ended before its temporary archive was seen")
         #expect(process.terminationStatus == 128 + SIGTERM)
         #expect(tmp.files(in: "out").isEmpty, "left behind: \(tmp.files(in: "out"))")
         let message = try String(contentsOfFile: tmp.sub("stderr.txt"), encoding: .utf8)

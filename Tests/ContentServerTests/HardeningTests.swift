@@ -96,17 +96,11 @@ struct HardeningTests {
         options.level = 0
         options.sync = false
         let packed = try ArchivePacker.pack(folder: folder, options: options)
-        try tmp.write("stderr.txt", "")
-        let stderr = try #require(FileHandle(forWritingAtPath: tmp.sub("stderr.txt")))
-        let process = try launch(productsDirectory() + "/iap-server", ["publish", "--data", tmp.sub("data"), packed.archivePath], stderr: stderr)
-        let deadline = Date().addingTimeInterval(60)
-        while process.isRunning && Date() < deadline && !leftovers(tmp).contains(where: { $0.hasPrefix("upload-") }) {
-            usleep(1000)
-        }
-        try #require(process.isRunning, "publish ended before its copy was seen in the uploads folder")
-        kill(process.processIdentifier, SIGTERM)
-        process.waitUntilExit()
-        try stderr.close()
+        let (caught, process) = try interrupt(
+            productsDirectory() + "/iap-server", ["publish", "--data", tmp.sub("data"), packed.archivePath],
+            with: SIGTERM, stderrPath: tmp.sub("stderr.txt")
+        ) { leftovers(tmp).contains { $0.hasPrefix("upload-") } }
+        try #require(caught, "publish ended before its copy was seen in the uploads folder")
         #expect(process.terminationStatus == 128 + SIGTERM)
         #expect(leftovers(tmp).isEmpty, "left behind: \(leftovers(tmp))")
         #expect(try String(contentsOfFile: tmp.sub("stderr.txt"), encoding: .utf8).contains("iap-server: stopped by SIGTERM"))

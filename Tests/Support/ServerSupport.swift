@@ -192,6 +192,24 @@ public func launch(
     return process
 }
 
+/// Runs a program until `seen()` holds (checked every millisecond, for at most a minute), then
+/// sends it `signal` and waits for it to exit; stderr goes to `stderrPath`. Returns false when
+/// the program ended before `seen()` held: the moment to interrupt it was missed.
+public func interrupt(
+    _ executable: String, _ arguments: [String], with signal: Int32, stderrPath: String, when seen: () -> Bool
+) throws -> (caught: Bool, process: Process) {
+    _ = FileManager.default.createFile(atPath: stderrPath, contents: nil)
+    let stderr = FileHandle(forWritingAtPath: stderrPath)!
+    defer { try? stderr.close() }
+    let process = try launch(executable, arguments, stderr: stderr)
+    let deadline = Date().addingTimeInterval(60)
+    while process.isRunning && Date() < deadline && !seen() { usleep(1000) }
+    let caught = process.isRunning
+    kill(process.processIdentifier, signal)
+    process.waitUntilExit()
+    return (caught, process)
+}
+
 public struct ProcessResult: Sendable {
     public let status: Int32
     public let stdout: String
