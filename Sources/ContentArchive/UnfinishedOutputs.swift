@@ -23,7 +23,7 @@ enum UnfinishedOutputs {
         guard name.hasPrefix("."), let range = name.range(of: marker, options: .backwards) else { return false }
         let pid = name[range.upperBound...]
         let base = name[..<range.lowerBound]
-        return !pid.isEmpty && pid.allSatisfy(\.isASCII) && pid.allSatisfy(\.isNumber)
+        return !pid.isEmpty && pid.allSatisfy { $0.isASCII && $0.isNumber }
             && (base.hasSuffix(".zip") || base.hasSuffix(".manifest.json"))
     }
 

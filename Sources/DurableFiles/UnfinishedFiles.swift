@@ -26,7 +26,7 @@ public enum UnfinishedFiles {
     public final class Claim: @unchecked Sendable {
         public let path: String
         /// Touched by the owner only.
-        private var lockFD: Int32 = -1
+        private var held: FileLock?
 
         public init(_ path: String) {
             self.path = path
@@ -36,18 +36,14 @@ public enum UnfinishedFiles {
         /// Locks the file, now created. Where locking is not possible (some network file
         /// systems), sweeps cannot tell a leftover from a live file and leave both alone.
         public func lock() {
-            lockFD = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
-            if lockFD >= 0 && flock(lockFD, LOCK_EX | LOCK_NB) != 0 {
-                close(lockFD)
-                lockFD = -1
-            }
+            held = try? FileLock(exclusive: path, wait: false)
         }
 
         /// The file is in place or removed: no longer this process's to clean up.
         public func release() {
             _ = UnfinishedFiles.registered.withLock { $0.remove(path) }
-            if lockFD >= 0 { close(lockFD) }
-            lockFD = -1
+            held?.release()
+            held = nil
         }
 
         deinit { release() }
@@ -56,13 +52,7 @@ public enum UnfinishedFiles {
     /// Removes this process's unfinished files and folders, for an interrupt handler to call
     /// before the process exits; returns how many there were.
     public static func removeAll() -> Int {
-        registered.withLock { paths in
-            paths.filter { path in
-                var info = stat()
-                guard lstat(path, &info) == 0 else { return false }
-                return (try? FileManager.default.removeItem(atPath: path)) != nil
-            }.count
-        }
+        registered.withLock { paths in paths.filter { (try? FileManager.default.removeItem(atPath: $0)) != nil }.count }
     }
 
     /// Removes, in `directory`, the files whose names `matching` accepts that writers no longer
@@ -87,7 +77,7 @@ public enum UnfinishedFiles {
             defer { close(fd) }
             // A lock held means a writer is still at work; a file system without locks refuses
             // with another error, and the file is left alone.
-            guard flock(fd, LOCK_EX | LOCK_NB) == 0 else { continue }
+            guard (try? FileLock.lock(fd, path: path, wait: false)) != nil else { continue }
             if unlink(path) == 0 { removed.append(path) }
         }
         return removed
