@@ -57,7 +57,7 @@ let package = Package(
         // The HTTP contract (routes, bodies, the error envelope) and the one error shape.
         .target(name: "IAPProtocol"),
         // Atomic writes, folder syncs, advisory locks, hex: what every durable file here needs.
-        .target(name: "DurableFiles", dependencies: ["IAPProtocol"]),
+        .target(name: "DurableFiles", dependencies: ["CLinuxWriteback", "IAPProtocol"]),
         // The four executables' one way to report an error and exit (or to stop on a signal).
         .target(
             name: "CommandLineReporting",

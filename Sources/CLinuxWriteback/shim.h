@@ -1,4 +1,4 @@
-/* sync_file_range(2), copy_file_range(2), renameat2(2) and O_DIRECT are declared by glibc only
+/* sync_file_range(2), copy_file_range(2), renameat2(2), O_DIRECT and O_TMPFILE are declared by glibc only
    under _GNU_SOURCE, which Swift's Glibc module does not set; declare them here. */
 #ifdef __linux__
 int sync_file_range(int fd, long long offset, long long nbytes, unsigned int flags);
@@ -28,9 +28,12 @@ static inline int cwriteback_exchange(const char *from, const char *to) {
 }
 #if defined(__x86_64__) || defined(__i386__)
 static const int cwriteback_o_direct = 040000;
+static const int cwriteback_o_tmpfile = 020000000 | 0200000; /* __O_TMPFILE | O_DIRECTORY */
 #elif defined(__aarch64__) || defined(__arm__)
 static const int cwriteback_o_direct = 0200000;
+static const int cwriteback_o_tmpfile = 020000000 | 040000;
 #else
 static const int cwriteback_o_direct = 0; /* unknown: no direct I/O, buffered writes only */
+static const int cwriteback_o_tmpfile = 0; /* unknown: named temporary files only */
 #endif
 #endif

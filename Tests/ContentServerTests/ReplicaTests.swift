@@ -188,7 +188,7 @@ struct ReplicaTests {
         chmod(stored, 0o644)
         try damaged.write(to: URL(fileURLWithPath: stored))
         b = try replica("b")
-        let refused = try await waitUntil(.seconds(20)) {
+        let refused = await waitUntil(.seconds(20)) {
             ((try? String(contentsOfFile: b.log, encoding: .utf8)) ?? "").contains("not the published \(v11.manifest.archiveSHA256): refused")
         }
         #expect(refused != nil, "B did not refuse the damaged archive")

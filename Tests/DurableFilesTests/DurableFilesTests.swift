@@ -68,6 +68,50 @@ import Testing
         #expect(leftovers().isEmpty)
     }
 
+    #if os(Linux)
+        /// What inotify reports for names in `folder` while `body` runs: (event mask, name).
+        func folderEvents(_ body: () throws -> Void) throws -> [(mask: UInt32, name: String)] {
+            let fd = inotify_init1(Int32(IN_NONBLOCK))
+            try #require(fd >= 0)
+            defer { close(fd) }
+            try #require(inotify_add_watch(fd, folder, UInt32(IN_CREATE | IN_MODIFY | IN_CLOSE_WRITE | IN_MOVED_TO)) >= 0)
+            try body()
+            var events: [(mask: UInt32, name: String)] = []
+            var buffer = [UInt8](repeating: 0, count: 1 << 16)
+            while case let count = read(fd, &buffer, buffer.count), count > 0 {
+                var at = 0
+                while at + 16 <= count {
+                    // struct inotify_event: wd, mask, cookie, len, then len bytes of NUL-padded name.
+                    let mask = buffer.withUnsafeBytes { $0.loadUnaligned(fromByteOffset: at + 4, as: UInt32.self) }
+                    let length = Int(buffer.withUnsafeBytes { $0.loadUnaligned(fromByteOffset: at + 12, as: UInt32.self) })
+                    let name = buffer[(at + 16)..<(at + 16 + length)].prefix { $0 != 0 }
+                    events.append((mask, String(decoding: name, as: UTF8.self)))
+                    at += 16 + length
+                }
+            }
+            return events
+        }
+
+        /// A process killed while writing must leave no partly written file under any name: the
+        /// bytes go to a file with no name (`O_TMPFILE`), named only once complete. So no name
+        /// that appears in the folder is ever written to after it appears.
+        @Test func noNameInTheFolderEverHoldsAPartlyWrittenFile() throws {
+            let bytes = Data(repeating: 0x5A, count: 4 << 20)
+            let events = try folderEvents {
+                try AtomicFile.create(bytes, at: folder + "/created.bin")
+                try AtomicFile.write(bytes, to: folder + "/replaced.bin", durability: .processKill)
+                try AtomicFile.write(bytes, to: folder + "/replaced.bin")
+            }
+            let appeared = Set(events.filter { $0.mask & UInt32(IN_CREATE | IN_MOVED_TO) != 0 }.map(\.name))
+            #expect(appeared.contains("created.bin") && appeared.contains("replaced.bin"))
+            let written = events.filter { $0.mask & UInt32(IN_MODIFY | IN_CLOSE_WRITE) != 0 && appeared.contains($0.name) }
+            #expect(written.isEmpty, "written to under a name: \(written.map(\.name))")
+            #expect(contents(folder + "/created.bin")?.utf8.count == bytes.count)
+            #expect(FileManager.default.contents(atPath: folder + "/replaced.bin") == bytes)
+            #expect(leftovers().isEmpty)
+        }
+    #endif
+
     @Test func aHeldLockIsRefusedLoudlyAndFreedOnRelease() throws {
         let path = folder + "/.lock"
         let held = try FileLock(exclusive: path)
