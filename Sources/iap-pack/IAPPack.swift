@@ -54,6 +54,11 @@ func humanBytes(_ bytes: UInt64) -> String {
     ByteCountFormatter.string(fromByteCount: Int64(bytes), countStyle: .binary)
 }
 
+/// "1 entry", "3 entries".
+func countedEntries(_ count: Int) -> String {
+    count == 1 ? "1 entry" : "\(count) entries"
+}
+
 struct Build: ParsableCommand, Reporting {
     static let configuration = CommandConfiguration(
         abstract: "Pack a content folder into <id>-<version>.zip and <id>-<version>.manifest.json.",
@@ -126,14 +131,14 @@ struct Build: ParsableCommand, Reporting {
             print(
                 """
                 packed \(m.productId) \(m.contentVersion)
-                  archive   \(result.archivePath) (\(humanBytes(m.archiveSize)), \(m.entries.count) entries)
+                  archive   \(result.archivePath) (\(humanBytes(m.archiveSize)), \(countedEntries(m.entries.count)))
                   manifest  \(result.manifestPath)
                   sha256    \(m.archiveSHA256)
                   content   \(humanBytes(m.contentLength)) uncompressed; the archive is \(String(format: "%.1f", percent))% of that
                   took      \(String(format: "%.2f", seconds)) s
                 """)
             if let previous {
-                print("  reused    \(result.reusedEntries) entries (\(humanBytes(result.reusedBytes)) compressed) from \(previous)")
+                print("  reused    \(countedEntries(result.reusedEntries)) (\(humanBytes(result.reusedBytes)) compressed) from \(previous)")
             }
             for leftover in result.removedLeftovers {
                 print("  removed   \(leftover), left by a build that was stopped")
@@ -194,7 +199,7 @@ struct Verify: ParsableCommand, Reporting {
                 print(
                     """
                     ok: \(report.archive) holds \(report.productId) \(report.contentVersion)
-                      \(report.entryCount) entries, \(humanBytes(report.contentLength)) uncompressed, every CRC-32 correct
+                      \(countedEntries(report.entryCount)), \(humanBytes(report.contentLength)) uncompressed, every CRC-32 correct
                       sha256 \(report.archiveSHA256)
                       \(report.manifest.map { "matches \($0) (every entry's SHA-256, size and offset)" } ?? "no manifest beside it: hashes not compared")
                     """)
@@ -248,7 +253,7 @@ struct Inspect: ParsableCommand, Reporting {
                 reporter.printJSON(output)
                 return
             }
-            print("\(archive): \(output.productId) \(output.contentVersion), \(humanBytes(output.archiveSize)), \(entries.count) entries, \(humanBytes(output.contentLength)) uncompressed")
+            print("\(archive): \(output.productId) \(output.contentVersion), \(humanBytes(output.archiveSize)), \(countedEntries(entries.count)), \(humanBytes(output.contentLength)) uncompressed")
             print("  method   uncompressed   compressed  crc32     offset      path")
             for e in entries {
                 let method = e.method.padding(toLength: 7, withPad: " ", startingAt: 0)
