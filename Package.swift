@@ -256,7 +256,7 @@ let package = Package(
         .testTarget(
             name: "ContentDeliveryTests",
             dependencies: [
-                "ContentDelivery", "IAPProtocol",
+                "ContentDelivery", "IAPProtocol", "IAPTestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),

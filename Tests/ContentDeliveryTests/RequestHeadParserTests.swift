@@ -1,5 +1,7 @@
 import Foundation
+import IAPTestSupport
 import NIOCore
+import NIOEmbedded
 import NIOHTTP1
 import Testing
 
@@ -121,5 +123,87 @@ import Testing
         #expect(request(atTheLimit) != nil)
         let huge = "GET /v1/content/a HTTP/1.1\r\nX: " + String(repeating: "a", count: RequestHeadParser.maxHead)
         #expect(parse(huge) == .handOff)
+    }
+
+    /// Differential, on hostile bytes: seeded random mutations of request heads, read by the fast
+    /// path and by NIO's decoder. Whatever the fast path answers itself, NIO must read the same
+    /// way: method, target, version, keep-alive, the values of the fields the fast path uses, and
+    /// the head ending at the same byte, where a pipelined request begins. A difference would let
+    /// a request mean one thing to the fast path and another to NIO or a proxy in front
+    /// (request smuggling).
+    @Test func whatItAnswersNIOReadsTheSameWay() throws {
+        let seeds = [
+            "GET /v1/content/k1.abc/x.zip HTTP/1.1\r\nHost: a\r\nRange: bytes=0-4095\r\n\r\n",
+            "HEAD /v1/content/t/x.zip HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
+            "GET /v1/content/t/x.zip HTTP/1.1\r\nIf-Range: \"abc\"\r\nRange: bytes=5-,7-9\r\nConnection: close\r\n\r\n",
+            "GET /v1/content/t/x.zip HTTP/1.1\r\nIf-None-Match: \"e\"\r\nIf-Modified-Since: Tue, 24 Nov 2026 10:00:00 GMT\r\nContent-Length: 0\r\n\r\n",
+            "GET /v1/content/t/x.zip?a=b HTTP/1.1\r\nUser-Agent: x/1\r\nAccept: */*\r\nConnection: keep-alive, x\r\n\r\n",
+        ].map { Array($0.utf8) }
+        let alphabet = Array("\r\n \t:,;=\"-aZ0/%".utf8) + [0x00, 0x0B, 0x7F, 0x80, 0xFF]
+        let next = Array("GET /v1/content/next HTTP/1.1\r\n\r\n".utf8)
+        var random = SplitMix64(seed: 19)
+        var answered = 0
+        for round in 0..<20_000 {
+            var bytes = seeds[Int(random.next() % UInt64(seeds.count))]
+            for _ in 0...(random.next() % 3) { mutate(&bytes, alphabet: alphabet, random: &random) }
+            guard case .request(let head, let length) = parser.parse(ByteBuffer(bytes: bytes)) else { continue }
+            answered += 1
+            let shown = String(decoding: bytes[..<length], as: UTF8.self).debugDescription
+            // Another request follows on a connection kept alive (NIO refuses bytes after a
+            // request that closes it, and the fast path closes it).
+            let follows = head.content.keepAlive ? next : []
+            let heads = try decodedByNIO(Array(bytes[..<length]) + follows)
+            try #require(heads != nil, "round \(round): NIO refused what the fast path answered: \(shown)")
+            let expected = follows.isEmpty ? 1 : 2
+            try #require(
+                heads!.count == expected && (follows.isEmpty || heads![1].uri == "/v1/content/next"),
+                "round \(round): the head ends elsewhere for NIO: \(shown)")
+            let nio = heads![0]
+            #expect(nio.method == head.content.method && nio.uri == head.content.uri, "round \(round): \(shown)")
+            #expect((nio.version == .http1_0) == head.http10 && nio.isKeepAlive == head.content.keepAlive, "round \(round): \(shown)")
+            let fields = [
+                ("range", head.content.range), ("if-range", head.content.ifRange),
+                ("if-none-match", head.content.ifNoneMatch), ("if-modified-since", head.content.ifModifiedSince),
+            ]
+            // NIO keeps a value's trailing spaces and tabs, which RFC 9110 §5.5 says are not part of
+            // it; the fast path drops them, and the range code trims what NIO hands it.
+            for (name, value) in fields {
+                let nioValues = nio.headers[name].map { String($0.trimmingCharacters(in: CharacterSet(charactersIn: " \t"))) }
+                #expect(nioValues == (value.map { [$0] } ?? []), "round \(round): \(name) differs: \(shown)")
+            }
+        }
+        // Enough mutated heads must still be answered for the comparison to mean something.
+        #expect(answered > 2_000, "only \(answered) of 20,000 mutated heads were answered by the fast path")
+    }
+
+    /// The request heads NIO's decoder reads from `bytes`, or nil when it refuses them.
+    func decodedByNIO(_ bytes: [UInt8]) throws -> [HTTPRequestHead]? {
+        let channel = EmbeddedChannel()
+        defer { _ = try? channel.finish() }
+        try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(HTTPRequestDecoder(leftOverBytesStrategy: .forwardBytes)))
+        do { try channel.writeInbound(ByteBuffer(bytes: bytes)) } catch { return nil }
+        var heads: [HTTPRequestHead] = []
+        while let part = try channel.readInbound(as: HTTPServerRequestPart.self) {
+            if case .head(let head) = part { heads.append(head) }
+        }
+        return heads
+    }
+
+    /// One random edit: a byte inserted, removed or replaced, a run of bytes repeated elsewhere
+    /// (a repeated line or field), or a letter's case flipped.
+    func mutate(_ bytes: inout [UInt8], alphabet: [UInt8], random: inout SplitMix64) {
+        guard !bytes.isEmpty else { return }
+        let at = Int(random.next() % UInt64(bytes.count))
+        let byte = alphabet[Int(random.next() % UInt64(alphabet.count))]
+        switch random.next() % 5 {
+        case 0: bytes.insert(byte, at: at)
+        case 1: bytes.remove(at: at)
+        case 2: bytes[at] = byte
+        case 3:
+            let end = min(bytes.count, at + 1 + Int(random.next() % 24))
+            bytes.insert(contentsOf: bytes[at..<end], at: Int(random.next() % UInt64(bytes.count)))
+        default:
+            if (UInt8(ascii: "a")...UInt8(ascii: "z")).contains(bytes[at] | 0x20) { bytes[at] ^= 0x20 }
+        }
     }
 }
