@@ -189,6 +189,7 @@ public final class ContentChannelHandler: ChannelDuplexHandler, RemovableChannel
             eventLoop: context.eventLoop, allocator: context.channel.allocator)
         let headers = response.fields.httpHeaders
         let corked = !response.body.isEmpty
+        let corkedThrough = corked && response.corkedThrough
         if corked { context.setCork(true) }
         context.write(wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: response.status, headers: headers))), promise: nil)
         for piece in response.body { context.write(wrapOutboundOut(.body(piece)), promise: nil) }
@@ -196,8 +197,9 @@ public final class ContentChannelHandler: ChannelDuplexHandler, RemovableChannel
         let keepAlive = response.keepAlive
         let promise = context.eventLoop.makePromise(of: Void.self)
         context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: promise)
-        if corked { context.setCork(false) }
+        if corked && !corkedThrough { context.setCork(false) }
         promise.futureResult.assumeIsolated().whenComplete { [self] result in
+            if corkedThrough { context.setCork(false) }
             let succeeded = report.finished(result, observer: observer)
             state = .idle
             if !keepAlive || !succeeded { context.close(promise: nil) }

@@ -16,9 +16,14 @@ import Testing
         func handlerAdded(context: ChannelHandlerContext) { channel.withLock { $0 = context.channel } }
     }
 
-    @Test("a response with a file region is corked only until its head has left with the file's first bytes")
-    func corkIsReleased() async throws {
-        let file = try OneFileResolver(size: 300_000)
+    @Test(
+        "a response with a file region is corked until its head has left with the file's first bytes; a whole archive until all of it has left",
+        arguments: [
+            (300_000, "Range: bytes=1000-200999\r\n", 1000..<201_000),
+            (9_500_000, "", 0..<9_500_000),
+        ])
+    func corkIsReleased(size: Int, range: String, expected: Range<Int>) async throws {
+        let file = try OneFileResolver(size: size)
         let accepted = Accepted()
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let server = try await ServerBootstrap(group: group)
@@ -43,17 +48,19 @@ import Testing
         #expect(connected == 0)
         var timeout = timeval(tv_sec: 10, tv_usec: 0)
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
-        let request = Array("GET /v1/content/ok/p-1.0.zip HTTP/1.1\r\nRange: bytes=1000-200999\r\n\r\n".utf8)
+        let request = Array("GET /v1/content/ok/p-1.0.zip HTTP/1.1\r\n\(range)\r\n".utf8)
         #expect(send(fd, request, request.count, 0) == request.count)
         var received: [UInt8] = []
         var chunk = [UInt8](repeating: 0, count: 65536)
-        while received.firstRange(of: Array("\r\n\r\n".utf8)).map({ received.count - $0.upperBound }) ?? -1 < 200_000 {
+        var headEnd: Int?
+        while headEnd.map({ received.count - $0 }) ?? -1 < expected.count {
             let count = recv(fd, &chunk, chunk.count, 0)
             guard count > 0 else { break }
             received += chunk[..<count]
+            if headEnd == nil { headEnd = received.firstRange(of: Array("\r\n\r\n".utf8))?.upperBound }
         }
-        #expect(received.count > 200_000, "the whole response arrived")
-        #expect(Array(received.suffix(200_000)) == Array(file.bytes[1000..<201_000]))
+        #expect(received.count > expected.count, "the whole response arrived")
+        #expect(Array(received.suffix(expected.count)) == Array(file.bytes[expected]))
 
         let channel = try #require(accepted.channel.withLock { $0 })
         let cork = try await channel.eventLoop.submit {

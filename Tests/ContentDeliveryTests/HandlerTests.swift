@@ -17,7 +17,11 @@ final class OneFileResolver: ContentResolver {
     init(size: Int) throws {
         path = NSTemporaryDirectory() + "delivery-\(UUID().uuidString).zip"
         var generator = SystemRandomNumberGenerator()
-        bytes = (0..<size).map { _ in UInt8.random(in: 0...255, using: &generator) }
+        var bytes = [UInt8](repeating: 0, count: size)
+        bytes.withUnsafeMutableBytes { raw in
+            for i in 0..<raw.count { raw[i] = UInt8(truncatingIfNeeded: i % 8 == 0 ? generator.next() : UInt64(raw[i - 1]) &* 31 &+ 7) }
+        }
+        self.bytes = bytes
         guard FileManager.default.createFile(atPath: path, contents: Data(bytes)) else { throw CocoaError(.fileWriteUnknown) }
         file = ServedFile(
             handle: try NIOFileHandle(_deprecatedPath: path), size: UInt64(size), etag: "\"abc\"",
