@@ -68,6 +68,7 @@ struct ContentResponse {
 
     /// Whether the connection stays corked until this response has left.
     var corkedThrough: Bool { servedBytes > Self.corkedThroughBytes }
+
     /// Free bytes left in front of a small range's buffer, for the response head: the fast path
     /// writes the head there, so head and body leave in one buffer without a copy of the body.
     static let headroom = 1024
