@@ -35,12 +35,9 @@ public enum AtomicFile {
         durability: Durability = .powerLoss
     ) throws(DurableFileError) {
         let sync = durability == .powerLoss
-        let temp: String
-        if let unnamed = try Unnamed(data, beside: path, permissions: permissions, sync: sync),
-            let named = unnamed.link(as: temporaryName(for: path))
-        {
-            temp = named
-        } else {
+        var temp = temporaryName(for: path)
+        let unnamed = try Unnamed(data, beside: path, permissions: permissions, sync: sync)
+        if unnamed?.link(to: temp) != 0 {
             temp = try writeTemporary(data, beside: path, permissions: permissions, sync: sync)
         }
         guard rename(temp, path) == 0 else {
@@ -130,11 +127,6 @@ public enum AtomicFile {
         /// `ENOENT` also when /proc is not mounted).
         func link(to path: String) -> Int32 {
             linkat(AT_FDCWD, "/proc/self/fd/\(fd)", AT_FDCWD, path, AT_SYMLINK_FOLLOW) == 0 ? 0 : errno
-        }
-
-        /// Gives the file the new name `path` and returns it, or nil when it cannot be named.
-        func link(as path: String) -> String? {
-            link(to: path) == 0 ? path : nil
         }
     }
 

@@ -64,14 +64,7 @@ public enum UnfinishedFiles {
         var removed: [String] = []
         for name in listing where matching(name) {
             let path = directory + "/" + name
-            var info = stat()
-            guard lstat(path, &info) == 0, info.st_mode & S_IFMT == S_IFREG else { continue }
-            #if canImport(Darwin)
-                let modified = Double(info.st_mtimespec.tv_sec)
-            #else
-                let modified = Double(info.st_mtim.tv_sec)
-            #endif
-            guard now - modified >= minimumAge else { continue }
+            guard let identity = FileIdentity.of(path), now - Double(identity.modified) / 1e9 >= minimumAge else { continue }
             let fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
             guard fd >= 0 else { continue }
             defer { close(fd) }

@@ -1,5 +1,6 @@
 import CZlib
 import Foundation
+import IAPTestSupport
 import Testing
 
 @testable import ContentArchive

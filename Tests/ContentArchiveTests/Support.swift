@@ -8,24 +8,6 @@ func iapPack(_ arguments: [String], environment: [String: String]? = nil) throws
     try run(productsDirectory() + "/iap-pack", arguments, environment: environment)
 }
 
-/// Deterministic pseudo-random bytes (SplitMix64), so tests need no fixtures.
-func pseudoRandomBytes(_ count: Int, seed: UInt64) -> Data {
-    var random = SplitMix64(seed: seed)
-    var data = Data(count: count)
-    data.withUnsafeMutableBytes { raw in
-        let bytes = raw.bindMemory(to: UInt8.self)
-        var i = 0
-        while i < count {
-            let z = random.next()
-            for b in 0..<8 where i < count {
-                bytes[i] = UInt8(truncatingIfNeeded: z >> (8 * UInt64(b)))
-                i += 1
-            }
-        }
-    }
-    return data
-}
-
 /// Compressible text: log lines with varying numbers.
 func logText(lines: Int, seed: UInt64) -> String {
     var out = ""

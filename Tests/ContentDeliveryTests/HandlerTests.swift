@@ -1,5 +1,6 @@
 import Foundation
 import IAPProtocol
+import IAPTestSupport
 import NIOCore
 import NIOEmbedded
 import NIOHTTP1
@@ -16,12 +17,7 @@ final class OneFileResolver: ContentResolver {
 
     init(size: Int) throws {
         path = NSTemporaryDirectory() + "delivery-\(UUID().uuidString).zip"
-        var generator = SystemRandomNumberGenerator()
-        var bytes = [UInt8](repeating: 0, count: size)
-        bytes.withUnsafeMutableBytes { raw in
-            for i in 0..<raw.count { raw[i] = UInt8(truncatingIfNeeded: i % 8 == 0 ? generator.next() : UInt64(raw[i - 1]) &* 31 &+ 7) }
-        }
-        self.bytes = bytes
+        bytes = [UInt8](pseudoRandomBytes(size, seed: UInt64(size)))
         guard FileManager.default.createFile(atPath: path, contents: Data(bytes)) else { throw CocoaError(.fileWriteUnknown) }
         file = ServedFile(
             handle: try NIOFileHandle(_deprecatedPath: path), size: UInt64(size), etag: "\"abc\"",
