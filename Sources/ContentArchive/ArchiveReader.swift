@@ -334,10 +334,10 @@ struct EntryChecks {
         guard total <= limits.maxTotalUncompressedSize else {
             throw .corrupt("\(path) would extract to more than \(limits.maxTotalUncompressedSize) bytes, the limit that guards against zip bombs: refusing it")
         }
-        let key = name.precomposedStringWithCanonicalMapping.lowercased()
+        let key = collisionKey(name)
         if let other = seen[key] {
             throw .corrupt(
-                other == name
+                other.utf8.elementsEqual(name.utf8)  // `==` would call canonically equivalent spellings the same name
                     ? "\(path) holds '\(name)' twice: refusing it (a duplicate can hide content from one reader and show it to another)"
                     : "\(path) holds '\(name)' and '\(other)', which differ only by case or Unicode normalisation and would overwrite each other on many devices: refusing it")
         }
@@ -350,6 +350,15 @@ struct EntryChecks {
             throw .corrupt("entries '\(a.path)' and '\(b.path)' in \(path) overlap, as in a zip bomb: refusing it")
         }
     }
+}
+
+/// What two paths that a case-insensitive or normalising file system (APFS, NTFS) treats as one
+/// have in common: their precomposed (NFC), lowercased form.
+///
+/// An ASCII path is its own canonical form, and Foundation's normalisation costs more than the
+/// rest of a scan or of an archive's checks, so only other paths are normalised.
+func collisionKey(_ path: String) -> String {
+    path.utf8.allSatisfy { $0 < 0x80 } ? path.lowercased() : path.precomposedStringWithCanonicalMapping.lowercased()
 }
 
 /// Refuses any path that could escape the extraction folder or means different things to

@@ -103,11 +103,7 @@ enum ContentScanner {
             let archivePath = archiveFolder + "/" + name
             // Two names that a case-insensitive or normalising file system (APFS, NTFS) would treat as
             // one would overwrite each other when an app extracts the archive.
-            // (An ASCII name is its own canonical form: Foundation's normalisation cost more than
-            // the rest of the scan.)
-            let key =
-                archivePath.utf8.allSatisfy({ $0 < 0x80 })
-                ? archivePath.lowercased() : archivePath.precomposedStringWithCanonicalMapping.lowercased()
+            let key = collisionKey(archivePath)
             if let other = seenKeys[key] {
                 throw .invalid("'\(archivePath)' and '\(other)' differ only by case or Unicode normalisation and would collide on the devices that install them: rename one")
             }

@@ -51,6 +51,8 @@ public actor ContentFetcher {
     var planned: [String: InstalledVersion] = [:]
     /// Manifests of the downloads in progress, by download id, with their SHA-256.
     var manifests: [String: (sha256: String, manifest: ArchiveManifest)] = [:]
+    /// The entries each delta download fetches, by offset, with its manifest's SHA-256.
+    var deltaEntries: [String: (sha256: String, entries: [ArchiveManifest.Entry])] = [:]
 
     public init(configuration: FetchConfiguration, source: any TransactionSource) throws(FetchError) {
         self.configuration = configuration
@@ -321,6 +323,7 @@ public actor ContentFetcher {
                 if let manifest { installer.recordInstalled(manifest, at: path) }
                 unlink(journal.manifestPath(id))
                 manifests[id] = nil
+                deltaEntries[id] = nil
                 planned[granted.productId] = nil
                 try apply(.installed(contentPath: path), to: &download)
                 return

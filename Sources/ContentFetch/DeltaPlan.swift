@@ -131,21 +131,48 @@ public struct InstalledVersion: Sendable {
 
     /// nil when `data` is not such a record (damaged, or from another version of iap-fetch): the
     /// next download is then a whole one.
+    ///
+    /// Read as bytes: splitting the text as `String`s walks grapheme clusters, and took most of
+    /// a delta's planning for 5,000 files.
     static func decode(_ data: Data) -> InstalledVersion? {
-        let lines = String(decoding: data, as: UTF8.self).split(separator: "\n", omittingEmptySubsequences: true)
-        guard let header = lines.first?.split(separator: "\t", omittingEmptySubsequences: false), header.count == 3,
-            header[0] == "iap-fetch-installed 1"
-        else { return nil }
-        var files: [File] = []
-        files.reserveCapacity(lines.count - 1)
-        for line in lines.dropFirst() {
-            let fields = line.split(separator: "\t", maxSplits: 5, omittingEmptySubsequences: false)
-            guard fields.count == 6, let size = Int64(fields[1]), let device = UInt64(fields[2]), let inode = UInt64(fields[3]),
-                let modified = Int64(fields[4])
+        data.withUnsafeBytes { raw -> InstalledVersion? in
+            let lines = raw.split(separator: UInt8(ascii: "\n"), omittingEmptySubsequences: true)
+            guard let header = lines.first?.split(separator: UInt8(ascii: "\t"), omittingEmptySubsequences: false), header.count == 3,
+                header[0].elementsEqual("iap-fetch-installed 1".utf8)
             else { return nil }
-            files.append(File(path: String(fields[5]), sha256: String(fields[0]), size: size, device: device, inode: inode, modified: modified))
+            var files: [File] = []
+            files.reserveCapacity(lines.count - 1)
+            for line in lines.dropFirst() {
+                let fields = line.split(separator: UInt8(ascii: "\t"), maxSplits: 5, omittingEmptySubsequences: false)
+                guard fields.count == 6, let size = integer(Int64.self, fields[1]), let device = integer(UInt64.self, fields[2]),
+                    let inode = integer(UInt64.self, fields[3]), let modified = integer(Int64.self, fields[4])
+                else { return nil }
+                files.append(
+                    File(
+                        path: String(decoding: fields[5], as: UTF8.self), sha256: String(decoding: fields[0], as: UTF8.self), size: size,
+                        device: device, inode: inode, modified: modified))
+            }
+            return InstalledVersion(
+                productId: String(decoding: header[1], as: UTF8.self), contentVersion: String(decoding: header[2], as: UTF8.self), files: files)
         }
-        return InstalledVersion(productId: String(header[1]), contentVersion: String(header[2]), files: files)
+    }
+
+    /// The decimal number `digits` spell (a leading `-` for a signed type), nil when they spell
+    /// none or one that does not fit.
+    private static func integer<T: FixedWidthInteger>(_: T.Type, _ digits: Slice<UnsafeRawBufferPointer>) -> T? {
+        var rest = digits[...]
+        let negative = T.isSigned && rest.first == UInt8(ascii: "-")
+        if negative { rest = rest.dropFirst() }
+        guard !rest.isEmpty, rest.count <= 20 else { return nil }
+        var value: T = 0
+        for byte in rest {
+            guard byte >= UInt8(ascii: "0"), byte <= UInt8(ascii: "9") else { return nil }
+            let (times, o1) = value.multipliedReportingOverflow(by: 10)
+            let (next, o2) = negative ? times.subtractingReportingOverflow(T(byte - UInt8(ascii: "0"))) : times.addingReportingOverflow(T(byte - UInt8(ascii: "0")))
+            guard !o1, !o2 else { return nil }
+            value = next
+        }
+        return value
     }
 
     /// Records the files of `manifest` as installed in `folder` now.

@@ -302,11 +302,21 @@ extension ContentFetcher {
 
     private func checkDeltaRanges(_ partial: PartialArchive, delta: DeltaPlan, within span: Range<Int64>? = nil) throws {
         let manifest = try loadManifest(partial.record.id, sha256: delta.manifestSHA256)
-        let fetched = Set(delta.fetched)
+        guard let size = manifest.chunkSize else { return }
+        let entries = fetchedEntries(partial.record.id, delta: delta, manifest: manifest)
+        // Entries are sorted by offset: those inside the span are one run of them.
+        var first = entries.startIndex
+        if let span {
+            var high = entries.endIndex
+            while first < high {
+                let middle = (first + high) / 2
+                if Int64(entries[middle].dataOffset) < span.lowerBound { first = middle + 1 } else { high = middle }
+            }
+        }
         var damaged: [(path: String, start: Int64, end: Int64)] = []
-        for entry in manifest.entries where fetched.contains(entry.path) && entry.compressedSize > 0 {
-            if let span, Int64(entry.dataOffset) < span.lowerBound || Int64(entry.dataOffset + entry.compressedSize) > span.upperBound { continue }
-            guard let expected = entry.chunks, let size = manifest.chunkSize else { continue }
+        for entry in entries[first...] {
+            if let span, Int64(entry.dataOffset + entry.compressedSize) > span.upperBound { break }
+            guard let expected = entry.chunks else { continue }
             if ChunkHasher.digests(of: partial.fd, at: entry.dataOffset, count: entry.compressedSize, chunkSize: size) != expected {
                 damaged.append((entry.path, Int64(entry.dataOffset), Int64(entry.dataOffset + entry.compressedSize)))
             }
@@ -315,6 +325,17 @@ extension ContentFetcher {
             try partial.refetch(damaged.map { ($0.start, $0.end) })
             throw FetchError(.integrity, "\(damaged.count) updated entries (\(damaged[0].path) first) do not match the manifest's chunk hashes; fetching them again")
         }
+    }
+
+    /// The entries a delta fetches that have stored bytes, by offset; worked out once per run:
+    /// every range that arrives is checked against them, and a large product has thousands of
+    /// entries of which a delta fetches a few.
+    private func fetchedEntries(_ id: String, delta: DeltaPlan, manifest: ArchiveManifest) -> [ArchiveManifest.Entry] {
+        if let known = deltaEntries[id], known.sha256 == delta.manifestSHA256 { return known.entries }
+        let fetched = Set(delta.fetched)
+        let entries = manifest.entries.filter { fetched.contains($0.path) && $0.compressedSize > 0 }.sorted { $0.dataOffset < $1.dataOffset }
+        deltaEntries[id] = (delta.manifestSHA256, entries)
+        return entries
     }
 
     /// Where the first entry chunk whose bytes on disk do not match the manifest starts; nil when

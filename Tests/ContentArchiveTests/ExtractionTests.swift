@@ -28,6 +28,11 @@ let pythonHostileZip = #"""
         elif kind == 'duplicate':
             import warnings; warnings.simplefilter('ignore')
             z.writestr('Contents/ok.txt', b'other\n')
+        elif kind == 'case':
+            z.writestr('Contents/OK.txt', b'other\n')
+        elif kind == 'normalisation':
+            z.writestr('Contents/caf\u00e9.txt', b'composed\n')
+            z.writestr('Contents/cafe\u0301.txt', b'decomposed\n')
         elif kind == 'bomb':
             z.writestr('Contents/zeros.bin', b'\0' * (50 << 20))
         elif kind == 'outside':
@@ -89,7 +94,8 @@ struct ExtractionTests {
         "hostile archives are refused and nothing is written",
         arguments: [
             ("traversal", "unsafe path"), ("absolute", "unsafe path"), ("backslash", "unsafe path"),
-            ("symlink", "symbolic link"), ("duplicate", "twice"), ("bomb", "zip bombs"),
+            ("symlink", "symbolic link"), ("duplicate", "twice"), ("case", "differ only by case"),
+            ("normalisation", "Unicode normalisation"), ("bomb", "zip bombs"),
             ("outside", "outside Contents/"), ("noplist", "no ContentInfo.plist"), ("lying-size", "more than its declared"),
         ])
     func hostile(kind: String, message: String) throws {

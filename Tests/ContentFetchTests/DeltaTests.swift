@@ -228,4 +228,37 @@ struct DeltaTests {
         bigger.archiveSize = 4000
         #expect(DeltaPlan.make(manifest: bigger, manifestSHA256: "m", installed: installed, installedFolder: tmp.sub("old")) == nil)
     }
+
+    @Test("the installed record reads back as written, and a damaged one reads as none (the next download is whole)")
+    func installedRecord() throws {
+        let files = [
+            InstalledVersion.File(path: "Contents/a b/é ü.txt", sha256: String(repeating: "ab", count: 32), size: 0, device: 2049, inode: 1, modified: -1_500),
+            InstalledVersion.File(
+                path: "Contents/big.bin", sha256: String(repeating: "0f", count: 32), size: Int64.max, device: UInt64.max, inode: 77,
+                modified: 1_764_000_000_123_456_789),
+        ]
+        let record = InstalledVersion(productId: "com.example.p", contentVersion: "1.2.3", files: files)
+        let read = try #require(InstalledVersion.decode(record.encoded()))
+        #expect(read.productId == "com.example.p" && read.contentVersion == "1.2.3" && read.files == files)
+
+        let good = String(decoding: record.encoded(), as: UTF8.self)
+        let line = "\(files[1].sha256)\t5\t1\t2\t3\tContents/x\n"
+        for damaged in [
+            good.replacingOccurrences(of: "iap-fetch-installed 1", with: "iap-fetch-installed 2"),
+            "iap-fetch-installed 1\tcom.example.p\n" + line,
+            good + "\(files[1].sha256)\t5\t1\t2\tContents/x\n",
+            good + line.replacingOccurrences(of: "\t5\t", with: "\t5x\t"),
+            good + line.replacingOccurrences(of: "\t5\t", with: "\t\t"),
+            good + line.replacingOccurrences(of: "\t5\t", with: "\t+5\t"),
+            good + line.replacingOccurrences(of: "\t5\t", with: "\t-\t"),
+            good + line.replacingOccurrences(of: "\t1\t2\t", with: "\t-1\t2\t"),
+            good + line.replacingOccurrences(of: "\t5\t", with: "\t9223372036854775808\t"),
+            good + line.replacingOccurrences(of: "\t3\t", with: "\t-9223372036854775809\t"),
+        ] {
+            #expect(InstalledVersion.decode(Data(damaged.utf8)) == nil, "read as a record: \(damaged.suffix(60).debugDescription)")
+        }
+        // The extremes of each field still read.
+        let edges = good + line.replacingOccurrences(of: "\t5\t1\t2\t3\t", with: "\t9223372036854775807\t18446744073709551615\t0\t-9223372036854775808\t")
+        #expect(InstalledVersion.decode(Data(edges.utf8))?.files.last?.modified == Int64.min)
+    }
 }
