@@ -33,8 +33,8 @@ public enum SafeExtractor {
             throw .corrupt("\(archive) holds \(info.productIdentifier) \(info.contentVersion), not the expected \(expecting.productIdentifier) \(expecting.contentVersion): refusing to install it")
         }
         let needed = reader.entries.reduce(UInt64(0)) { $0 + $1.uncompressedSize }
-        try stage(reader, to: destination, needing: needed, durable: durable) { (entry, target) throws(ArchiveError) in
-            try write(entry, from: reader, to: target, sha256: nil, durable: durable)
+        try stage(reader, to: destination, needing: needed, durable: durable) { (entry, target, syncs) throws(ArchiveError) in
+            try write(entry, from: reader, to: target, sha256: nil, syncs: syncs)
         }
         return info
     }
@@ -54,14 +54,14 @@ public enum SafeExtractor {
         let reader = try ArchiveReader(path: partialArchive, manifest: manifest, limits: limits)
         let bySHA = Dictionary(manifest.entries.map { ($0.path, $0.sha256) }, uniquingKeysWith: { a, _ in a })
         let needed = reader.entries.filter { fetched.contains($0.path) }.reduce(UInt64(0)) { $0 + $1.uncompressedSize }
-        try stage(reader, to: destination, needing: needed, durable: durable) { (entry, target) throws(ArchiveError) in
+        try stage(reader, to: destination, needing: needed, durable: durable) { (entry, target, syncs) throws(ArchiveError) in
             if fetched.contains(entry.path) {
-                try write(entry, from: reader, to: target, sha256: bySHA[entry.path], durable: durable)
+                try write(entry, from: reader, to: target, sha256: bySHA[entry.path], syncs: syncs)
             } else if let old = reused[entry.path] {
                 try validateEntryPath(old, archive: previousFolder)
                 let source = previousFolder + "/" + old
                 if link(source, target) != 0 {
-                    try copy(source, to: target, sha256: bySHA[entry.path] ?? "", durable: durable)
+                    try copy(source, to: target, sha256: bySHA[entry.path] ?? "", syncs: syncs)
                 }
             } else {
                 throw .corrupt("the delta update names no source for '\(entry.path)': please report this")
@@ -75,11 +75,12 @@ public enum SafeExtractor {
     }
 
     /// Builds a temporary sibling of `destination`: `reader`'s folders, and each file by `place`
-    /// (entry, path to create); runs `check` on the folder, syncs it when `durable`, and renames
-    /// it into place; removes it on any error.
+    /// (entry, path to create, and when `durable` where to hand the file to be synced); runs
+    /// `check` on the folder, syncs it when `durable`, and renames it into place; removes it on
+    /// any error.
     private static func stage(
         _ reader: ArchiveReader, to destination: String, needing needed: UInt64, durable: Bool,
-        _ place: (ArchiveEntry, String) throws(ArchiveError) -> Void,
+        _ place: (ArchiveEntry, String, BackgroundSync?) throws(ArchiveError) -> Void,
         check: (String) throws(ArchiveError) -> Void = { _ in }
     ) throws(ArchiveError) {
         let destinationURL = URL(fileURLWithPath: destination)
@@ -100,7 +101,10 @@ public enum SafeExtractor {
         let claim = UnfinishedFiles.Claim(temp)
         defer { claim.release() }
         guard mkdir(temp, 0o755) == 0 else { throw ioError(errno, action: "create folder", path: temp) }
+        let syncs = durable ? BackgroundSync() : nil
         do throws(ArchiveError) {
+            // Every file is synced before the folder is renamed, whatever is thrown.
+            defer { syncs?.waitForAll() }
             var made: Set<String> = []
             for entry in reader.entries {
                 if entry.isDirectory {
@@ -108,12 +112,13 @@ public enum SafeExtractor {
                     continue
                 }
                 try makeParents(of: entry.path, root: temp, made: &made)
-                try place(entry, temp + "/" + entry.path)
+                try place(entry, temp + "/" + entry.path, syncs)
             }
             try check(temp)
-            if durable {
-                for folder in made.sorted(by: >) { try syncDirectory(temp + "/" + folder) }
-                try syncDirectory(temp)
+            if let syncs {
+                for folder in made.sorted(by: >) { syncs.sync(directory: temp + "/" + folder) }
+                syncs.sync(directory: temp)
+                try syncs.finish()
             }
             guard rename(temp, destination) == 0 else { throw ioError(errno, action: "rename into", path: destination) }
             if durable { try syncDirectory(parent) }
@@ -124,9 +129,10 @@ public enum SafeExtractor {
     }
 
     /// Writes one entry's bytes to a new file at `target`, checking its SHA-256 when given.
-    private static func write(_ entry: ArchiveEntry, from reader: ArchiveReader, to target: String, sha256: String?, durable: Bool) throws(ArchiveError) {
+    private static func write(_ entry: ArchiveEntry, from reader: ArchiveReader, to target: String, sha256: String?, syncs: BackgroundSync?) throws(ArchiveError) {
         let fd = try create(target)
-        defer { try? fd.close() }
+        var handedOver = false
+        defer { if !handedOver { try? fd.close() } }
         var hasher = SHA256()
         try reader.read(entry) { (bytes) throws(ArchiveError) in
             if sha256 != nil { hasher.update(bufferPointer: bytes) }
@@ -135,15 +141,19 @@ public enum SafeExtractor {
         if let sha256, Hex.encode(hasher.finalize()) != sha256 {
             throw .corrupt("entry '\(entry.path)' of \(reader.path) does not match the SHA-256 its manifest gives: download it again")
         }
-        if durable && fsync(fd.rawValue) != 0 { throw ioError(errno, action: "sync", path: target) }
+        if let syncs {
+            syncs.sync(fd, path: target)
+            handedOver = true
+        }
     }
 
     /// Copies an installed file where a hard link cannot be made, checking its SHA-256.
-    private static func copy(_ source: String, to target: String, sha256: String, durable: Bool) throws(ArchiveError) {
+    private static func copy(_ source: String, to target: String, sha256: String, syncs: BackgroundSync?) throws(ArchiveError) {
         let input = try openFile(source)
         defer { try? input.close() }
         let fd = try create(target)
-        defer { try? fd.close() }
+        var handedOver = false
+        defer { if !handedOver { try? fd.close() } }
         var hasher = SHA256()
         var offset: UInt64 = 0
         while true {
@@ -156,7 +166,10 @@ public enum SafeExtractor {
         guard Hex.encode(hasher.finalize()) == sha256 else {
             throw .corrupt("\(source) changed since it was installed: it will be downloaded again")
         }
-        if durable && fsync(fd.rawValue) != 0 { throw ioError(errno, action: "sync", path: target) }
+        if let syncs {
+            syncs.sync(fd, path: target)
+            handedOver = true
+        }
     }
 
     private static func create(_ target: String) throws(ArchiveError) -> FileDescriptor {
@@ -178,4 +191,39 @@ public enum SafeExtractor {
             made.insert(current)
         }
     }
+}
+
+/// Syncs the files and folders an extraction wrote on a thread of its own, in the order handed
+/// over, while the next files are inflated and written.
+///
+/// Why: an update of 157 files synced each one as it was written, and the 215 syncs (files and
+/// folders) took most of its install, the disk idle while a file was inflated and the processor
+/// idle while one was synced. At most 64 files wait, so open descriptors stay bounded.
+final class BackgroundSync: @unchecked Sendable {
+    private let queue = BoundedQueue(label: "iap-extract.sync", limit: 64)
+    /// Touched only on `queue`: the first sync that failed.
+    private var failure: ArchiveError?
+
+    /// Syncs and then closes `fd`, the file at `path`.
+    func sync(_ fd: FileDescriptor, path: String) {
+        queue.async(holding: 1) { [self] in
+            if failure == nil && fsync(fd.rawValue) != 0 { failure = ioError(errno, action: "sync", path: path) }
+            try? fd.close()
+        }
+    }
+
+    func sync(directory path: String) {
+        queue.async(holding: 1) { [self] in
+            guard failure == nil else { return }
+            do throws(ArchiveError) { try syncDirectory(path) } catch { failure = error }
+        }
+    }
+
+    /// Waits for everything handed over; throws the first failure.
+    func finish() throws(ArchiveError) {
+        if let failure = queue.sync({ failure }) { throw failure }
+    }
+
+    /// Waits for everything handed over (every descriptor closed), without asking how it went.
+    func waitForAll() { queue.sync {} }
 }
