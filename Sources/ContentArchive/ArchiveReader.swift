@@ -40,7 +40,8 @@ public struct ArchiveEntry: Sendable, Equatable {
 
 /// Reads a ZIP archive, treating every byte as hostile: all structure is validated when it is
 /// opened (paths, sizes, overlaps, ratios, types) and every entry's size and CRC when it is read.
-public final class ArchiveReader {
+/// Entries may be read from several threads at once: each read has its own offsets and buffers.
+public final class ArchiveReader: Sendable {
     public let path: String
     public let size: UInt64
     /// The entries in central-directory order.

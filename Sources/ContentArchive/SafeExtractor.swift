@@ -1,6 +1,7 @@
 import Crypto
 import DurableFiles
 import Foundation
+import Synchronization
 import SystemPackage
 
 #if canImport(Glibc)
@@ -35,6 +36,8 @@ public enum SafeExtractor {
         let needed = reader.entries.reduce(UInt64(0)) { $0 + $1.uncompressedSize }
         try stage(reader, to: destination, needing: needed, durable: durable) { (entry, target, syncs) throws(ArchiveError) in
             try write(entry, from: reader, to: target, sha256: nil, syncs: syncs)
+        } cost: {
+            $0.uncompressedSize
         }
         return info
     }
@@ -66,6 +69,9 @@ public enum SafeExtractor {
             } else {
                 throw .corrupt("the delta update names no source for '\(entry.path)': please report this")
             }
+        } cost: {
+            // A link costs about what inflating and writing 8 KiB does.
+            fetched.contains($0.path) ? $0.uncompressedSize : 8 << 10
         } check: { (temp) throws(ArchiveError) in
             let plist = temp + "/" + ContentInfo.fileName
             guard let data = FileManager.default.contents(atPath: plist), (try? ContentInfo(plist: Data(data), source: plist)) == expecting else {
@@ -78,9 +84,14 @@ public enum SafeExtractor {
     /// (entry, path to create, and when `durable` where to hand the file to be synced); runs
     /// `check` on the folder, syncs it when `durable`, and renames it into place; removes it on
     /// any error.
+    ///
+    /// Files are placed in lanes, one per core (up to ``maximumLanes``), each taking the next
+    /// file while its `cost` so far is the lowest: inflating is the work, and one core left most
+    /// of a 1 GiB install to the disk and the other idle.
     private static func stage(
         _ reader: ArchiveReader, to destination: String, needing needed: UInt64, durable: Bool,
-        _ place: (ArchiveEntry, String, BackgroundSync?) throws(ArchiveError) -> Void,
+        _ place: @Sendable (ArchiveEntry, String, BackgroundSync?) throws(ArchiveError) -> Void,
+        cost: (ArchiveEntry) -> UInt64,
         check: (String) throws(ArchiveError) -> Void = { _ in }
     ) throws(ArchiveError) {
         let destinationURL = URL(fileURLWithPath: destination)
@@ -105,14 +116,37 @@ public enum SafeExtractor {
         do throws(ArchiveError) {
             // Every file is synced before the folder is renamed, whatever is thrown.
             defer { syncs?.waitForAll() }
+            // Every folder first: the lanes then only create files.
             var made: Set<String> = []
             for entry in reader.entries {
-                if entry.isDirectory {
-                    try makeParents(of: entry.path + "x", root: temp, made: &made)
-                    continue
+                try makeParents(of: entry.isDirectory ? entry.path + "x" : entry.path, root: temp, made: &made)
+            }
+            let files = reader.entries.filter { !$0.isDirectory }
+            let laneCount = min(maximumLanes, ProcessInfo.processInfo.activeProcessorCount, files.count)
+            if laneCount > 1 {
+                var lanes = [[ArchiveEntry]](repeating: [], count: laneCount)
+                var costs = [UInt64](repeating: 0, count: laneCount)
+                for file in files {
+                    let lane = costs.indices.min { costs[$0] < costs[$1] }!
+                    lanes[lane].append(file)
+                    costs[lane] += cost(file)
                 }
-                try makeParents(of: entry.path, root: temp, made: &made)
-                try place(entry, temp + "/" + entry.path, syncs)
+                let failure = Mutex<ArchiveError?>(nil)
+                let planned = lanes
+                DispatchQueue.concurrentPerform(iterations: laneCount) { lane in
+                    do throws(ArchiveError) {
+                        for file in planned[lane] {
+                            // Another lane failed: the folder is removed anyway.
+                            if failure.withLock({ $0 != nil }) { return }
+                            try place(file, temp + "/" + file.path, syncs)
+                        }
+                    } catch {
+                        failure.withLock { if $0 == nil { $0 = error } }
+                    }
+                }
+                if let error = failure.withLock({ $0 }) { throw error }
+            } else {
+                for file in files { try place(file, temp + "/" + file.path, syncs) }
             }
             try check(temp)
             if let syncs {
@@ -127,6 +161,10 @@ public enum SafeExtractor {
             throw error
         }
     }
+
+    /// At most this many files are placed at once: beyond it the disk, not the processor, sets
+    /// the pace.
+    static let maximumLanes = 4
 
     /// Writes one entry's bytes to a new file at `target`, checking its SHA-256 when given.
     private static func write(_ entry: ArchiveEntry, from reader: ArchiveReader, to target: String, sha256: String?, syncs: BackgroundSync?) throws(ArchiveError) {
