@@ -113,10 +113,12 @@ public struct DownloadJournal: Sendable {
 
     public init(contentDirectory: String) throws(FetchError) {
         folder = contentDirectory + "/.iap-fetch"
+        // The content folder first, so that a path naming a file is reported as that.
         do {
-            try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+            try Directory.create(contentDirectory)
+            try Directory.create(folder)
         } catch {
-            throw FetchError(.install, "cannot create \(folder): \(error.localizedDescription); choose a writable --content-dir")
+            throw FetchError(.install, "the content folder (--content-dir): \(error.message)")
         }
     }
 

@@ -38,4 +38,15 @@ struct ReadOnlyTests {
         #expect(shop.installed("com.example.big") == shop.payloads["com.example.big"])
         #expect(try FileTransactionQueue(folder: shop.queue).transaction(purchase)?.finishedAt != nil)
     }
+
+    @Test("a content folder that is a file, or lies under one, is refused with what is wrong and where")
+    func contentFolderIsAFile() throws {
+        let tmp = try TemporaryFolder()
+        let file = try tmp.write("device", "not a folder")
+        for (path, says) in [(file, "\(file) exists and is not a folder"), (file + "/inner", "part of the path is not a folder")] {
+            let error = try #require(throws: FetchError.self) { try DownloadJournal(contentDirectory: path) }
+            #expect(error.message.contains("--content-dir") && error.message.contains(says), "\(error.message)")
+        }
+        #expect(try String(contentsOfFile: file, encoding: .utf8) == "not a folder")
+    }
 }
