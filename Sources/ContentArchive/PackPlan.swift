@@ -41,6 +41,9 @@ struct PreviousBuild: Sendable {
         let manifestPath: String
         let archive: String
         let manifest: ArchiveManifest
+        guard access(path, F_OK) == 0 else {
+            throw .invalid("--previous \(path) does not exist: pass the archive (or manifest) of the build this one updates, or build without --previous")
+        }
         if path.hasSuffix(".manifest.json") {
             manifestPath = path
             manifest = try ArchiveManifest.load(path: path)

@@ -174,8 +174,13 @@ struct Get: AsyncParsableCommand {
     @Option(help: "A file holding the signed transaction.") var transaction: String
 
     func run() async throws {
-        guard let text = try? String(contentsOfFile: transaction, encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines) else {
-            throw ValidationError("cannot read \(transaction)")
+        let text: String
+        do {
+            text = try String(contentsOfFile: transaction, encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
+        } catch {
+            let reason = FileManager.default.fileExists(atPath: transaction) ? "it is not readable UTF-8 text" : "it does not exist"
+            throw reporter.failure(
+                "invalid-input", "cannot read --transaction \(transaction): \(reason); pass the file holding the signed transaction (the JWS the app got from StoreKit)")
         }
         // Only the ids are read here; the server verifies the signature.
         let parts = text.split(separator: ".")
@@ -183,7 +188,8 @@ struct Get: AsyncParsableCommand {
             let object = try? JSONSerialization.jsonObject(with: Data(payload)) as? [String: Any],
             let id = object["transactionId"] as? String, let product = object["productId"] as? String
         else {
-            throw ValidationError("\(transaction) does not hold a signed transaction (a JWS with transactionId and productId)")
+            throw reporter.failure(
+                "invalid-input", "--transaction \(transaction) does not hold a signed transaction (a JWS whose payload has transactionId and productId): pass the JWS the app got from StoreKit")
         }
         try await runFetcher(options, source: SingleTransaction(transaction: QueuedTransaction(transactionId: id, productId: product, signedTransaction: text)))
     }

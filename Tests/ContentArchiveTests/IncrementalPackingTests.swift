@@ -216,6 +216,11 @@ struct IncrementalPackingTests {
         let cli = try iapPack(["build", v1, "--product-id", "com.example.delta", "--content-version", "1.2", "-o", out, "--previous", old.archivePath])
         #expect(cli.status == 1)
         #expect(cli.stderr.contains("has no manifest beside it"))
+
+        // A previous build that is not there is named as that, not as a missing manifest.
+        let missing = try iapPack(["build", v1, "--product-id", "com.example.delta", "--content-version", "1.2", "-o", out, "--previous", old.archivePath + ".gone"])
+        #expect(missing.status == 1)
+        #expect(missing.stderr.contains("--previous \(old.archivePath).gone does not exist"), "\(missing.stderr)")
     }
 
     func flipByte(_ path: String, at offset: UInt64) throws {
