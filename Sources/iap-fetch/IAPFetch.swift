@@ -178,7 +178,9 @@ struct Get: AsyncParsableCommand {
         do {
             text = try String(contentsOfFile: transaction, encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
         } catch {
-            let reason = FileManager.default.fileExists(atPath: transaction) ? "it is not readable UTF-8 text" : "it does not exist"
+            let reason =
+                !FileManager.default.fileExists(atPath: transaction)
+                ? "it does not exist" : !FileManager.default.isReadableFile(atPath: transaction) ? "it is not readable (check its permissions)" : "it is not UTF-8 text"
             throw reporter.failure(
                 "invalid-input", "cannot read --transaction \(transaction): \(reason); pass the file holding the signed transaction (the JWS the app got from StoreKit)")
         }
