@@ -173,9 +173,19 @@ public enum SafeExtractor {
         var handedOver = false
         defer { if !handedOver { try? fd.close() } }
         var hasher = SHA256()
+        var written: Int64 = 0
+        var writebackStarted: Int64 = 0
         try reader.read(entry) { (bytes) throws(ArchiveError) in
             if sha256 != nil { hasher.update(bufferPointer: bytes) }
             _ = try systemCall("write", target) { try fd.writeAll(bytes) }
+            written += Int64(bytes.count)
+            #if os(Linux)
+                // A large file goes to the disk while the rest of it is inflated, not all at the end.
+                if syncs != nil, written - writebackStarted >= 4 << 20 {
+                    sync_file_range(fd.rawValue, writebackStarted, written - writebackStarted, cwriteback_start)
+                    writebackStarted = written
+                }
+            #endif
         }
         if let sha256, Hex.encode(hasher.finalize()) != sha256 {
             throw .corrupt("entry '\(entry.path)' of \(reader.path) does not match the SHA-256 its manifest gives: download it again")
