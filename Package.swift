@@ -219,7 +219,7 @@ let package = Package(
         .executableTarget(
             name: "iap-fetch",
             dependencies: [
-                "CommandLineReporting", "Base64URL", "ContentFetch", "IAPProtocol", "TransactionQueue",
+                "CommandLineReporting", "Base64URL", "ContentFetch", "DurableFiles", "IAPProtocol", "TransactionQueue",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),

@@ -31,9 +31,8 @@ final class BufferedFileWriter {
     /// Bytes written so far, buffered or not.
     var offset: UInt64 { bufferStart + UInt64(filled) }
     private var closed = false
-    /// How far the kernel's write-back has been started (buffered writes only).
-    private var writebackStarted: UInt64 = 0
-    private let writebackStep: UInt64 = 32 << 20
+    /// The kernel's write-back, started every 32 MiB (buffered writes only).
+    private var writeback = Writeback(step: 32 << 20)
 
     /// Whether `finish` syncs to disk (and writing back starts early so that it has less to wait for).
     private let durable: Bool
@@ -183,12 +182,7 @@ final class BufferedFileWriter {
     /// kernel would otherwise hold it all until `finish`'s fsync, which then waited for the whole
     /// archive with both cores idle.
     private func startWriteback() {
-        #if os(Linux)
-            if durable, bufferStart - writebackStarted >= writebackStep {
-                sync_file_range(fd.rawValue, Int64(writebackStarted), Int64(bufferStart - writebackStarted), cwriteback_start)
-                writebackStarted = bufferStart
-            }
-        #endif
+        if durable { writeback.wrote(upTo: bufferStart, fd: fd) }
     }
 
     /// Overwrites bytes already written (a header whose sizes were not known yet).
@@ -232,6 +226,35 @@ final class BufferedFileWriter {
 
 /// Bytes of a file mapped read-only, unmapped when the last holder lets go.
 ///
+/// Starts the kernel writing a file's bytes to the disk without waiting for it (Linux;
+/// elsewhere nothing), so that the `fsync` at the end finds them on their way: with gigabytes of
+/// RAM the kernel would otherwise hold them until then, and the disk would idle meanwhile.
+struct Writeback {
+    /// Bytes written between two starts.
+    let step: UInt64
+    /// How far write-back has been started from the file's beginning.
+    private var started: UInt64 = 0
+
+    init(step: UInt64) { self.step = step }
+
+    /// The file now holds `written` bytes: starts write-back of those not started yet, once a
+    /// `step` of them has piled up.
+    mutating func wrote(upTo written: UInt64, fd: FileDescriptor) {
+        #if os(Linux)
+            guard written >= started + step else { return }
+            sync_file_range(fd.rawValue, Int64(started), Int64(written - started), cwriteback_start)
+            started = written
+        #endif
+    }
+
+    /// Starts write-back of all of `fd`'s file.
+    static func startAll(_ fd: FileDescriptor) {
+        #if os(Linux)
+            sync_file_range(fd.rawValue, 0, 0, cwriteback_start)
+        #endif
+    }
+}
+
 /// The packer copies a previous archive's reused bytes through a mapping rather than `pread`
 /// into arrays: the writer and both hashers then read the page cache itself, and the one copy
 /// left is the write into the new archive (the reads' copies cost the writer's thread as much as

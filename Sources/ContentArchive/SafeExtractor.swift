@@ -5,7 +5,6 @@ import Synchronization
 import SystemPackage
 
 #if canImport(Glibc)
-    import CLinuxWriteback
     import Glibc
 #elseif canImport(Darwin)
     import Darwin
@@ -122,32 +121,8 @@ public enum SafeExtractor {
             for entry in reader.entries {
                 try makeParents(of: entry.isDirectory ? entry.path + "x" : entry.path, root: temp, made: &made)
             }
-            let files = reader.entries.filter { !$0.isDirectory }
-            let laneCount = min(maximumLanes, ProcessInfo.processInfo.activeProcessorCount, files.count)
-            if laneCount > 1 {
-                var lanes = [[ArchiveEntry]](repeating: [], count: laneCount)
-                var costs = [UInt64](repeating: 0, count: laneCount)
-                for file in files {
-                    let lane = costs.indices.min { costs[$0] < costs[$1] }!
-                    lanes[lane].append(file)
-                    costs[lane] += cost(file)
-                }
-                let failure = Mutex<ArchiveError?>(nil)
-                let planned = lanes
-                DispatchQueue.concurrentPerform(iterations: laneCount) { lane in
-                    do throws(ArchiveError) {
-                        for file in planned[lane] {
-                            // Another lane failed: the folder is removed anyway.
-                            if failure.withLock({ $0 != nil }) { return }
-                            try place(file, temp + "/" + file.path, syncs)
-                        }
-                    } catch {
-                        failure.withLock { if $0 == nil { $0 = error } }
-                    }
-                }
-                if let error = failure.withLock({ $0 }) { throw error }
-            } else {
-                for file in files { try place(file, temp + "/" + file.path, syncs) }
+            try placeInLanes(reader.entries.filter { !$0.isDirectory }, cost: cost) { (file) throws(ArchiveError) in
+                try place(file, temp + "/" + file.path, syncs)
             }
             try check(temp)
             if let syncs {
@@ -167,32 +142,50 @@ public enum SafeExtractor {
     /// the pace.
     static let maximumLanes = 4
 
+    /// Runs `place` on every file, in lanes (one per core, up to ``maximumLanes``), each taking
+    /// the next file while its `cost` so far is the lowest; the first failure stops every lane
+    /// before its next file and is thrown.
+    private static func placeInLanes(
+        _ files: [ArchiveEntry], cost: (ArchiveEntry) -> UInt64, _ place: @Sendable (ArchiveEntry) throws(ArchiveError) -> Void
+    ) throws(ArchiveError) {
+        let laneCount = min(maximumLanes, ProcessInfo.processInfo.activeProcessorCount, files.count)
+        guard laneCount > 1 else {
+            for file in files { try place(file) }
+            return
+        }
+        var lanes = [[ArchiveEntry]](repeating: [], count: laneCount)
+        var costs = [UInt64](repeating: 0, count: laneCount)
+        for file in files {
+            let lane = costs.indices.min { costs[$0] < costs[$1] }!
+            lanes[lane].append(file)
+            costs[lane] += cost(file)
+        }
+        let failure = Mutex<ArchiveError?>(nil)
+        let planned = lanes
+        DispatchQueue.concurrentPerform(iterations: laneCount) { lane in
+            do throws(ArchiveError) {
+                for file in planned[lane] {
+                    if failure.withLock({ $0 != nil }) { return }
+                    try place(file)
+                }
+            } catch {
+                failure.withLock { if $0 == nil { $0 = error } }
+            }
+        }
+        if let error = failure.withLock({ $0 }) { throw error }
+    }
+
     /// Writes one entry's bytes to a new file at `target`, checking its SHA-256 when given.
     private static func write(_ entry: ArchiveEntry, from reader: ArchiveReader, to target: String, sha256: String?, syncs: BackgroundSync?) throws(ArchiveError) {
-        let fd = try create(target)
-        var handedOver = false
-        defer { if !handedOver { try? fd.close() } }
-        var hasher = SHA256()
-        var written: Int64 = 0
-        var writebackStarted: Int64 = 0
-        try reader.read(entry) { (bytes) throws(ArchiveError) in
-            if sha256 != nil { hasher.update(bufferPointer: bytes) }
-            _ = try systemCall("write", target) { try fd.writeAll(bytes) }
-            written += Int64(bytes.count)
-            #if os(Linux)
-                // A large file goes to the disk while the rest of it is inflated, not all at the end.
-                if syncs != nil, written - writebackStarted >= 4 << 20 {
-                    sync_file_range(fd.rawValue, writebackStarted, written - writebackStarted, cwriteback_start)
-                    writebackStarted = written
-                }
-            #endif
-        }
-        if let sha256, Hex.encode(hasher.finalize()) != sha256 {
-            throw .corrupt("entry '\(entry.path)' of \(reader.path) does not match the SHA-256 its manifest gives: download it again")
-        }
-        if let syncs {
-            syncs.sync(fd, path: target)
-            handedOver = true
+        try makeFile(target, syncs: syncs) { (write) throws(ArchiveError) in
+            var hasher = SHA256()
+            try reader.read(entry) { (bytes) throws(ArchiveError) in
+                if sha256 != nil { hasher.update(bufferPointer: bytes) }
+                try write(bytes)
+            }
+            if let sha256, Hex.encode(hasher.finalize()) != sha256 {
+                throw .corrupt("entry '\(entry.path)' of \(reader.path) does not match the SHA-256 its manifest gives: download it again")
+            }
         }
     }
 
@@ -200,25 +193,43 @@ public enum SafeExtractor {
     private static func copy(_ source: String, to target: String, sha256: String, syncs: BackgroundSync?) throws(ArchiveError) {
         let input = try openFile(source)
         defer { try? input.close() }
+        try makeFile(target, syncs: syncs) { (write) throws(ArchiveError) in
+            var hasher = SHA256()
+            var offset: UInt64 = 0
+            while true {
+                let chunk = try readFully(input, at: offset, count: 1 << 20, path: source)
+                if chunk.isEmpty { break }
+                hasher.update(data: chunk)
+                try withBytes(chunk) { (raw) throws(ArchiveError) in try write(raw) }
+                offset += UInt64(chunk.count)
+            }
+            guard Hex.encode(hasher.finalize()) == sha256 else {
+                throw .corrupt("\(source) changed since it was installed: it will be downloaded again")
+            }
+        }
+    }
+
+    /// Creates `target` and has `fill` write it through the function it is given; then hands
+    /// the file to `syncs` (which closes it once synced) or closes it. Closed on any error.
+    private static func makeFile(
+        _ target: String, syncs: BackgroundSync?,
+        _ fill: (_ write: (UnsafeRawBufferPointer) throws(ArchiveError) -> Void) throws(ArchiveError) -> Void
+    ) throws(ArchiveError) {
         let fd = try create(target)
-        var handedOver = false
-        defer { if !handedOver { try? fd.close() } }
-        var hasher = SHA256()
-        var offset: UInt64 = 0
-        while true {
-            let chunk = try readFully(input, at: offset, count: 1 << 20, path: source)
-            if chunk.isEmpty { break }
-            hasher.update(data: chunk)
-            _ = try systemCall("write", target) { try fd.writeAll(chunk) }
-            offset += UInt64(chunk.count)
+        // A large file goes to the disk while the rest of it is written, not all at the end.
+        var writeback = Writeback(step: 4 << 20)
+        var written: UInt64 = 0
+        do throws(ArchiveError) {
+            try fill { (bytes) throws(ArchiveError) in
+                _ = try systemCall("write", target) { try fd.writeAll(bytes) }
+                written += UInt64(bytes.count)
+                if syncs != nil { writeback.wrote(upTo: written, fd: fd) }
+            }
+        } catch {
+            try? fd.close()
+            throw error
         }
-        guard Hex.encode(hasher.finalize()) == sha256 else {
-            throw .corrupt("\(source) changed since it was installed: it will be downloaded again")
-        }
-        if let syncs {
-            syncs.sync(fd, path: target)
-            handedOver = true
-        }
+        if let syncs { syncs.sync(fd, path: target) } else { try? fd.close() }
     }
 
     private static func create(_ target: String) throws(ArchiveError) -> FileDescriptor {
@@ -255,11 +266,9 @@ final class BackgroundSync: @unchecked Sendable {
 
     /// Syncs and then closes `fd`, the file at `path`.
     func sync(_ fd: FileDescriptor, path: String) {
-        #if os(Linux)
-            // The disk starts on the file now, beside those before it: `fsync` alone keeps one
-            // file in flight at a time, and the disk waits between them.
-            sync_file_range(fd.rawValue, 0, 0, cwriteback_start)
-        #endif
+        // The disk starts on the file now, beside those before it: `fsync` alone keeps one file
+        // in flight at a time, and the disk waits between them.
+        Writeback.startAll(fd)
         queue.async(holding: 1) { [self] in
             if failure == nil && fsync(fd.rawValue) != 0 { failure = ioError(errno, action: "sync", path: path) }
             try? fd.close()

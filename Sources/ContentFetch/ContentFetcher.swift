@@ -49,10 +49,16 @@ public actor ContentFetcher {
     var transfers: [String: PartialArchive] = [:]
     /// The installed versions delta updates were planned from in this run, by product.
     var planned: [String: InstalledVersion] = [:]
-    /// Manifests of the downloads in progress, by download id, with their SHA-256.
-    var manifests: [String: (sha256: String, manifest: ArchiveManifest)] = [:]
-    /// The entries each delta download fetches, by offset, with its manifest's SHA-256.
-    var deltaEntries: [String: (sha256: String, entries: [ArchiveManifest.Entry])] = [:]
+    /// Manifests of the downloads in progress, by download id.
+    var manifests: [String: LoadedManifest] = [:]
+
+    /// A download's manifest, with its SHA-256 and, for a delta, the entries it fetches by offset
+    /// (worked out when first needed).
+    struct LoadedManifest {
+        let sha256: String
+        let manifest: ArchiveManifest
+        var fetchedByOffset: [ArchiveManifest.Entry]?
+    }
 
     public init(configuration: FetchConfiguration, source: any TransactionSource) throws(FetchError) {
         self.configuration = configuration
@@ -323,7 +329,6 @@ public actor ContentFetcher {
                 if let manifest { installer.recordInstalled(manifest, at: path) }
                 unlink(journal.manifestPath(id))
                 manifests[id] = nil
-                deltaEntries[id] = nil
                 planned[granted.productId] = nil
                 try apply(.installed(contentPath: path), to: &download)
                 return
@@ -403,7 +408,7 @@ public actor ContentFetcher {
             manifest.contentVersion.string == granted.contentVersion
         else { return nil }
         try? AtomicFile.write(data, to: journal.manifestPath(id), permissions: 0o644)
-        manifests[id] = (sha256, manifest)
+        manifests[id] = LoadedManifest(sha256: sha256, manifest: manifest)
         return manifest
     }
 

@@ -331,10 +331,10 @@ extension ContentFetcher {
     /// every range that arrives is checked against them, and a large product has thousands of
     /// entries of which a delta fetches a few.
     private func fetchedEntries(_ id: String, delta: DeltaPlan, manifest: ArchiveManifest) -> [ArchiveManifest.Entry] {
-        if let known = deltaEntries[id], known.sha256 == delta.manifestSHA256 { return known.entries }
+        if let known = manifests[id]?.fetchedByOffset { return known }
         let fetched = Set(delta.fetched)
         let entries = manifest.entries.filter { fetched.contains($0.path) && $0.compressedSize > 0 }.sorted { $0.dataOffset < $1.dataOffset }
-        deltaEntries[id] = (delta.manifestSHA256, entries)
+        manifests[id]?.fetchedByOffset = entries
         return entries
     }
 
@@ -361,7 +361,7 @@ extension ContentFetcher {
             throw FetchError(.install, "the manifest saved for \(id) is missing or damaged; the download starts over")
         }
         let manifest = try ArchiveManifest.decode(data, source: path)
-        manifests[id] = (sha256, manifest)
+        manifests[id] = LoadedManifest(sha256: sha256, manifest: manifest)
         return manifest
     }
 

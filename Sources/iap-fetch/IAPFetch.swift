@@ -2,6 +2,7 @@ import ArgumentParser
 import Base64URL
 import CommandLineReporting
 import ContentFetch
+import DurableFiles
 import Foundation
 import TransactionQueue
 
@@ -178,11 +179,11 @@ struct Get: AsyncParsableCommand {
         do {
             text = try String(contentsOfFile: transaction, encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
         } catch {
+            // The system's reason when there is one (missing, permissions), in the project's wording.
             let reason =
-                !FileManager.default.fileExists(atPath: transaction)
-                ? "it does not exist" : !FileManager.default.isReadableFile(atPath: transaction) ? "it is not readable (check its permissions)" : "it is not UTF-8 text"
-            throw reporter.failure(
-                "invalid-input", "cannot read --transaction \(transaction): \(reason); pass the file holding the signed transaction (the JWS the app got from StoreKit)")
+                access(transaction, R_OK) != 0
+                ? ioFailureMessage(errno, action: "read --transaction", path: transaction) : "cannot read --transaction \(transaction): it is not UTF-8 text"
+            throw reporter.failure("invalid-input", "\(reason) (it should hold the signed transaction: the JWS the app got from StoreKit)")
         }
         // Only the ids are read here; the server verifies the signature.
         let parts = text.split(separator: ".")
