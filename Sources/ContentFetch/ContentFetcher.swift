@@ -42,7 +42,8 @@ public actor ContentFetcher {
     private enum Outcome: Sendable {
         case finished(String), failed(String, FetchError), paused(String), cancelled(String), interrupted
     }
-    /// What happened, in order; each `start()` reports what happened while it ran.
+    /// What happened, in order; each `start()` reports what happened while it ran (the first of
+    /// several at once also what happened since the last one returned).
     private var outcomes: [Outcome] = []
     /// `start()` calls waiting; with none, `outcomes` is emptied so it does not grow for ever.
     private var starts = 0
@@ -85,10 +86,13 @@ public actor ContentFetcher {
 
     /// Processes every unfinished transaction, and returns when none is left to do (downloads
     /// paused with `pause(_:)` stay paused). Downloads that an earlier process left paused or
-    /// interrupted are resumed from their journal.
+    /// interrupted are resumed from their journal. The summary also holds what ended between
+    /// this call and the last one (a download resumed with `resume(_:)` meanwhile).
     public func start() async -> RunSummary {
         stopAll = false
-        let mark = outcomes.count
+        // A first caller also reports what ended since the last run returned: a download that
+        // `resume(_:)` carried on in the background may have finished before this call.
+        let mark = starts == 0 ? 0 : outcomes.count
         starts += 1
         defer {
             starts -= 1
@@ -182,6 +186,15 @@ public actor ContentFetcher {
     /// The id of a transaction's download before its grant is known (one product per transaction).
     static func downloadId(_ transaction: QueuedTransaction) -> String {
         "\(transaction.transactionId)-\(transaction.productId)"
+    }
+
+    /// Returns once no queue loop runs, such as the one `resume(_:)` starts in the background.
+    func idle() async {
+        // `drain()` clears `loop` after its task ends; a loop still set but ended is idle too.
+        while let current = loop {
+            await current.value
+            if loop == current { return }
+        }
     }
 
     private func drain() async {

@@ -4,7 +4,7 @@ import Testing
 
 @testable import ContentArchive
 
-@Suite("Bad input to iap-pack")
+@Suite("Bad input to iap-pack", .onTestThreads)
 struct BadInputTests {
     /// Runs `iap-pack build` and checks it failed with `status`, said `message`, and wrote nothing.
     func expectRefusal(

@@ -5,7 +5,7 @@ import Testing
 
 @testable import ContentArchive
 
-@Suite("Joining DEFLATE streams")
+@Suite("Joining DEFLATE streams", .onTestThreads)
 struct DeflateJoinTests {
     /// Inputs that make libdeflate choose each kind of block: stored (noise), fixed and dynamic
     /// Huffman, several blocks per stream (text then noise then text), long matches (zeros), and
@@ -82,7 +82,7 @@ struct DeflateJoinTests {
     }
 }
 
-@Suite("Choosing compression levels")
+@Suite("Choosing compression levels", .onTestThreads)
 struct LevelBudgetTests {
     static let floats: [UInt8] = (0..<16_384).flatMap { i -> [UInt8] in
         let value = (sin(Double(i) * 0.001) * 100 * 100).rounded() / 100

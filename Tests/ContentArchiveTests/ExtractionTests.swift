@@ -60,7 +60,7 @@ let pythonHostileZip = #"""
         open(path, 'wb').write(data)
     """#
 
-@Suite("Safe extraction and verification")
+@Suite("Safe extraction and verification", .onTestThreads)
 struct ExtractionTests {
     func packSample(_ tmp: TemporaryFolder) throws -> PackResult {
         try ArchivePacker.pack(folder: repositoryContent("com.example.cosmos.levels1"), options: .init(outputDirectory: tmp.sub("out")))

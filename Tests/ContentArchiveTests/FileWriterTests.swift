@@ -5,7 +5,7 @@ import Testing
 
 @testable import ContentArchive
 
-@Suite("Archive file writer")
+@Suite("Archive file writer", .onTestThreads)
 struct FileWriterTests {
     static let pattern = Array(pseudoRandomBytes(10 << 20, seed: 21))
 

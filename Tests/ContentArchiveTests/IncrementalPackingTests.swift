@@ -5,7 +5,7 @@ import Testing
 
 @testable import ContentArchive
 
-@Suite("Incremental packing and chunk hashes")
+@Suite("Incremental packing and chunk hashes", .onTestThreads)
 struct IncrementalPackingTests {
     /// Version 1.0 of a product: text of several kinds, a multi-chunk log, incompressible media.
     func makeVersion1(_ tmp: TemporaryFolder) throws -> String {

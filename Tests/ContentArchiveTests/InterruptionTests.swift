@@ -10,7 +10,7 @@ import Testing
     import Darwin
 #endif
 
-@Suite("Builds stopped part-way")
+@Suite("Builds stopped part-way", .onTestThreads)
 struct InterruptionTests {
     @Test("SIGTERM mid-build removes the temporary archive and exits 143, as a shell reports a killed command")
     func terminatedBuildCleansUp() throws {

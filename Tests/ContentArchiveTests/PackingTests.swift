@@ -34,7 +34,7 @@ let pythonManifestCheck = #"""
     print('ok', len(manifest['entries']))
     """#
 
-@Suite("Packing")
+@Suite("Packing", .onTestThreads)
 struct PackingTests {
     /// A plain folder with text, JSON, a 9.6 MB log and a 5 MiB incompressible file (whole under
     /// the standard chunking, several chunks each `inSmallChunks`).

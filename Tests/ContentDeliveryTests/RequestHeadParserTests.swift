@@ -9,7 +9,7 @@ import Testing
 
 /// The fast path's parser on byte fixtures: what it takes, what it waits for, and everything it
 /// must leave to NIO's decoder.
-@Suite struct RequestHeadParserTests {
+@Suite(.onTestThreads) struct RequestHeadParserTests {
     let parser = RequestHeadParser(prefix: "/v1/content/")
 
     func parse(_ text: String) -> RequestHeadParser.Parsed {

@@ -2,7 +2,7 @@ import Foundation
 import IAPTestSupport
 import Testing
 
-@Suite("iap-fetch's answers to bad input")
+@Suite("iap-fetch's answers to bad input", .onTestThreads)
 struct CommandLineTests {
     func fetch(_ arguments: [String]) throws -> ProcessResult {
         try run(productsDirectory() + "/iap-fetch", arguments)

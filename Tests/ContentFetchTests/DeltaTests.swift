@@ -7,7 +7,7 @@ import TransactionQueue
 
 @testable import ContentFetch
 
-@Suite("Delta updates", .serialized)
+@Suite("Delta updates", .serialized, .onTestThreads)
 struct DeltaTests {
     static let product = "com.example.delta.world"
 

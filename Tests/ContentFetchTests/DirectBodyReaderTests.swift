@@ -61,7 +61,7 @@ final class ScriptedServer: @unchecked Sendable {
     }
 }
 
-@Suite("DirectBodyReader against scripted servers")
+@Suite("DirectBodyReader against scripted servers", .onTestThreads)
 struct DirectBodyReaderTests {
     struct Outcome {
         var status: UInt?

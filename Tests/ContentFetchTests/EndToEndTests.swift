@@ -3,7 +3,7 @@ import IAPTestSupport
 import Testing
 
 /// The demo's path through the four command-line tools, with assertions at every step.
-@Suite("End to end: pack, publish, buy, grant, fetch, install, finish, refund", .serialized)
+@Suite("End to end: pack, publish, buy, grant, fetch, install, finish, refund", .serialized, .onTestThreads)
 struct EndToEndTests {
     let tools = productsDirectory()
 

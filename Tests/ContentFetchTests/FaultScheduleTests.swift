@@ -6,7 +6,7 @@ import SandboxStore
 import Testing
 import TransactionQueue
 
-@Suite("Fault schedule", .serialized)
+@Suite("Fault schedule", .serialized, .onTestThreads)
 struct FaultScheduleTests {
     /// Polls (bounded) until `condition` holds or `process` exits.
     func waitUntil(_ process: Process, timeout: TimeInterval = 60, _ condition: () -> Bool) -> Bool {

@@ -7,7 +7,7 @@ import SandboxStore
 import Testing
 import TransactionQueue
 
-@Suite("iap-fetch under faults", .serialized)
+@Suite("iap-fetch under faults", .serialized, .onTestThreads)
 struct FaultTests {
     let product = "com.example.big"
 

@@ -6,7 +6,7 @@ import SandboxStore
 import Testing
 import TransactionQueue
 
-@Suite("iap-fetch against a real server", .serialized)
+@Suite("iap-fetch against a real server", .serialized, .onTestThreads)
 struct FetchTests {
     let bundleId = "com.example.app"
 

@@ -6,7 +6,7 @@ import SandboxStore
 import Testing
 import TransactionQueue
 
-@Suite("If-Range", .serialized)
+@Suite("If-Range", .serialized, .onTestThreads)
 struct IfRangeTests {
     func okResponses(_ server: ServerProcess, _ tmp: TemporaryFolder) throws -> Int {
         let metrics = try curl([server.base + "/metrics"], folder: tmp).text

@@ -4,7 +4,7 @@ import IAPTestSupport
 import Testing
 import TransactionQueue
 
-@Suite("iap-fetch with a content folder it may not write")
+@Suite("iap-fetch with a content folder it may not write", .onTestThreads)
 struct ReadOnlyTests {
     @Test("a read-only content folder fails the install with the reason, nothing half-installed; fixed, the next run installs without downloading again")
     func readOnlyContentFolder() throws {

@@ -5,7 +5,7 @@ import SandboxStore
 import Testing
 import TransactionQueue
 
-@Suite("iap-fetch with StoreKit 1 purchases (app receipts)", .serialized)
+@Suite("iap-fetch with StoreKit 1 purchases (app receipts)", .serialized, .onTestThreads)
 struct StoreKit1Tests {
     func events(_ output: String) -> [[String: Any]] {
         output.split(separator: "\n").compactMap { try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any] }

@@ -6,7 +6,7 @@ import Testing
 
 /// The shipped nginx configuration in front of replicas on PostgreSQL: the edge serves repeated
 /// bytes from its cache, yet every request's grant is checked by a replica.
-@Suite("nginx in front of replicas", .serialized)
+@Suite("nginx in front of replicas", .serialized, .onTestThreads)
 struct EdgeTests {
     let product = "com.example.edge.pack"
     let adminToken = ReplicaFixture.adminToken

@@ -5,7 +5,7 @@ import IAPTestSupport
 import SandboxStore
 import Testing
 
-@Suite("iap-server against slow clients, multipart uploads and failing storage", .serialized)
+@Suite("iap-server against slow clients, multipart uploads and failing storage", .serialized, .onTestThreads)
 struct HardeningTests {
     let bundleId = "com.example.app"
     let product = "com.example.cosmos.levels1"

@@ -45,7 +45,7 @@ func waitUntil(_ limit: Duration, _ condition: () throws -> Bool) async rethrows
 
 /// Several `iap-server` processes sharing one PostgreSQL database, one archive folder and one
 /// grant key file: any replica grants, serves and takes notifications for all.
-@Suite("Replicas on PostgreSQL", .serialized)
+@Suite("Replicas on PostgreSQL", .serialized, .onTestThreads)
 struct ReplicaTests {
     let product = "com.example.cosmos.levels1"
     let adminToken = ReplicaFixture.adminToken

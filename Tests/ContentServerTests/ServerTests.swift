@@ -7,7 +7,7 @@ import PurchaseVerification
 import SandboxStore
 import Testing
 
-@Suite("iap-server over real HTTP", .serialized)
+@Suite("iap-server over real HTTP", .serialized, .onTestThreads)
 struct ServerTests {
     let bundleId = "com.example.app"
     let product = "com.example.cosmos.levels1"

@@ -9,7 +9,7 @@ import X509
 /// corpus of valid and mutated signed data is judged by both; where Apple accepts we accept with
 /// the same decoded fields, where Apple refuses we refuse, and where we refuse alone the case is
 /// one of the deliberate ones listed in the README.
-@Suite("Agreement with Apple's App Store Server Library")
+@Suite("Agreement with Apple's App Store Server Library", .onTestThreads)
 struct AppleLibraryDifferentialTests {
     static let judge = #"""
         import base64, json, sys

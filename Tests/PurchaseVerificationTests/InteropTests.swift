@@ -72,7 +72,7 @@ let pythonJWS = #"""
         sign(sys.argv[2], sys.argv[3])
     """#
 
-@Suite("Interoperability with Python's cryptography")
+@Suite("Interoperability with Python's cryptography", .onTestThreads)
 struct InteropTests {
     @Test("Python verifies sandbox-signed transactions (chain, marker OIDs, raw ES256) and rejects a tampered one")
     func pythonVerifiesOurs() throws {

@@ -5,7 +5,7 @@ import SandboxStore
 import Testing
 import TransactionQueue
 
-@Suite("iap-server verify")
+@Suite("iap-server verify", .onTestThreads)
 struct VerifyToolTests {
     @Test("iap-sandbox and iap-server verify work together from the command line")
     func commandLine() throws {

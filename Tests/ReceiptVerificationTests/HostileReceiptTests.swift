@@ -8,7 +8,7 @@ import Testing
 
 /// Hostile containers and hostile payloads (validly signed, so the payload parser is what
 /// judges them): a clear error with a code, never a crash, in bounded time and memory.
-@Suite("Hostile receipts")
+@Suite("Hostile receipts", .onTestThreads)
 struct HostileReceiptTests {
     func attribute(_ type: Int, _ value: [UInt8]) throws -> [UInt8] {
         var serializer = DER.Serializer()

@@ -10,7 +10,7 @@ import X509
 /// Python's asn1crypto (the payload) judge a corpus of sandbox receipts and mutations beside the
 /// module: the same accept/refuse and the same decoded fields, except where the module is
 /// deliberately stricter (listed, with the reason, in the README).
-@Suite("Receipts: agreement with openssl cms and asn1crypto")
+@Suite("Receipts: agreement with openssl cms and asn1crypto", .onTestThreads)
 struct ReceiptDifferentialTests {
     static let judge = #"""
         import json, subprocess, sys

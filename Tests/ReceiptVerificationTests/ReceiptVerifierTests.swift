@@ -39,7 +39,7 @@ func refusal(_ bytes: [UInt8], _ verifier: ReceiptVerifier) -> VerificationError
     } catch { return error.code }
 }
 
-@Suite("App receipts: PKCS#7 with libcrypto, payload with swift-asn1")
+@Suite("App receipts: PKCS#7 with libcrypto, payload with swift-asn1", .onTestThreads)
 struct ReceiptVerifierTests {
     @Test("a sandbox receipt verifies, field for field; BER with indefinite lengths, as Apple's; one entitlement decision for its purchases")
     func roundTrip() throws {

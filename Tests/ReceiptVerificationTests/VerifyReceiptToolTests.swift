@@ -3,7 +3,7 @@ import IAPTestSupport
 import SandboxStore
 import Testing
 
-@Suite("iap-server verify with app receipts")
+@Suite("iap-server verify with app receipts", .onTestThreads)
 struct VerifyReceiptToolTests {
     @Test("a receipt file (raw or base64) prints its purchases with the entitlement of each; an untrusted one exits 1")
     func verifyReceipt() throws {

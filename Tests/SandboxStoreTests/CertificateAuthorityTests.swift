@@ -4,7 +4,7 @@ import SandboxStore
 import Testing
 import X509
 
-@Suite("The sandbox certificate authority")
+@Suite("The sandbox certificate authority", .onTestThreads)
 struct CertificateAuthorityTests {
     func pem(_ certificate: Certificate) throws -> String {
         try certificate.serializeAsPEM().pemString + "\n"

@@ -4,7 +4,7 @@ import SandboxStore
 import Testing
 import TransactionQueue
 
-@Suite("iap-sandbox")
+@Suite("iap-sandbox", .onTestThreads)
 struct SandboxToolTests {
     @Test("purchases killed at random points leave a readable queue and unique, increasing ids")
     func killedWriters() throws {

@@ -10,7 +10,7 @@ import SandboxStoreServer
 import Testing
 
 /// The sandbox's App Store Server API, read by Apple's official Python client and by ours.
-@Suite("The sandbox's App Store Server API", .serialized)
+@Suite("The sandbox's App Store Server API", .serialized, .onTestThreads)
 struct StoreAPITests {
     let bundleId = "com.example.app"
 

@@ -3,7 +3,7 @@ import IAPTestSupport
 import Testing
 import TransactionQueue
 
-@Suite("Transaction queue")
+@Suite("Transaction queue", .onTestThreads)
 struct QueueTests {
     @Test("finishing is durable, idempotent and one-way")
     func finishing() async throws {

@@ -1,0 +1,84 @@
+import Foundation
+import Synchronization
+import Testing
+
+/// Threads of the test process's own for tests that block: they wait for child processes
+/// (`run`, `curl`, servers), sleep between polls, or pack and extract synchronously.
+///
+/// Swift concurrency runs every task on a cooperative pool as wide as the machine (two threads
+/// here), and Swift Testing runs tests in parallel on it. A test that blocks holds one of those
+/// threads until it returns, so with two blocked, nothing else in the process moves: PostgresNIO's
+/// connection pool, a migration's next query, a timer. A PostgreSQL test that passes alone in two
+/// seconds took two minutes inside the full suite and failed its 60-second operation timeout.
+/// Jobs here run on threads of their own, taken in order; a test that waits (awaits) holds none of
+/// them, and the cooperative pool stays free for the libraries. Twice as many as the machine has
+/// cores, because the tests here mostly wait for child processes: on two cores the full suite took
+/// 141 s with two and 122 s with four.
+public final class TestThreads: TaskExecutor, Sendable {
+    /// The one set of test threads in the process.
+    public static let shared = TestThreads(count: 2 * max(2, ProcessInfo.processInfo.activeProcessorCount))
+
+    private struct Jobs: ~Copyable {
+        var waiting: [UnownedJob] = []
+        var next = 0
+    }
+
+    private let jobs = Mutex(Jobs())
+    private let ready: DispatchSemaphore = DispatchSemaphore(value: 0)
+
+    private init(count: Int) {
+        for index in 0..<count {
+            // Named from inside: on Linux a thread named before it starts keeps its creator's name.
+            Thread { [self] in
+                Thread.current.name = "test-thread-\(index)"
+                work()
+            }.start()
+        }
+    }
+
+    public func enqueue(_ job: consuming ExecutorJob) {
+        let job = UnownedJob(job)
+        jobs.withLock { $0.waiting.append(job) }
+        ready.signal()
+    }
+
+    private func work() -> Never {
+        while true {
+            ready.wait()
+            let job = jobs.withLock { jobs -> UnownedJob in
+                let job = jobs.waiting[jobs.next]
+                jobs.next += 1
+                // Drop what has run once the front half is used, so the array stays small.
+                if jobs.next > 64, jobs.next * 2 > jobs.waiting.count {
+                    jobs.waiting.removeFirst(jobs.next)
+                    jobs.next = 0
+                }
+                return job
+            }
+            job.runSynchronously(on: asUnownedTaskExecutor())
+        }
+    }
+}
+
+/// Runs each test of a suite (or one test) on ``TestThreads``: for tests that block a thread.
+public struct OnTestThreads: SuiteTrait, TestTrait, TestScoping {
+    public var isRecursive: Bool { true }
+
+    public func scopeProvider(for test: Test, testCase: Test.Case?) -> OnTestThreads? {
+        // Each test case's body, not the suite around it: the preference then covers exactly the
+        // code that blocks, and the suite's own bookkeeping stays where Swift Testing runs it.
+        testCase == nil ? nil : self
+    }
+
+    public func provideScope(for test: Test, testCase: Test.Case?, performing function: @Sendable () async throws -> Void) async throws {
+        try await withTaskExecutorPreference(TestThreads.shared) {
+            try await function()
+        }
+    }
+}
+
+extension Trait where Self == OnTestThreads {
+    /// The test blocks a thread (child processes, sleeps, synchronous packing): run it on
+    /// ``TestThreads``, not on Swift concurrency's cooperative pool.
+    public static var onTestThreads: Self { OnTestThreads() }
+}
