@@ -13,21 +13,20 @@ import Testing
 final class OneFileResolver: ContentResolver {
     let file: ServedFile
     let bytes: [UInt8]
-    let path: String
 
     init(size: Int) throws {
-        path = NSTemporaryDirectory() + "delivery-\(UUID().uuidString).zip"
+        let path = NSTemporaryDirectory() + "delivery-\(UUID().uuidString).zip"
         bytes = [UInt8](pseudoRandomBytes(size, seed: UInt64(size)))
         guard FileManager.default.createFile(atPath: path, contents: Data(bytes)) else { throw CocoaError(.fileWriteUnknown) }
+        // Served from the open descriptor only: unlinked now, nothing is left in /tmp even when
+        // a channel keeps the resolver alive past the test.
+        defer { unlink(path) }
         file = ServedFile(
             handle: try NIOFileHandle(_deprecatedPath: path), size: UInt64(size), etag: "\"abc\"",
             modified: Date(timeIntervalSince1970: 784_111_777))
     }
 
-    deinit {
-        try? file.handle.close()
-        unlink(path)
-    }
+    deinit { try? file.handle.close() }
 
     func resolve(key: Substring, name: Substring, on eventLoop: any EventLoop) -> ContentResolution {
         key == "ok" ? .file(file, fileName: "p-1.0.zip", freshFor: 900) : .refuse(.forbidden, APIError(.revoked, "refunded"))

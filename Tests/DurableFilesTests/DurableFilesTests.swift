@@ -6,12 +6,15 @@ import Testing
     import Glibc
 #endif
 
-@Suite struct DurableFilesTests {
+@Suite final class DurableFilesTests {
+    /// A folder of each test's own (Swift Testing makes an instance per test), removed after it.
     let folder: String = {
         let path = NSTemporaryDirectory() + "durable-\(UUID().uuidString)"
         try! FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
         return path
     }()
+
+    deinit { try? FileManager.default.removeItem(atPath: folder) }
 
     func contents(_ path: String) -> String? {
         FileManager.default.contents(atPath: path).map { String(decoding: $0, as: UTF8.self) }
