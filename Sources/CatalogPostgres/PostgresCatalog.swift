@@ -20,8 +20,9 @@ public final class PostgresCatalog: CatalogDatabase {
     /// `-<transactionId>` (restored) or `*<sha256>` (a version was published).
     static let channel = "iap_changes"
 
-    /// Connects to `url` (`postgres://user:password@host:port/database?sslmode=disable|prefer|require`)
-    /// and brings the schema up to date.
+    /// Connects to `url` (`postgres://user:password@host:port/database?sslmode=disable|prefer|require`,
+    /// optionally `&pool_max_conns=N`: at most N connections, 20 by default) and brings the schema
+    /// up to date.
     /// `operationTimeout` bounds each operation, waiting for a connection included (PostgresNIO
     /// waits as long as the server is away): a grant request gets its 503 after that long.
     public init(
@@ -96,6 +97,16 @@ public final class PostgresCatalog: CatalogDatabase {
         }
         // A replica that lost the database answers 503 soon rather than holding grant requests.
         configuration.options.connectTimeout = .seconds(3)
+        // pgx's name for it: replicas times this must stay under the server's max_connections.
+        if let text = query["pool_max_conns"] {
+            guard let limit = Int(text), (2...1000).contains(limit) else {
+                throw CatalogError(
+                    .storage,
+                    "pool_max_conns=\(text) in the database URL is not a number from 2 to 1000 (one connection listens for refunds, the others answer requests): give, say, pool_max_conns=10"
+                )
+            }
+            configuration.options.maximumConnections = limit
+        }
         return (configuration, probe)
     }
 

@@ -65,6 +65,8 @@ struct PostgresCatalogTests {
         for (url, expected) in [
             ("mysql://u:secret@h/db", "the database URL ('mysql:') is not a PostgreSQL URL"), ("postgres://127.0.0.1/db", "names no user"),
             ("postgres://u@127.0.0.1/db?sslmode=sometimes", "sslmode=sometimes"),
+            ("postgres://u@127.0.0.1/db?pool_max_conns=1", "pool_max_conns=1 in the database URL is not a number from 2 to 1000"),
+            ("postgres://u@127.0.0.1/db?pool_max_conns=many", "give, say, pool_max_conns=10"),
         ] {
             let error = try await #require(throws: CatalogError.self) { try await PostgresCatalog(url: url) }
             #expect(error.message.contains(expected), "\(error.message)")
@@ -81,5 +83,24 @@ struct PostgresCatalogTests {
             try await PostgresCatalog(url: "postgres://iap@127.0.0.1:\(server.port)/nosuch?sslmode=disable")
         }
         #expect(wrong.message.contains("database \"nosuch\" does not exist"), "\(wrong.message)")
+    }
+
+    @Test("pool_max_conns bounds the connections one replica opens, however many requests wait")
+    func connectionLimit() async throws {
+        let server = try await PostgresServer.shared()
+        let url = try await server.createDatabase()
+        let catalog = try await PostgresCatalog(url: url + "&pool_max_conns=2", operationTimeout: .seconds(60))
+        // Requests queue behind a lock another session holds, so each would want a connection of
+        // its own; without the limit the pool opens one per request.
+        let holder = Task { try await server.psql(url, "BEGIN; LOCK TABLE versions IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(2); COMMIT") }
+        let counts = try await withThrowingTaskGroup(of: Int.self) { group in
+            for _ in 0..<6 { group.addTask { try await catalog.versions(productId: nil).count } }
+            return try await group.reduce(into: []) { $0.append($1) }
+        }
+        _ = try await holder.value
+        #expect(counts == Array(repeating: 0, count: 6))
+        let open = try await server.psql(url, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        #expect(Int(open).map { $0 >= 1 && $0 <= 2 } == true, "connections open: \(open)")
+        await catalog.close()
     }
 }
