@@ -38,7 +38,7 @@ func waitUntil(_ limit: Duration, _ condition: () throws -> Bool) async rethrows
     let clock = ContinuousClock(), start = clock.now
     while clock.now - start < limit {
         if try condition() { return clock.now - start }
-        try? await Task.sleep(for: .milliseconds(10))
+        await TestThreads.sleep(for: .milliseconds(10))
     }
     return nil
 }

@@ -60,6 +60,19 @@ public final class TestThreads: TaskExecutor, Sendable {
     }
 }
 
+extension TestThreads {
+    /// Waits `duration` and comes back to the test threads. `Task.sleep` (and `Task.yield`) resume
+    /// on the cooperative pool whatever the task's executor preference (swiftlang/swift#74395), so
+    /// a poll that slept there and then blocked would hold one of its threads again.
+    public static func sleep(for duration: Duration) async {
+        let (seconds, attoseconds) = duration.components
+        let nanoseconds = Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000)
+        await withCheckedContinuation { continuation in
+            DispatchQueue.global().asyncAfter(deadline: .now() + .nanoseconds(nanoseconds)) { continuation.resume() }
+        }
+    }
+}
+
 /// Runs each test of a suite (or one test) on ``TestThreads``: for tests that block a thread.
 public struct OnTestThreads: SuiteTrait, TestTrait, TestScoping {
     public var isRecursive: Bool { true }
