@@ -89,7 +89,7 @@ struct PostgresCatalogTests {
     func connectionLimit() async throws {
         let server = try await PostgresServer.shared()
         let url = try await server.createDatabase()
-        let catalog = try await PostgresCatalog(url: url + "&pool_max_conns=2", operationTimeout: .seconds(60))
+        let catalog = try await testCatalog(url + "&pool_max_conns=2")
         // Requests queue behind a lock another session holds, so each would want a connection of
         // its own; without the limit the pool opens one per request.
         let holder = Task { try await server.psql(url, "BEGIN; LOCK TABLE versions IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(2); COMMIT") }

@@ -172,8 +172,7 @@ struct DirectBodyReaderTests {
         reader.close()
         // The reader's thread shuts its socket down although the server never answers and the
         // stall timeout is a minute: the server sees the connection end.
-        let deadline = ContinuousClock.now + .seconds(20)
-        while server.closedConnections == 0, ContinuousClock.now < deadline { await TestThreads.sleep(for: .milliseconds(10)) }
+        await waitUntil(.seconds(20)) { server.closedConnections > 0 }
         #expect(server.closedConnections == 1)
     }
 }

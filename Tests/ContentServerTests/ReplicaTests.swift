@@ -33,16 +33,6 @@ enum ReplicaFixture {
     }
 }
 
-/// Asks until `condition` holds, for at most `limit`; how long it took, or nil.
-func waitUntil(_ limit: Duration, _ condition: () throws -> Bool) async rethrows -> Duration? {
-    let clock = ContinuousClock(), start = clock.now
-    while clock.now - start < limit {
-        if try condition() { return clock.now - start }
-        await TestThreads.sleep(for: .milliseconds(10))
-    }
-    return nil
-}
-
 /// Several `iap-server` processes sharing one PostgreSQL database, one archive folder and one
 /// grant key file: any replica grants, serves and takes notifications for all.
 @Suite("Replicas on PostgreSQL", .serialized, .onTestThreads)

@@ -73,6 +73,18 @@ extension TestThreads {
     }
 }
 
+/// Asks until `condition` holds, for at most `limit`, sleeping with ``TestThreads/sleep(for:)``
+/// between asks; how long it took, or nil.
+@discardableResult
+public func waitUntil(_ limit: Duration, _ condition: () throws -> Bool) async rethrows -> Duration? {
+    let clock = ContinuousClock(), start = clock.now
+    while clock.now - start < limit {
+        if try condition() { return clock.now - start }
+        await TestThreads.sleep(for: .milliseconds(10))
+    }
+    return nil
+}
+
 /// Runs each test of a suite (or one test) on ``TestThreads``: for tests that block a thread.
 public struct OnTestThreads: SuiteTrait, TestTrait, TestScoping {
     public var isRecursive: Bool { true }
