@@ -61,9 +61,10 @@ public final class TestThreads: TaskExecutor, Sendable {
 }
 
 extension TestThreads {
-    /// Waits `duration` and comes back to the test threads. `Task.sleep` (and `Task.yield`) resume
-    /// on the cooperative pool whatever the task's executor preference (swiftlang/swift#74395), so
-    /// a poll that slept there and then blocked would hold one of its threads again.
+    /// Waits `duration`, resumed through a continuation, which is enqueued by the task's executor
+    /// preference. `Task.sleep` (and `Task.yield`) ignore that preference (swiftlang/swift#74395)
+    /// and resume on the cooperative pool, where a poll that then blocks holds a thread again. Not
+    /// a guarantee either: CI once saw a task resumed this way on the cooperative pool.
     public static func sleep(for duration: Duration) async {
         let (seconds, attoseconds) = duration.components
         let nanoseconds = Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000)
