@@ -28,12 +28,22 @@ public final class TestThreads: TaskExecutor, Sendable {
 
     private init(count: Int) {
         for index in 0..<count {
-            // Named from inside: on Linux a thread named before it starts keeps its creator's name.
             Thread { [self] in
+                // Named for gdb. Read back, `Thread.current.name` is no witness of where code
+                // runs: on some runs every test thread reported its creator's name there.
                 Thread.current.name = "test-thread-\(index)"
+                Self.members.withLock { _ = $0.insert(pthread_self()) }
                 work()
             }.start()
         }
+    }
+
+    private static let members = Mutex(Set<pthread_t>())
+
+    /// Whether the calling code runs on one of the test threads.
+    public static var isCurrentThread: Bool {
+        let thread = pthread_self()
+        return members.withLock { $0.contains(thread) }
     }
 
     public func enqueue(_ job: consuming ExecutorJob) {
@@ -63,8 +73,7 @@ public final class TestThreads: TaskExecutor, Sendable {
 extension TestThreads {
     /// Waits `duration`, resumed through a continuation, which is enqueued by the task's executor
     /// preference. `Task.sleep` (and `Task.yield`) ignore that preference (swiftlang/swift#74395)
-    /// and resume on the cooperative pool, where a poll that then blocks holds a thread again. Not
-    /// a guarantee either: CI once saw a task resumed this way on the cooperative pool.
+    /// and resume on the cooperative pool, where a poll that then blocks holds a thread again.
     public static func sleep(for duration: Duration) async {
         let (seconds, attoseconds) = duration.components
         let nanoseconds = Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000)
