@@ -7,11 +7,14 @@
 # checks a grant token (HMAC + revocation) on every request; nginx serves a plain file.
 # Range measures alternate the servers over several rounds (default 7) and report the ratio of
 # medians, each median with its spread (min-max): what a user sees on a typical run.
-# Usage: tools/bench-serve.sh [seconds-per-wrk-run] [rounds]
+# Whole downloads take well under a second each and vary most from round to round, so they get
+# three times as many rounds (DOWNLOAD_ROUNDS to choose).
+# Usage: [DOWNLOAD_ROUNDS=n] tools/bench-serve.sh [seconds-per-wrk-run] [rounds]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-5}
 rounds=${2:-7}
+download_rounds=${DOWNLOAD_ROUNDS:-$((3 * rounds))}
 tools/install-deps.sh
 command -v nginx >/dev/null && command -v wrk >/dev/null || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light wrk >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx wrk >/dev/null; }
 . tools/lib.sh
@@ -63,7 +66,7 @@ download() { # url pids... -> "MB/s cpu-seconds-per-GiB" of one curl download
   local after=$(cpu_ns "$@")
   awk -v s="$speed" -v a="$after" -v b="$before" -v z="$size" 'BEGIN { printf "%.1f %.4f\n", s / 1e6, (a - b) / 1e9 / (z / 1073741824) }'
 }
-echo "archive: $size bytes; $(nproc) cores; wrk ${secs}s per run, median of $rounds rounds" >&2
+echo "archive: $size bytes; $(nproc) cores; wrk ${secs}s per run, median of $rounds rounds; downloads: median of $download_rounds rounds" >&2
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
 spread() { sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%s-%s", lo, hi }'; }
 # Runs two measures, the first one first in odd rounds: who goes first flips every round.
@@ -72,9 +75,9 @@ in_turn() { # round first second
 }
 ours_download() { download "$ours_url" $ours_pid >> "$work/ours.dl"; }
 nginx_download() { download "$nginx_url" $(nginx_pids) >> "$work/nginx.dl"; }
-# Whole downloads alternate too: medians of $rounds each.
+# Whole downloads alternate too: medians of $download_rounds each.
 : > "$work/ours.dl"; : > "$work/nginx.dl"
-for round in $(seq "$rounds"); do
+for round in $(seq "$download_rounds"); do
   in_turn "$round" ours_download nginx_download
   echo "  1 GiB download, round $round: iap-server $(tail -1 "$work/ours.dl"), nginx $(tail -1 "$work/nginx.dl") (MB/s CPU-s/GiB)" >&2
 done
