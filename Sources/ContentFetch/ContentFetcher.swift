@@ -337,9 +337,8 @@ public actor ContentFetcher {
                     path = try installer.installDelta(
                         partial: journal.partialPath(id), manifest: saved, plan: delta, installed: planned[granted.productId], for: download.record)
                 } else {
-                    path = try installer.install(archive: journal.partialPath(id), for: download.record)
+                    path = try installer.install(archive: journal.partialPath(id), for: download.record, manifest: manifest)
                 }
-                if let manifest { installer.recordInstalled(manifest, at: path) }
                 unlink(journal.manifestPath(id))
                 manifests[id] = nil
                 planned[granted.productId] = nil

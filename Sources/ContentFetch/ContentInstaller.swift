@@ -20,9 +20,10 @@ struct ContentInstaller: Sendable {
         return (try? ContentInfo(plist: data, source: plist)) == expected
     }
 
-    /// Extracts `archive` for `record` and returns the installed folder.
-    func install(archive: String, for record: DownloadRecord) throws(FetchError) -> String {
-        try install(record) { (destination, expected) throws(ArchiveError) in
+    /// Extracts `archive` for `record` and returns the installed folder; with `manifest`, records
+    /// the installed files for the next update.
+    func install(archive: String, for record: DownloadRecord, manifest: ArchiveManifest? = nil) throws(FetchError) -> String {
+        try install(record, manifest: manifest) { (destination, expected) throws(ArchiveError) in
             try SafeExtractor.extract(archive: archive, to: destination, expecting: expected)
         }
     }
@@ -37,7 +38,7 @@ struct ContentInstaller: Sendable {
             throw FetchError(.install, "\(record.productId) \(plan.previousVersion), which the update starts from, is no longer installed")
         }
         let reused = DeltaPlan.sources(for: manifest, installed: installed, folder: previous)
-        return try install(record) { (destination, expected) throws(ArchiveError) in
+        return try install(record, manifest: manifest) { (destination, expected) throws(ArchiveError) in
             try SafeExtractor.assemble(
                 partialArchive: partial, manifest: manifest, fetched: Set(plan.fetched), reused: reused,
                 previousFolder: previous, to: destination, expecting: expected)
@@ -45,27 +46,51 @@ struct ContentInstaller: Sendable {
     }
 
     /// Puts `record`'s version in place with `build` (unless an earlier run did), then removes
-    /// the product's older versions: only once the new one is complete.
-    private func install(_ record: DownloadRecord, build: (String, ContentInfo) throws(ArchiveError) -> Void) throws(FetchError) -> String {
+    /// the product's older versions, only once the new one is complete, and records the new one's
+    /// files when `manifest` is given.
+    private func install(
+        _ record: DownloadRecord, manifest: ArchiveManifest?, build: (String, ContentInfo) throws(ArchiveError) -> Void
+    ) throws(FetchError) -> String {
         let expected = try expectedInfo(record)
         let destination = destination(productId: record.productId, contentVersion: record.contentVersion)
         let parent = contentDirectory + "/" + record.productId
-        // An extraction killed part-way leaves its temporary folder: remove it before trying again.
+        // What killed runs left: an extraction's temporary folder, an older version half removed.
         for name in (try? FileManager.default.contentsOfDirectory(atPath: parent)) ?? []
-        where name.hasPrefix(".\(record.contentVersion).extracting-") {
+        where name.hasPrefix(".\(record.contentVersion).extracting-") || (name.hasPrefix(".") && name.contains(Self.removingMarker)) {
             try? FileManager.default.removeItem(atPath: parent + "/" + name)
         }
         if !isInstalled(record) {
             do { try build(destination, expected) } catch { throw FetchError(.install, error.message) }
         }
+        // An older version leaves at once, renamed out of sight: an app never finds it half
+        // removed, and a run killed while removing it leaves a hidden folder the next install
+        // removes. Its files then go while the new version's are recorded: on a 5,000-file delta
+        // update those were two 50 ms steps, one after the other, between the install and the
+        // finish (docs/performance.md).
+        var leaving: [String] = []
         for name in (try? FileManager.default.contentsOfDirectory(atPath: parent)) ?? []
         where !name.hasPrefix(".") && name != record.contentVersion {
-            if let version = try? ContentVersion(name), version < expected.contentVersion {
+            guard let version = try? ContentVersion(name), version < expected.contentVersion else { continue }
+            let hidden = parent + "/." + name + Self.removingMarker + String(UInt32.random(in: 0...UInt32.max))
+            if rename(parent + "/" + name, hidden) == 0 {
+                leaving.append(hidden)
+            } else {
                 try? FileManager.default.removeItem(atPath: parent + "/" + name)
+            }
+        }
+        if !leaving.isEmpty { Failpoint.hit("old-version-hidden") }
+        DispatchQueue.concurrentPerform(iterations: 2) { [leaving] lane in
+            if lane == 0 {
+                for path in leaving { try? FileManager.default.removeItem(atPath: path) }
+            } else if let manifest {
+                recordInstalled(manifest, at: destination)
             }
         }
         return destination
     }
+
+    /// In the name of an older version's folder while it is being removed.
+    static let removingMarker = ".removing-"
 
     /// The version of `productId` installed with a manifest, which a delta update starts from.
     func installedVersion(productId: String) -> InstalledVersion? {

@@ -83,7 +83,7 @@ struct DeltaTests {
         let served = try bytesServed(shop) - before
 
         #expect(try run("diff", ["-r", v2, product + "/1.1/Contents"]).status == 0)
-        #expect(!FileManager.default.fileExists(atPath: product + "/1.0"), "the old version stayed")
+        #expect(try FileManager.default.contentsOfDirectory(atPath: product) == ["1.1"], "the old version stayed, or a hidden folder did")
         // Unchanged files are the installed ones, linked: the same inode.
         #expect(try FileManager.default.attributesOfItem(atPath: product + "/1.1/Contents/media/clip0.bin")[.systemFileNumber] as? Int == unchangedInode)
 
@@ -141,14 +141,19 @@ struct DeltaTests {
 
     @Test(
         "killed at any point of a delta update, the next run installs identical bytes, finishes once, and 1.0 stays until 1.1 is in",
-        arguments: ["delta-planned", "range-done", "verified", "installed"])
+        arguments: ["delta-planned", "range-done", "verified", "old-version-hidden", "installed"])
     func killed(at point: String) throws {
         let (shop, purchase, v1, v2) = try installedWithUpdatePublished()
         let product = shop.content + "/" + Self.product
 
         let killed = try shop.fetch([], prefix: ["export IAP_FETCH_KILL_AT=\(point)"])
         #expect(killed.status != 0)
-        if point != "installed" {
+        if point == "old-version-hidden" {
+            // 1.1 is complete; 1.0 is out of sight, whole, waiting to be removed.
+            let names = try FileManager.default.contentsOfDirectory(atPath: product).sorted()
+            #expect(names.count == 2 && names[0].hasPrefix(".1.0.removing-") && names[1] == "1.1", "\(names)")
+            #expect(try run("diff", ["-r", v2, product + "/1.1/Contents"]).status == 0)
+        } else if point != "installed" {
             #expect(try run("diff", ["-r", v1, product + "/1.0/Contents"]).status == 0, "1.0 was touched before 1.1 was complete")
         }
         let records =
@@ -161,7 +166,7 @@ struct DeltaTests {
         let resumed = try shop.fetch()
         #expect(resumed.status == 0, "\(resumed.stderr)")
         #expect(try run("diff", ["-r", v2, product + "/1.1/Contents"]).status == 0)
-        #expect(!FileManager.default.fileExists(atPath: product + "/1.0"))
+        #expect(try FileManager.default.contentsOfDirectory(atPath: product) == ["1.1"])
         let finished = events(resumed.stdout).filter { $0["event"] as? String == "transaction-finished" }
         #expect(finished.count == 1)
         #expect(try FileTransactionQueue(folder: shop.queue).transaction(purchase.transaction.transactionId!)?.finishedAt != nil)
