@@ -47,12 +47,14 @@ public enum SafeExtractor {
     /// offsets `manifest` gives) and checked against the manifest's size, CRC-32 and SHA-256;
     /// every other file is taken from `previousFolder` (`reused` maps its new path to its path
     /// there), hard-linked when the file system allows (installed files are never written to)
-    /// or else copied and checked against the manifest's SHA-256. The folder appears at
-    /// `destination` only when all of it is right.
+    /// or else copied and checked against the manifest's SHA-256. A link is shown to `linked`
+    /// (new path, path in `previousFolder`, the link): a file is not read again to be linked, so
+    /// the caller says whether it is still the one it checked; false refuses the update. The
+    /// folder appears at `destination` only when all of it is right.
     public static func assemble(
         partialArchive: String, manifest: ArchiveManifest, fetched: Set<String>, reused: [String: String],
         previousFolder: String, to destination: String, expecting: ContentInfo, limits: ExtractionLimits = .standard,
-        durable: Bool = true
+        durable: Bool = true, linked: @Sendable (_ path: String, _ source: String, _ link: String) -> Bool = { _, _, _ in true }
     ) throws(ArchiveError) {
         let reader = try ArchiveReader(path: partialArchive, manifest: manifest, limits: limits)
         let bySHA = Dictionary(manifest.entries.map { ($0.path, $0.sha256) }, uniquingKeysWith: { a, _ in a })
@@ -65,6 +67,8 @@ public enum SafeExtractor {
                 let source = previousFolder + "/" + old
                 if link(source, target) != 0 {
                     try copy(source, to: target, sha256: bySHA[entry.path] ?? "", syncs: syncs)
+                } else if !linked(entry.path, old, target) {
+                    throw .corrupt("'\(old)' of the installed version changed while the update was being installed: it is fetched again")
                 }
             } else {
                 throw .corrupt("the delta update names no source for '\(entry.path)': please report this")

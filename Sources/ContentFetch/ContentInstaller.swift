@@ -1,6 +1,7 @@
 import ContentArchive
 import DurableFiles
 import Foundation
+import Synchronization
 
 /// Installs a verified archive as `<content>/<productId>/<contentVersion>/` (the `contentURL`)
 /// with ``SafeExtractor``, atomically, then removes the product's older versions.
@@ -38,10 +39,23 @@ struct ContentInstaller: Sendable {
             throw FetchError(.install, "\(record.productId) \(plan.previousVersion), which the update starts from, is no longer installed")
         }
         let reused = DeltaPlan.sources(for: manifest, installed: installed, folder: previous)
-        return try install(record, manifest: manifest) { (destination, expected) throws(ArchiveError) in
+        Failpoint.hit("delta-sources-checked")
+        let recorded = Dictionary(installed.files.map { ($0.path, $0) }, uniquingKeysWith: { first, _ in first })
+        // Checked once more through the link itself, which shares the installed file's inode: a
+        // file changed between the check above and the link fails the install (and the fetcher
+        // falls back to the whole archive) instead of being recorded as right. The identities
+        // seen are the new version's: its record needs no second look at those files.
+        let linked = Mutex<[String: FileIdentity]>([:])
+        let stillInstalled: @Sendable (String, String, String) -> Bool = { path, source, link in
+            guard let was = recorded[source], let now = FileIdentity.of(link), was.isIdentity(now) else { return false }
+            linked.withLock { $0[path] = now }
+            return true
+        }
+        let seen: @Sendable () -> [String: FileIdentity] = { linked.withLock { $0 } }
+        return try install(record, manifest: manifest, known: seen) { (destination, expected) throws(ArchiveError) in
             try SafeExtractor.assemble(
                 partialArchive: partial, manifest: manifest, fetched: Set(plan.fetched), reused: reused,
-                previousFolder: previous, to: destination, expecting: expected)
+                previousFolder: previous, to: destination, expecting: expected, linked: stillInstalled)
         }
     }
 
@@ -49,7 +63,8 @@ struct ContentInstaller: Sendable {
     /// the product's older versions, only once the new one is complete, and records the new one's
     /// files when `manifest` is given.
     private func install(
-        _ record: DownloadRecord, manifest: ArchiveManifest?, build: (String, ContentInfo) throws(ArchiveError) -> Void
+        _ record: DownloadRecord, manifest: ArchiveManifest?, known: @Sendable () -> [String: FileIdentity] = { [:] },
+        build: (String, ContentInfo) throws(ArchiveError) -> Void
     ) throws(FetchError) -> String {
         let expected = try expectedInfo(record)
         let destination = destination(productId: record.productId, contentVersion: record.contentVersion)
@@ -83,7 +98,7 @@ struct ContentInstaller: Sendable {
             if lane == 0 {
                 for path in leaving { try? FileManager.default.removeItem(atPath: path) }
             } else if let manifest {
-                recordInstalled(manifest, at: destination)
+                recordInstalled(manifest, at: destination, known: known)
             }
         }
         return destination
@@ -104,10 +119,12 @@ struct ContentInstaller: Sendable {
     }
 
     /// Remembers `manifest` and the identity of each file installed at `folder`, for the next update.
-    func recordInstalled(_ manifest: ArchiveManifest, at folder: String) {
+    /// `known`: identities already seen of files at `folder`, by entry path.
+    func recordInstalled(_ manifest: ArchiveManifest, at folder: String, known: @Sendable () -> [String: FileIdentity] = { [:] }) {
         let path = InstalledVersion.path(contentDirectory: contentDirectory, productId: manifest.productId.rawValue)
         try? FileManager.default.createDirectory(atPath: (path as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
-        try? AtomicFile.write(InstalledVersion.record(manifest: manifest, folder: folder).encoded(), to: path, permissions: 0o644)
+        let record = InstalledVersion.record(manifest: manifest, folder: folder, known: known())
+        try? AtomicFile.write(record.encoded(), to: path, permissions: 0o644)
     }
 
     private func expectedInfo(_ record: DownloadRecord) throws(FetchError) -> ContentInfo {

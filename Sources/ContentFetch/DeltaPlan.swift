@@ -105,7 +105,12 @@ public struct InstalledVersion: Sendable {
         /// removing the old one change it, and neither touches the bytes.
         func isUntouched(in folder: String) -> Bool {
             guard let now = FileIdentity.of(folder + "/" + path) else { return false }
-            return (now.device, now.inode, Int64(now.size), now.modified) == (device, inode, size, modified)
+            return isIdentity(now)
+        }
+
+        /// Whether `identity` is this file's, change time aside.
+        func isIdentity(_ identity: FileIdentity) -> Bool {
+            (identity.device, identity.inode, Int64(identity.size), identity.modified) == (device, inode, size, modified)
         }
     }
 
@@ -176,10 +181,11 @@ public struct InstalledVersion: Sendable {
     }
 
     /// Records the files of `manifest` as installed in `folder` now.
-    static func record(manifest: ArchiveManifest, folder: String) -> InstalledVersion {
+    /// `known`: identities already seen, by entry path; the other files are looked at now.
+    static func record(manifest: ArchiveManifest, folder: String, known: [String: FileIdentity] = [:]) -> InstalledVersion {
         var files: [File] = []
         for entry in manifest.entries where entry.kind == .file {
-            guard let id = FileIdentity.of(folder + "/" + entry.path) else { continue }
+            guard let id = known[entry.path] ?? FileIdentity.of(folder + "/" + entry.path) else { continue }
             files.append(File(path: entry.path, sha256: entry.sha256, size: Int64(id.size), device: id.device, inode: id.inode, modified: id.modified))
         }
         return InstalledVersion(productId: manifest.productId.rawValue, contentVersion: manifest.contentVersion.string, files: files)

@@ -5,11 +5,17 @@ import Foundation
 /// nothing fetched; `range-done`: a requested range received in full; `verified`: after the
 /// SHA-256 check, before install; `installed`: after install, before the transaction is
 /// finished), so a test can stop it
-/// exactly where a power cut could. Without the variable this does nothing.
+/// exactly where a power cut could. With `IAP_FETCH_STOP_AT=<name>` it stops (SIGSTOP) there
+/// instead, for a test to change something at that point (`delta-sources-checked`: the installed
+/// files a delta update reuses checked, none linked yet). Without the variables this does nothing.
 enum Failpoint {
     static let armed = ProcessInfo.processInfo.environment["IAP_FETCH_KILL_AT"]
+    static let stopping = ProcessInfo.processInfo.environment["IAP_FETCH_STOP_AT"]
 
     static func hit(_ name: String) {
         if armed == name { kill(getpid(), SIGKILL) }
+        // Stopped, not killed: a test changes something while the process waits at exactly this
+        // point, then lets it go on (SIGCONT).
+        if stopping == name { kill(getpid(), SIGSTOP) }
     }
 }

@@ -139,6 +139,37 @@ struct DeltaTests {
         #expect(try run("diff", ["-r", v2, product + "/1.1/Contents"]).status == 0)
     }
 
+    @Test("an installed file changed after it was checked and before it is linked fails the link's check: the update falls back, nothing changed is installed")
+    func changedBeforeLink() async throws {
+        let (shop, _, _, v2) = try installedWithUpdatePublished()
+        let product = shop.content + "/" + Self.product
+        let fetch = Process()
+        fetch.executableURL = URL(fileURLWithPath: productsDirectory() + "/iap-fetch")
+        fetch.arguments = ["get", "--server", shop.server.base, "--transaction", shop.tmp.sub("tx.jws"), "--content-dir", shop.content, "--json"]
+        fetch.environment = ProcessInfo.processInfo.environment.merging(["IAP_FETCH_STOP_AT": "delta-sources-checked"]) { _, new in new }
+        let output = Pipe()
+        fetch.standardOutput = output
+        fetch.standardError = FileHandle.nullDevice
+        try fetch.run()
+        defer { if fetch.isRunning { kill(fetch.processIdentifier, SIGKILL) } }
+        // Stopped at the point: the installed files are checked and none is linked yet.
+        let stopped = await waitUntil(.seconds(60)) {
+            ((try? String(contentsOfFile: "/proc/\(fetch.processIdentifier)/stat", encoding: .utf8)) ?? "").split(separator: " ").dropFirst(2).first == "T"
+        }
+        try #require(stopped != nil, "iap-fetch never reached the point")
+        // The same size, new bytes, in place (the inode stays: what a link would share).
+        let changed = product + "/1.0/Contents/media/clip0.bin"
+        let handle = try #require(FileHandle(forWritingAtPath: changed))
+        try handle.write(contentsOf: Data(repeating: 7, count: 4096))
+        try handle.close()
+        kill(fetch.processIdentifier, SIGCONT)
+        let stdout = output.fileHandleForReading.readDataToEndOfFile()
+        fetch.waitUntilExit()
+        #expect(fetch.terminationStatus == 0)
+        #expect(try run("diff", ["-r", v2, product + "/1.1/Contents"]).status == 0, "a file changed on the device was installed as 1.1's")
+        #expect(String(decoding: stdout, as: UTF8.self).contains("transaction-finished"))
+    }
+
     @Test(
         "killed at any point of a delta update, the next run installs identical bytes, finishes once, and 1.0 stays until 1.1 is in",
         arguments: ["delta-planned", "range-done", "verified", "old-version-hidden", "installed"])
