@@ -38,13 +38,15 @@ struct ContentInstaller: Sendable {
         guard let installed = known ?? installedVersion(productId: record.productId), installed.contentVersion == plan.previousVersion else {
             throw FetchError(.install, "\(record.productId) \(plan.previousVersion), which the update starts from, is no longer installed")
         }
-        let reused = DeltaPlan.sources(for: manifest, installed: installed, folder: previous)
+        // Not looked at again here (the plan looked at every one): each is checked as it is used.
+        // A link shares the installed file's inode, so its identity is the installed file's: one
+        // changed since it was recorded fails the install (and the fetcher falls back to the
+        // whole archive) instead of being installed as the new version's. A copy (where links
+        // are impossible) is hashed against the manifest. The identities seen are the new
+        // version's: its record needs no second look at those files.
+        let reused = DeltaPlan.sources(for: manifest, installed: installed, folder: previous, looking: false)
         Failpoint.hit("delta-sources-checked")
         let recorded = Dictionary(installed.files.map { ($0.path, $0) }, uniquingKeysWith: { first, _ in first })
-        // Checked once more through the link itself, which shares the installed file's inode: a
-        // file changed between the check above and the link fails the install (and the fetcher
-        // falls back to the whole archive) instead of being recorded as right. The identities
-        // seen are the new version's: its record needs no second look at those files.
         let linked = Mutex<[String: FileIdentity]>([:])
         let stillInstalled: @Sendable (String, String, String) -> Bool = { path, source, link in
             guard let was = recorded[source], let now = FileIdentity.of(link), was.isIdentity(now) else { return false }

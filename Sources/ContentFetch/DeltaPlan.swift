@@ -10,8 +10,8 @@ public struct DeltaPlan: Codable, Sendable, Equatable {
     /// SHA-256 of the new version's manifest (kept as `<id>.manifest.json` in the journal folder).
     public var manifestSHA256: String
     /// Archive paths of the entries fetched (changed or new files, `ContentInfo.plist`); every
-    /// other file comes from the installed version (``sources(for:installed:folder:)``, decided
-    /// again at install, so the journal, saved every MiB, stays small).
+    /// other file comes from the installed version (``sources(for:installed:folder:looking:)``,
+    /// decided again at install, so the journal, saved every MiB, stays small).
     public var fetched: [String]
     /// The archive byte ranges fetched: each fetched entry's stored bytes, neighbours coalesced.
     var ranges: [Segment]
@@ -49,13 +49,14 @@ public struct DeltaPlan: Codable, Sendable, Equatable {
 
     /// For each file of `manifest` whose bytes an untouched installed file has (any path: a file
     /// moved in the new version counts), the path of that installed file. `ContentInfo.plist`
-    /// names the version, so it is always fetched.
-    static func sources(for manifest: ArchiveManifest, installed: InstalledVersion, folder: String) -> [String: String] {
+    /// names the version, so it is always fetched. `looking: false` trusts the record without
+    /// looking at the files, for a caller that checks each one as it uses it.
+    static func sources(for manifest: ArchiveManifest, installed: InstalledVersion, folder: String, looking: Bool = true) -> [String: String] {
         var byDigest: [String: [InstalledVersion.File]] = [:]
         for file in installed.files { byDigest[file.sha256, default: []].append(file) }
         var reused: [String: String] = [:]
         for entry in manifest.entries where entry.kind == .file && entry.uncompressedSize > 0 && entry.path != ContentInfo.fileName {
-            let source = (byDigest[entry.sha256] ?? []).first { $0.size == Int64(entry.uncompressedSize) && $0.isUntouched(in: folder) }
+            let source = (byDigest[entry.sha256] ?? []).first { $0.size == Int64(entry.uncompressedSize) && (!looking || $0.isUntouched(in: folder)) }
             if let source { reused[entry.path] = source.path }
         }
         return reused
