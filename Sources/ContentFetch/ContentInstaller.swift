@@ -45,7 +45,7 @@ struct ContentInstaller: Sendable {
         // are impossible) is hashed against the manifest. The identities seen are the new
         // version's: its record needs no second look at those files.
         let reused = DeltaPlan.sources(for: manifest, installed: installed, folder: previous, looking: false)
-        Failpoint.hit("delta-sources-checked")
+        Failpoint.hit("delta-sources-chosen")
         let recorded = Dictionary(installed.files.map { ($0.path, $0) }, uniquingKeysWith: { first, _ in first })
         let linked = Mutex<[String: FileIdentity]>([:])
         let stillInstalled: @Sendable (String, String, String) -> Bool = { path, source, link in

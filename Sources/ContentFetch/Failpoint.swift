@@ -6,8 +6,8 @@ import Foundation
 /// SHA-256 check, before install; `installed`: after install, before the transaction is
 /// finished), so a test can stop it
 /// exactly where a power cut could. With `IAP_FETCH_STOP_AT=<name>` it stops (SIGSTOP) there
-/// instead, for a test to change something at that point (`delta-sources-checked`: the installed
-/// files a delta update reuses checked, none linked yet). Without the variables this does nothing.
+/// instead, for a test to change something at that point (`delta-sources-chosen`: the installed
+/// files a delta update reuses chosen, none linked yet). Without the variables this does nothing.
 enum Failpoint {
     static let armed = ProcessInfo.processInfo.environment["IAP_FETCH_KILL_AT"]
     static let stopping = ProcessInfo.processInfo.environment["IAP_FETCH_STOP_AT"]

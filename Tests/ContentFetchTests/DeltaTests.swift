@@ -146,7 +146,7 @@ struct DeltaTests {
         let fetch = Process()
         fetch.executableURL = URL(fileURLWithPath: productsDirectory() + "/iap-fetch")
         fetch.arguments = ["get", "--server", shop.server.base, "--transaction", shop.tmp.sub("tx.jws"), "--content-dir", shop.content, "--json"]
-        fetch.environment = ProcessInfo.processInfo.environment.merging(["IAP_FETCH_STOP_AT": "delta-sources-checked"]) { _, new in new }
+        fetch.environment = ProcessInfo.processInfo.environment.merging(["IAP_FETCH_STOP_AT": "delta-sources-chosen"]) { _, new in new }
         let output = Pipe()
         fetch.standardOutput = output
         fetch.standardError = FileHandle.nullDevice
