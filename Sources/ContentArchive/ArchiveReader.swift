@@ -374,14 +374,20 @@ func validateEntryPath(_ name: String, archive: String) throws(ArchiveError) {
     guard !name.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F || $0 == "\\" }) else {
         throw refuse("control character or backslash")
     }
-    var components = name.split(separator: "/", omittingEmptySubsequences: false)
-    if name.hasSuffix("/") { components.removeLast() }
+    // Components as the file system sees them: split at each '/' byte. Split as `Character`s, a
+    // '/' followed by a combining mark is one grapheme and no separator, so the '..' in
+    // "Contents/../\u{301}x" went unseen and the file landed outside Contents/.
+    let slash = UInt8(ascii: "/"), dot = UInt8(ascii: ".")
+    var components = Array(name.utf8).split(separator: slash, omittingEmptySubsequences: false)
+    if name.utf8.last == slash { components.removeLast() }
     for component in components {
         guard !component.isEmpty else { throw refuse("empty path component") }
-        guard component != "..", component != "." else { throw refuse("'\(component)' component") }
-        guard component.utf8.count <= 255 else { throw refuse("component longer than 255 bytes") }
+        guard !component.allSatisfy({ $0 == dot }) || component.count > 2 else {
+            throw refuse("'\(String(decoding: component, as: UTF8.self))' component")
+        }
+        guard component.count <= 255 else { throw refuse("component longer than 255 bytes") }
     }
-    if let first = components.first, first.count == 2, first.last == ":" { throw refuse("drive letter") }
+    if let first = components.first, first.count == 2, first.last == UInt8(ascii: ":") { throw refuse("drive letter") }
 }
 
 /// `withUnsafeBytes` for closures with a typed throw, which the standard library's rethrows

@@ -245,10 +245,12 @@ public enum SafeExtractor {
     }
 
     private static func makeParents(of path: String, root: String, made: inout Set<String>) throws(ArchiveError) {
-        let components = path.split(separator: "/").dropLast()
+        // At '/' bytes, as the file system splits (``validateEntryPath`` refuses what else could differ).
+        let components = Array(path.utf8).split(separator: UInt8(ascii: "/")).dropLast()
         var current = ""
         for component in components {
-            current += current.isEmpty ? String(component) : "/" + component
+            let name = String(decoding: component, as: UTF8.self)
+            current += current.isEmpty ? name : "/" + name
             if made.contains(current) { continue }
             let full = root + "/" + current
             if mkdir(full, 0o755) != 0 && errno != EEXIST { throw ioError(errno, action: "create folder", path: full) }

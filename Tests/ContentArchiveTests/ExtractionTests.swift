@@ -16,6 +16,10 @@ let pythonHostileZip = #"""
         base(z)
         if kind == 'traversal':
             z.writestr('Contents/../../evil.txt', b'escaped')
+        elif kind == 'combining':
+            # A combining mark after a '/' makes one grapheme with it: split by Characters, the
+            # '..' before it was not a component, though the file system sees one.
+            z.writestr('Contents/../\u0301evil.txt', b'outside Contents/')
         elif kind == 'absolute':
             z.writestr(zipfile.ZipInfo('/tmp/evil-absolute.txt'), b'escaped')
         elif kind == 'backslash':
@@ -93,7 +97,7 @@ struct ExtractionTests {
     @Test(
         "hostile archives are refused and nothing is written",
         arguments: [
-            ("traversal", "unsafe path"), ("absolute", "unsafe path"), ("backslash", "unsafe path"),
+            ("traversal", "unsafe path"), ("combining", "unsafe path"), ("absolute", "unsafe path"), ("backslash", "unsafe path"),
             ("symlink", "symbolic link"), ("duplicate", "twice"), ("case", "differ only by case"),
             ("normalisation", "Unicode normalisation"), ("bomb", "zip bombs"),
             ("outside", "outside Contents/"), ("noplist", "no ContentInfo.plist"), ("lying-size", "more than its declared"),
