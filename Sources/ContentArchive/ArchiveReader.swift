@@ -382,7 +382,7 @@ func validateEntryPath(_ name: String, archive: String) throws(ArchiveError) {
     if name.utf8.last == slash { components.removeLast() }
     for component in components {
         guard !component.isEmpty else { throw refuse("empty path component") }
-        guard !component.allSatisfy({ $0 == dot }) || component.count > 2 else {
+        guard component.count > 2 || component.contains(where: { $0 != dot }) else {
             throw refuse("'\(String(decoding: component, as: UTF8.self))' component")
         }
         guard component.count <= 255 else { throw refuse("component longer than 255 bytes") }

@@ -54,7 +54,7 @@ public enum SafeExtractor {
     public static func assemble(
         partialArchive: String, manifest: ArchiveManifest, fetched: Set<String>, reused: [String: String],
         previousFolder: String, to destination: String, expecting: ContentInfo, limits: ExtractionLimits = .standard,
-        durable: Bool = true, linked: @Sendable (_ path: String, _ source: String, _ link: String) -> Bool = { _, _, _ in true }
+        durable: Bool = true, linked: @Sendable (_ path: String, _ source: String, _ link: String) -> Bool
     ) throws(ArchiveError) {
         let reader = try ArchiveReader(path: partialArchive, manifest: manifest, limits: limits)
         let bySHA = Dictionary(manifest.entries.map { ($0.path, $0.sha256) }, uniquingKeysWith: { a, _ in a })

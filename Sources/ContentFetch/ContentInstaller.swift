@@ -26,6 +26,7 @@ struct ContentInstaller: Sendable {
     func install(archive: String, for record: DownloadRecord, manifest: ArchiveManifest? = nil) throws(FetchError) -> String {
         try install(record, manifest: manifest) { (destination, expected) throws(ArchiveError) in
             try SafeExtractor.extract(archive: archive, to: destination, expecting: expected)
+            return [:]
         }
     }
 
@@ -53,20 +54,20 @@ struct ContentInstaller: Sendable {
             linked.withLock { $0[path] = now }
             return true
         }
-        let seen: @Sendable () -> [String: FileIdentity] = { linked.withLock { $0 } }
-        return try install(record, manifest: manifest, known: seen) { (destination, expected) throws(ArchiveError) in
+        return try install(record, manifest: manifest) { (destination, expected) throws(ArchiveError) in
             try SafeExtractor.assemble(
                 partialArchive: partial, manifest: manifest, fetched: Set(plan.fetched), reused: reused,
                 previousFolder: previous, to: destination, expecting: expected, linked: stillInstalled)
+            return linked.withLock { $0 }
         }
     }
 
     /// Puts `record`'s version in place with `build` (unless an earlier run did), then removes
     /// the product's older versions, only once the new one is complete, and records the new one's
-    /// files when `manifest` is given.
+    /// files when `manifest` is given. `build` returns the identities it saw of the files it
+    /// placed, by entry path, which the record then takes as they are.
     private func install(
-        _ record: DownloadRecord, manifest: ArchiveManifest?, known: @Sendable () -> [String: FileIdentity] = { [:] },
-        build: (String, ContentInfo) throws(ArchiveError) -> Void
+        _ record: DownloadRecord, manifest: ArchiveManifest?, build: (String, ContentInfo) throws(ArchiveError) -> [String: FileIdentity]
     ) throws(FetchError) -> String {
         let expected = try expectedInfo(record)
         let destination = destination(productId: record.productId, contentVersion: record.contentVersion)
@@ -76,8 +77,9 @@ struct ContentInstaller: Sendable {
         where name.hasPrefix(".\(record.contentVersion).extracting-") || (name.hasPrefix(".") && name.contains(Self.removingMarker)) {
             try? FileManager.default.removeItem(atPath: parent + "/" + name)
         }
+        var known: [String: FileIdentity] = [:]
         if !isInstalled(record) {
-            do { try build(destination, expected) } catch { throw FetchError(.install, error.message) }
+            do { known = try build(destination, expected) } catch { throw FetchError(.install, error.message) }
         }
         // An older version leaves at once, renamed out of sight: an app never finds it half
         // removed, and a run killed while removing it leaves a hidden folder the next install
@@ -96,7 +98,7 @@ struct ContentInstaller: Sendable {
             }
         }
         if !leaving.isEmpty { Failpoint.hit("old-version-hidden") }
-        DispatchQueue.concurrentPerform(iterations: 2) { [leaving] lane in
+        DispatchQueue.concurrentPerform(iterations: 2) { [leaving, known] lane in
             if lane == 0 {
                 for path in leaving { try? FileManager.default.removeItem(atPath: path) }
             } else if let manifest {
@@ -122,10 +124,10 @@ struct ContentInstaller: Sendable {
 
     /// Remembers `manifest` and the identity of each file installed at `folder`, for the next update.
     /// `known`: identities already seen of files at `folder`, by entry path.
-    func recordInstalled(_ manifest: ArchiveManifest, at folder: String, known: @Sendable () -> [String: FileIdentity] = { [:] }) {
+    func recordInstalled(_ manifest: ArchiveManifest, at folder: String, known: [String: FileIdentity] = [:]) {
         let path = InstalledVersion.path(contentDirectory: contentDirectory, productId: manifest.productId.rawValue)
         try? FileManager.default.createDirectory(atPath: (path as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
-        let record = InstalledVersion.record(manifest: manifest, folder: folder, known: known())
+        let record = InstalledVersion.record(manifest: manifest, folder: folder, known: known)
         try? AtomicFile.write(record.encoded(), to: path, permissions: 0o644)
     }
 

@@ -3,7 +3,8 @@ import Foundation
 /// Crash points for tests: with `IAP_FETCH_KILL_AT=<name>` in the environment the process kills
 /// itself with SIGKILL when it reaches that point (`delta-planned`: a delta update's plan saved,
 /// nothing fetched; `range-done`: a requested range received in full; `verified`: after the
-/// SHA-256 check, before install; `installed`: after install, before the transaction is
+/// SHA-256 check, before install; `old-version-hidden`: the new version in place, the older one
+/// renamed out of sight, not yet removed; `installed`: after install, before the transaction is
 /// finished), so a test can stop it
 /// exactly where a power cut could. With `IAP_FETCH_STOP_AT=<name>` it stops (SIGSTOP) there
 /// instead, for a test to change something at that point (`delta-sources-chosen`: the installed

@@ -143,16 +143,12 @@ struct DeltaTests {
     func changedBeforeLink() async throws {
         let (shop, _, _, v2) = try installedWithUpdatePublished()
         let product = shop.content + "/" + Self.product
-        let fetch = Process()
-        fetch.executableURL = URL(fileURLWithPath: productsDirectory() + "/iap-fetch")
-        fetch.arguments = ["get", "--server", shop.server.base, "--transaction", shop.tmp.sub("tx.jws"), "--content-dir", shop.content, "--json"]
-        fetch.environment = ProcessInfo.processInfo.environment.merging(["IAP_FETCH_STOP_AT": "delta-sources-chosen"]) { _, new in new }
         let output = Pipe()
-        fetch.standardOutput = output
-        fetch.standardError = FileHandle.nullDevice
-        try fetch.run()
+        let fetch = try launch(
+            productsDirectory() + "/iap-fetch", ["get", "--server", shop.server.base, "--transaction", shop.tmp.sub("tx.jws"), "--content-dir", shop.content, "--json"],
+            environment: ["IAP_FETCH_STOP_AT": "delta-sources-chosen"], stdout: output)
         defer { if fetch.isRunning { kill(fetch.processIdentifier, SIGKILL) } }
-        // Stopped at the point: the installed files are checked and none is linked yet.
+        // Stopped at the point: the installed files to reuse are chosen and none is linked yet.
         let stopped = await waitUntil(.seconds(60)) {
             ((try? String(contentsOfFile: "/proc/\(fetch.processIdentifier)/stat", encoding: .utf8)) ?? "").split(separator: " ").dropFirst(2).first == "T"
         }
