@@ -1,6 +1,12 @@
 import NIOCore
 import NIOHTTP1
 
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
 /// The fast path's reader of request heads: a pure value over bytes, so it is tested with byte
 /// fixtures and no channel. It takes only `GET` or `HEAD` under one prefix, HTTP/1.1 or 1.0, no
 /// body, well-formed fields within limits, and answers `.handOff` for anything else, including
@@ -58,15 +64,20 @@ struct RequestHeadParser: Sendable {
             return isStart ? .incomplete : .handOff
         }
         // The end of the head: an empty line.
+        // memchr from line feed to line feed, not a loop over subscripts: with the target's
+        // comparison below, the byte loops were 4% of the CPU per 4 KiB range (`perf`).
         let limit = min(bytes.count, Self.maxHead)
         var end = -1
-        var i = 3
-        while i < limit {
-            if bytes[i] == 0x0A, bytes[i - 1] == 0x0D, bytes[i - 2] == 0x0A, bytes[i - 3] == 0x0D {
-                end = i + 1
-                break
+        if let base = bytes.baseAddress {
+            var i = 3
+            while i < limit, let found = memchr(base + i, 0x0A, limit - i) {
+                i = UnsafeRawPointer(base).distance(to: found)
+                if bytes[i - 1] == 0x0D, bytes[i - 2] == 0x0A, bytes[i - 3] == 0x0D {
+                    end = i + 1
+                    break
+                }
+                i += 1
             }
-            i += 1
         }
         guard end > 0 else { return bytes.count >= Self.maxHead ? .handOff : .incomplete }
 
@@ -77,7 +88,9 @@ struct RequestHeadParser: Sendable {
         guard p < end, bytes[p] == 0x20 else { return .handOff }
         let target = UnsafeBufferPointer(rebasing: bytes[(method == .GET ? 4 : 5)..<p])
         let uri: String
-        if var known = knownURI, known.withUTF8({ $0.count == target.count && $0.elementsEqual(target) }) {
+        if var known = knownURI,
+            known.withUTF8({ $0.count == target.count && memcmp($0.baseAddress!, target.baseAddress!, target.count) == 0 })
+        {
             uri = known
         } else {
             uri = String(decoding: target, as: UTF8.self)
