@@ -8,8 +8,9 @@
 # Range measures alternate the servers over several rounds (default 7) and report the ratio of
 # medians, each median with its spread (min-max): what a user sees on a typical run.
 # Whole downloads take well under a second each and vary most from round to round, so they get
-# three times as many rounds (DOWNLOAD_ROUNDS to choose).
-# Usage: [DOWNLOAD_ROUNDS=n] tools/bench-serve.sh [seconds-per-wrk-run] [rounds]
+# three times as many rounds (DOWNLOAD_ROUNDS to choose). IAP_EVENT_LOOPS=n runs iap-server with n
+# event loops (`--event-loops`) instead of one per core; nginx keeps its two workers.
+# Usage: [DOWNLOAD_ROUNDS=n] [IAP_EVENT_LOOPS=n] tools/bench-serve.sh [seconds-per-wrk-run] [rounds]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-5}
@@ -66,7 +67,7 @@ download() { # url pids... -> "MB/s cpu-seconds-per-GiB" of one curl download
   local after=$(cpu_ns "$@")
   awk -v s="$speed" -v a="$after" -v b="$before" -v z="$size" 'BEGIN { printf "%.1f %.4f\n", s / 1e6, (a - b) / 1e9 / (z / 1073741824) }'
 }
-echo "archive: $size bytes; $(nproc) cores; wrk ${secs}s per run, median of $rounds rounds; downloads: median of $download_rounds rounds" >&2
+echo "archive: $size bytes; $(nproc) cores; iap-server event loops: ${IAP_EVENT_LOOPS:-one per core}, nginx workers: 2; wrk ${secs}s per run, median of $rounds rounds; downloads: median of $download_rounds rounds" >&2
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
 spread() { sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%s-%s", lo, hi }'; }
 # Runs two measures, the first one first in odd rounds: who goes first flips every round.

@@ -4,6 +4,7 @@ import Hummingbird
 import HummingbirdCore
 import Logging
 import NIOCore
+import NIOPosix
 import ServiceLifecycle
 import Synchronization
 
@@ -21,6 +22,9 @@ public enum ContentServerApp {
         router.add(middleware: ErrorFormatMiddleware())
         APIRoutes(service: service).register(on: router)
 
+        // NIO's shared group (one loop per core) unless asked otherwise; a group of our own is
+        // shut down once the server has stopped.
+        let ownGroup = configuration.eventLoops.map { MultiThreadedEventLoopGroup(numberOfThreads: $0) }
         let app = Application(
             router: router,
             server: HTTPServerBuilder { responder in
@@ -32,6 +36,7 @@ public enum ContentServerApp {
                 service.boundPort.withLock { $0 = port }
                 await onListening(port)
             },
+            eventLoopGroupProvider: ownGroup.map { .shared($0) } ?? .singleton,
             logger: logger)
 
         var group = ServiceGroupConfiguration(
@@ -41,6 +46,7 @@ public enum ContentServerApp {
         try await ServiceGroup(configuration: group).run()
         service.closeFiles()
         await service.store.database.close()
+        try? await ownGroup?.shutdownGracefully()
     }
 }
 

@@ -51,6 +51,10 @@ public struct ServerConfiguration: Sendable {
     public var receiptSharedSecret: String?
     /// How often revocations written by other replicas are picked up.
     public var revocationRefresh: Duration = .seconds(2)
+    /// Threads that serve connections (NIO event loops); nil is one per core. Fewer leave cores to
+    /// what shares the machine (a TLS proxy in front, the database): on two cores shared with the
+    /// load generator, one loop halved the 4 KiB p99 for 5-10% of the rate (docs/performance.md).
+    public var eventLoops: Int?
 
     public init(dataDirectory: String, bundleId: String) {
         self.dataDirectory = dataDirectory
@@ -69,6 +73,7 @@ public struct ServerConfiguration: Sendable {
         ("IAP_RECEIPT_VERIFICATION", "--receipt-verification"), ("IAP_VERIFY_RECEIPT_URL", "--verify-receipt-url"),
         ("IAP_VERIFY_RECEIPT_SANDBOX_URL", "--verify-receipt-sandbox-url"), ("IAP_RECEIPT_SHARED_SECRET_FILE", "--receipt-shared-secret-file"),
         ("IAP_VERIFY_RECEIPT_TIMEOUT", "--verify-receipt-timeout"), ("IAP_REVOCATION_REFRESH", "--revocation-refresh"),
+        ("IAP_EVENT_LOOPS", "--event-loops"),
     ]
 }
 

@@ -94,6 +94,10 @@ struct Serve: AsyncParsableCommand {
         name: .customLong("revocation-refresh"),
         help: "Seconds between full reloads of revocations other replicas wrote (default 2); with --database PostgreSQL announces each one at once anyway.")
     var revocationRefresh: Int?
+    @Option(
+        name: .customLong("event-loops"),
+        help: "Threads serving connections (default: one per core). Fewer leave cores to a TLS proxy or database on the same machine; see docs/performance.md.")
+    var eventLoops: Int?
     @Option(name: .customLong("port-file"), help: "Write the bound port to this file once listening (for scripts).") var portFile: String?
     @Flag(name: .customLong("allow-local-testing"), help: "Also accept Xcode and LocalTesting transactions.") var allowLocalTesting = false
     @Option(name: .customLong("receipt-verification"), help: "How StoreKit 1 app receipts are verified: local (libcrypto, the default), apple (verifyReceipt) or both (must agree).")
@@ -174,6 +178,12 @@ struct Serve: AsyncParsableCommand {
         if let seconds = try timeout(headerTimeout, "IAP_HEADER_TIMEOUT", "--header-timeout") { configuration.headerTimeout = seconds }
         if let seconds = try timeout(idleTimeout, "IAP_IDLE_TIMEOUT", "--idle-timeout") { configuration.idleTimeout = seconds }
         if let seconds = try timeout(revocationRefresh, "IAP_REVOCATION_REFRESH", "--revocation-refresh") { configuration.revocationRefresh = seconds }
+        if let text = eventLoops.map(String.init) ?? env("IAP_EVENT_LOOPS") {
+            guard let loops = Int(text), (1...1024).contains(loops) else {
+                throw ValidationError("--event-loops (IAP_EVENT_LOOPS) must be a number of threads between 1 and 1024, not '\(text)'")
+            }
+            configuration.eventLoops = loops
+        }
         var logger = Logger(label: "iap-server")
         logger.logLevel = env("LOG_LEVEL").flatMap(Logger.Level.init(rawValue:)) ?? .info
         let portFile = self.portFile

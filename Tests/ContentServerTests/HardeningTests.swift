@@ -301,3 +301,49 @@ extension HardeningTests {
         #expect(server.stop() == 0)
     }
 }
+
+extension HardeningTests {
+    /// The (tid, timeslices run) of each thread of `pid` whose name starts with `prefix`.
+    func threads(of pid: Int32, named prefix: String) -> [(tid: String, slices: Int)] {
+        let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []
+        return tasks.sorted().compactMap { tid in
+            let comm = (try? String(contentsOfFile: "/proc/\(pid)/task/\(tid)/comm", encoding: .utf8)) ?? ""
+            guard comm.hasPrefix(prefix), let stat = try? String(contentsOfFile: "/proc/\(pid)/task/\(tid)/schedstat", encoding: .utf8),
+                let slices = stat.split(separator: " ").last.flatMap({ Int($0.trimmingCharacters(in: .whitespacesAndNewlines)) })
+            else { return nil }
+            return (tid, slices)
+        }
+    }
+
+    @Test("--event-loops 1 serves every connection from one thread of its own and stops cleanly; a bad count is refused by name")
+    func eventLoops() throws {
+        let tmp = try TemporaryFolder()
+        let (store, server) = try start(tmp, extra: ["--event-loops", "1"])
+        let v1 = try pack(tmp, version: "1.0")
+        #expect(try multipart(server, tmp, ["archive=@\(v1.archivePath)"]).status == 201)
+        let granted = try postJSON(
+            server.base + "/v1/downloads", ["signedTransaction": try store.purchase(productId: product).signedTransaction], folder: tmp)
+        let url = try #require((granted.json["downloads"] as? [[String: Any]])?.first?["url"] as? String, "\(granted.text)")
+        // NIO names the threads of a group it was asked for NIO-ELT-…, the shared group's NIO-SGLTN-….
+        let loops = threads(of: server.process.processIdentifier, named: "NIO-ELT-")
+        try #require(loops.count == 1, "\(loops)")
+        for i in 0..<20 {
+            let part = try curl(["-r", "\(i * 100)-\(i * 100 + 99)", url], folder: tmp)
+            #expect(part.status == 206 && part.body.count == 100)
+        }
+        // Each new connection woke the loop at least once: it is the one serving them.
+        let after = threads(of: server.process.processIdentifier, named: "NIO-ELT-")
+        #expect(after.count == 1 && after[0].slices - loops[0].slices >= 20, "\(loops) then \(after)")
+        #expect(server.stop() == 0)
+
+        for bad in ["0", "many", "5000"] {
+            let refused = try run(
+                productsDirectory() + "/iap-server", ["serve", "--data", tmp.sub("data"), "--bundle-id", bundleId, "--event-loops", bad])
+            #expect(refused.status != 0 && refused.stderr.contains("--event-loops"), "\(bad): \(refused.stderr)")
+        }
+        let fromEnvironment = try run(
+            productsDirectory() + "/iap-server", ["serve", "--data", tmp.sub("data"), "--bundle-id", bundleId],
+            environment: ["IAP_EVENT_LOOPS": "-1"])
+        #expect(fromEnvironment.status != 0 && fromEnvironment.stderr.contains("IAP_EVENT_LOOPS"), "\(fromEnvironment.stderr)")
+    }
+}
