@@ -89,7 +89,7 @@ struct RequestHeadParser: Sendable {
         let target = UnsafeBufferPointer(rebasing: bytes[(method == .GET ? 4 : 5)..<p])
         let uri: String
         if var known = knownURI,
-            known.withUTF8({ $0.count == target.count && memcmp($0.baseAddress!, target.baseAddress!, target.count) == 0 })
+            known.withUTF8({ $0.count == target.count && (target.isEmpty || memcmp($0.baseAddress!, target.baseAddress!, target.count) == 0) })
         {
             uri = known
         } else {

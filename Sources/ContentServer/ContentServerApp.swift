@@ -43,7 +43,13 @@ public enum ContentServerApp {
             services: [.init(service: app), .init(service: RevocationRefresher(service: service, interval: configuration.revocationRefresh))],
             gracefulShutdownSignals: [.sigterm, .sigint], cancellationSignals: [], logger: logger)
         group.maximumGracefulShutdownDuration = configuration.drainTimeout
-        try await ServiceGroup(configuration: group).run()
+        do {
+            try await ServiceGroup(configuration: group).run()
+        } catch {
+            // An app embedding the server keeps running: its threads must not outlive the server.
+            try? await ownGroup?.shutdownGracefully()
+            throw error
+        }
         service.closeFiles()
         await service.store.database.close()
         try? await ownGroup?.shutdownGracefully()

@@ -53,7 +53,8 @@ public struct ServerConfiguration: Sendable {
     public var revocationRefresh: Duration = .seconds(2)
     /// Threads that serve connections (NIO event loops); nil is one per core. Fewer leave cores to
     /// what shares the machine (a TLS proxy in front, the database): on two cores shared with the
-    /// load generator, one loop halved the 4 KiB p99 for 5-10% of the rate (docs/performance.md).
+    /// load generator, one loop cut the 4 KiB p99 to 0.40-0.47x for 0.90-0.93x of the rate, and
+    /// 1 MiB and multi-range requests lost 5-25% (docs/performance.md).
     public var eventLoops: Int?
 
     public init(dataDirectory: String, bundleId: String) {

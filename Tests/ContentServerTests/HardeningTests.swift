@@ -35,6 +35,17 @@ struct HardeningTests {
         return (store, server)
     }
 
+    /// A server started with `extra`, version 1.0 published, and the download URL granted for one purchase of it.
+    func grantedDownload(_ tmp: TemporaryFolder, extra: [String]) throws -> (server: ServerProcess, v1: PackResult, url: String) {
+        let (store, server) = try start(tmp, extra: extra)
+        let v1 = try pack(tmp, version: "1.0")
+        #expect(try multipart(server, tmp, ["archive=@\(v1.archivePath)"]).status == 201)
+        let grant = try postJSON(
+            server.base + "/v1/downloads", ["signedTransaction": try store.purchase(productId: product).signedTransaction], folder: tmp)
+        let url = try #require((grant.json["downloads"] as? [[String: Any]])?.first?["url"] as? String, "\(grant.text)")
+        return (server, v1, url)
+    }
+
     func multipart(_ server: ServerProcess, _ tmp: TemporaryFolder, _ parts: [String], headers: [String] = []) throws -> HTTPResult {
         try curl(
             ["-X", "PUT", "-H", "Authorization: Bearer \(adminToken)"] + headers + parts.flatMap { ["-F", $0] }
@@ -180,18 +191,13 @@ struct HardeningTests {
     @Test("a slow-loris client trickling its request head is cut off; a slow download of a finished head is not")
     func slowClients() throws {
         let tmp = try TemporaryFolder()
-        let (store, server) = try start(tmp, extra: ["--header-timeout", "2"])
-        let v1 = try pack(tmp, version: "1.0")
-        #expect(try multipart(server, tmp, ["archive=@\(v1.archivePath)"]).status == 201)
+        let (server, v1, url) = try grantedDownload(tmp, extra: ["--header-timeout", "2"])
         let script = try tmp.write("loris.py", Self.lorisScript(requestLine: "GET /healthz"))
         let loris = try run("python3", [script, String(server.port)])
         #expect(loris.stdout.contains("closed"), "\(loris.stdout) \(loris.stderr)")
 
         // A download that takes longer than the header timeout is not cut: the deadline only
         // covers the time to send a request head.
-        let purchase = try store.purchase(productId: product)
-        let grant = try postJSON(server.base + "/v1/downloads", ["signedTransaction": purchase.signedTransaction], folder: tmp)
-        let url = try #require((grant.json["downloads"] as? [[String: Any]])?.first?["url"] as? String)
         let slow = try curl(["--limit-rate", "12K", url], folder: tmp)
         #expect(slow.status == 200 && slow.body.count == Int(v1.manifest.archiveSize))
         #expect(try curl([server.base + "/healthz"], folder: tmp).status == 200)
@@ -318,12 +324,7 @@ extension HardeningTests {
     @Test("--event-loops 1 serves every connection from one thread of its own and stops cleanly; a bad count is refused by name")
     func eventLoops() throws {
         let tmp = try TemporaryFolder()
-        let (store, server) = try start(tmp, extra: ["--event-loops", "1"])
-        let v1 = try pack(tmp, version: "1.0")
-        #expect(try multipart(server, tmp, ["archive=@\(v1.archivePath)"]).status == 201)
-        let granted = try postJSON(
-            server.base + "/v1/downloads", ["signedTransaction": try store.purchase(productId: product).signedTransaction], folder: tmp)
-        let url = try #require((granted.json["downloads"] as? [[String: Any]])?.first?["url"] as? String, "\(granted.text)")
+        let (server, _, url) = try grantedDownload(tmp, extra: ["--event-loops", "1"])
         // NIO names the threads of a group it was asked for NIO-ELT-…, the shared group's NIO-SGLTN-….
         let loops = threads(of: server.process.processIdentifier, named: "NIO-ELT-")
         try #require(loops.count == 1, "\(loops)")
