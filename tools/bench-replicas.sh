@@ -23,7 +23,6 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 pgport=$(free_port)
 "${as_pg[@]}" "$pgbin/initdb" -D "$work/pg/db" -U iap --auth=trust -E UTF8 >/dev/null

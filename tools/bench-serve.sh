@@ -35,7 +35,7 @@ ours_url=$(grant_url "$work" bench.archive)
 stored=$(ls "$work"/data/archives/*.zip | head -1)
 mkdir -p "$work/www"; ln "$stored" "$work/www/archive.zip"; chmod 755 "$work/www"; chmod 644 "$work/www/archive.zip"
 # nginx's workers run as an unprivileged user: check they can read the file before measuring.
-nginx_port=$((port + 1))
+nginx_port=$(free_port)  # not port + 1: that one may be taken, and nginx then fails to start
 cat > "$work/nginx.conf" <<CONF
 worker_processes 2;
 daemon off;

@@ -58,3 +58,6 @@ bench_corpus() { # dir scale
   python3 tools/make-corpus.py "$1/Contents" "$2"
   touch "$1/.complete-$2"
 }
+
+# A port free on 127.0.0.1 now (the kernel's pick), for a peer server that takes a port number.
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
