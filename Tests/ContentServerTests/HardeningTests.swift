@@ -337,14 +337,14 @@ extension HardeningTests {
         #expect(after.count == 1 && after[0].slices - loops[0].slices >= 20, "\(loops) then \(after)")
         #expect(server.stop() == 0)
 
+        // Bounded (coreutils' timeout): a count taken by mistake would start a server that never
+        // exits, and its output would not name the option.
+        let serve = ["30", productsDirectory() + "/iap-server", "serve", "--data", tmp.sub("data"), "--bundle-id", bundleId]
         for bad in ["0", "many", "5000"] {
-            let refused = try run(
-                productsDirectory() + "/iap-server", ["serve", "--data", tmp.sub("data"), "--bundle-id", bundleId, "--event-loops", bad])
+            let refused = try run("timeout", serve + ["--event-loops", bad])
             #expect(refused.status != 0 && refused.stderr.contains("--event-loops"), "\(bad): \(refused.stderr)")
         }
-        let fromEnvironment = try run(
-            productsDirectory() + "/iap-server", ["serve", "--data", tmp.sub("data"), "--bundle-id", bundleId],
-            environment: ["IAP_EVENT_LOOPS": "-1"])
+        let fromEnvironment = try run("timeout", serve, environment: ["IAP_EVENT_LOOPS": "-1"])
         #expect(fromEnvironment.status != 0 && fromEnvironment.stderr.contains("IAP_EVENT_LOOPS"), "\(fromEnvironment.stderr)")
     }
 }
