@@ -2,6 +2,7 @@ import ContentCatalog
 import Foundation
 import Hummingbird
 import HummingbirdCore
+import IAPProtocol
 import Logging
 import NIOCore
 import NIOPosix
@@ -48,11 +49,44 @@ public enum ContentServerApp {
         } catch {
             // An app embedding the server keeps running: its threads must not outlive the server.
             try? await ownGroup?.shutdownGracefully()
+            if service.boundPort.withLock({ $0 }) == 0, let reason = ServerStartError(listening: error, host: configuration.host, port: configuration.port) {
+                throw reason
+            }
             throw error
         }
         service.closeFiles()
         await service.store.database.close()
         try? await ownGroup?.shutdownGracefully()
+    }
+}
+
+/// Why the server could not start: it cannot listen where it was told to.
+public enum ServerStartErrorCode: String, ErrorCode {
+    case cannotListen = "cannot-listen"
+}
+
+/// Why the server could not start, said so that the operator can act on it.
+public typealias ServerStartError = CodedError<ServerStartErrorCode>
+
+extension CodedError where Code == ServerStartErrorCode {
+    /// The error for a failure to bind `host`:`port`, or nil when `error` is not one (NIO's
+    /// messages name the system call, not the flag to change).
+    init?(listening error: any Error, host: String, port: Int) {
+        if error is SocketAddressError || error is SocketAddressError.UnknownHost {
+            self.init(.cannotListen, "cannot resolve --host \(host): give an address such as 127.0.0.1, or 0.0.0.0 for all of this machine's")
+            return
+        }
+        guard let error = error as? IOError else { return nil }
+        switch error.errnoCode {
+        case EADDRINUSE:
+            self.init(.cannotListen, "port \(port) on \(host) is in use by another process: stop it, or give another --port (0 picks a free one)")
+        case EACCES:
+            self.init(.cannotListen, "port \(port) on \(host) needs privileges this process lacks: give a port above 1023, or put a proxy in front")
+        case EADDRNOTAVAIL:
+            self.init(.cannotListen, "\(host) is not an address of this machine: give one of its addresses, or 0.0.0.0 for all of them")
+        default:
+            return nil
+        }
     }
 }
 

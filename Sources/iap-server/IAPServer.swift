@@ -82,10 +82,10 @@ struct Serve: AsyncParsableCommand {
     var grantKeys: String?
     @Option(name: .customLong("bundle-id"), help: "The app's bundle identifier.") var bundleId: String?
     @Option(help: "The address to listen on.") var host: String?
-    @Option(help: "The port to listen on; 0 picks a free one.") var port: Int?
+    @Option(help: "The port to listen on (default 8080); 0 picks a free one.") var port: Int?
     @Option(name: .customLong("trust-root"), help: "Another trusted root certificate (DER or PEM), e.g. the sandbox's root.cer; repeatable.") var trustRoots: [String] = []
     @Option(help: "production, sandbox or both. App Review buys in the sandbox against production servers: use both there.") var environment: EnvironmentChoice?
-    @Option(name: .customLong("token-ttl"), help: "Seconds a download URL stays valid.") var tokenTTL: Int?
+    @Option(name: .customLong("token-ttl"), help: "Seconds a download URL stays valid (10 to 2592000, default 900).") var tokenTTL: Int?
     @Option(name: .customLong("admin-token-file"), help: "A file holding the bearer token for PUT /v1/admin/archives; without it the admin API is off.") var adminTokenFile: String?
     @Option(name: .customLong("public-url"), help: "The base of download URLs, e.g. https://content.example.com (default http://<host>:<port>).") var publicURL: String?
     @Option(name: .customLong("header-timeout"), help: "Seconds a client has to send a complete request head (default 30).") var headerTimeout: Int?
@@ -122,11 +122,20 @@ struct Serve: AsyncParsableCommand {
         }
     }
 
+    /// A whole number from its flag or else its environment variable, within `range`. A value
+    /// that is not a number or is out of range is refused, naming both the flag and the variable:
+    /// a container's `IAP_PORT=80a` must not quietly become the default port.
+    func number(_ flag: Int?, _ variable: String, _ name: String, _ range: ClosedRange<Int>, _ what: String) throws -> Int? {
+        guard let text = flag.map(String.init) ?? env(variable) else { return nil }
+        guard let value = Int(text.trimmingCharacters(in: .whitespaces)), range.contains(value) else {
+            throw ValidationError("\(name) (\(variable)) must be \(what) from \(range.lowerBound) to \(range.upperBound), not '\(text)'")
+        }
+        return value
+    }
+
     /// A timeout from its flag or environment variable, checked.
     func timeout(_ flag: Int?, _ variable: String, _ name: String) throws -> Duration? {
-        guard let value = flag ?? env(variable).flatMap(Int.init) else { return nil }
-        guard (1...3600).contains(value) else { throw ValidationError("\(name) must be between 1 and 3600 seconds, not \(value)") }
-        return .seconds(value)
+        try number(flag, variable, name, 1...3600, "a number of seconds").map { .seconds($0) }
     }
 
     func run() async throws {
@@ -139,7 +148,7 @@ struct Serve: AsyncParsableCommand {
         configuration.advertiseURL = advertiseURL ?? env("IAP_ADVERTISE_URL")
         configuration.grantKeysPath = grantKeys ?? env("IAP_GRANT_KEYS") ?? configuration.grantKeysPath
         configuration.host = host ?? env("IAP_HOST") ?? configuration.host
-        if let value = port ?? env("IAP_PORT").flatMap(Int.init) { configuration.port = value }
+        if let value = try number(port, "IAP_PORT", "--port", 0...65535, "a port number") { configuration.port = value }
         let environmentName = env("IAP_ENVIRONMENT") ?? "production"
         guard var policy = (environment ?? EnvironmentChoice(argument: environmentName))?.policy else {
             throw ValidationError("IAP_ENVIRONMENT must be production, sandbox or both, not '\(environmentName)'")
@@ -150,10 +159,8 @@ struct Serve: AsyncParsableCommand {
         do {
             for path in rootPaths { configuration.trustRoots.append(try AppleRoots.load(path: path)) }
         } catch { throw reporter.failure(error) }
-        if let ttl = tokenTTL ?? env("IAP_TOKEN_TTL").flatMap(Int.init) {
-            guard ttl >= 10 else { throw ValidationError("--token-ttl must be at least 10 seconds") }
-            configuration.tokenTTL = .seconds(ttl)
-        }
+        // Download URLs are meant to be short-lived; a month is the most any use here needs.
+        if let ttl = try number(tokenTTL, "IAP_TOKEN_TTL", "--token-ttl", 10...2_592_000, "a number of seconds") { configuration.tokenTTL = .seconds(ttl) }
         if let file = adminTokenFile ?? env("IAP_ADMIN_TOKEN_FILE") {
             guard let token = try? String(contentsOfFile: file, encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines), token.count >= 16 else {
                 throw reporter.failure("invalid-input", "cannot read an admin token of at least 16 characters from \(file)")
@@ -178,12 +185,7 @@ struct Serve: AsyncParsableCommand {
         if let seconds = try timeout(headerTimeout, "IAP_HEADER_TIMEOUT", "--header-timeout") { configuration.headerTimeout = seconds }
         if let seconds = try timeout(idleTimeout, "IAP_IDLE_TIMEOUT", "--idle-timeout") { configuration.idleTimeout = seconds }
         if let seconds = try timeout(revocationRefresh, "IAP_REVOCATION_REFRESH", "--revocation-refresh") { configuration.revocationRefresh = seconds }
-        if let text = eventLoops.map(String.init) ?? env("IAP_EVENT_LOOPS") {
-            guard let loops = Int(text), (1...1024).contains(loops) else {
-                throw ValidationError("--event-loops (IAP_EVENT_LOOPS) must be a number of threads between 1 and 1024, not '\(text)'")
-            }
-            configuration.eventLoops = loops
-        }
+        if let loops = try number(eventLoops, "IAP_EVENT_LOOPS", "--event-loops", 1...1024, "a number of threads") { configuration.eventLoops = loops }
         var logger = Logger(label: "iap-server")
         logger.logLevel = env("LOG_LEVEL").flatMap(Logger.Level.init(rawValue:)) ?? .info
         let portFile = self.portFile
@@ -194,6 +196,8 @@ struct Serve: AsyncParsableCommand {
                 if let portFile { try? String(port).write(toFile: portFile, atomically: true, encoding: .utf8) }
             }
         } catch let error as CatalogError {
+            throw reporter.failure(error)
+        } catch let error as ServerStartError {
             throw reporter.failure(error)
         }
     }

@@ -347,4 +347,34 @@ extension HardeningTests {
         let fromEnvironment = try run("timeout", serve, environment: ["IAP_EVENT_LOOPS": "-1"])
         #expect(fromEnvironment.status != 0 && fromEnvironment.stderr.contains("IAP_EVENT_LOOPS"), "\(fromEnvironment.stderr)")
     }
+
+    @Test("a port in use, an address not of this machine, an unresolvable host and a non-number in a numeric variable are refused by name")
+    func listenAndNumberErrors() throws {
+        let tmp = try TemporaryFolder()
+        let (store, server) = try start(tmp)
+        let port = try #require(URL(string: server.base)?.port)
+        // Bounded (coreutils' timeout): a server that started by mistake would never exit.
+        let serve = [
+            "30", productsDirectory() + "/iap-server", "serve", "--data", tmp.sub("data"), "--bundle-id", bundleId, "--trust-root",
+            store.rootCertificatePath, "--environment", "sandbox",
+        ]
+        for (arguments, message) in [
+            (["--port", "\(port)"], "port \(port) on 127.0.0.1 is in use by another process"),
+            (["--port", "\(port)", "--event-loops", "1"], "port \(port) on 127.0.0.1 is in use by another process"),
+            // TEST-NET-1 (RFC 5737): never an address of this machine.
+            (["--host", "192.0.2.1", "--port", "0"], "192.0.2.1 is not an address of this machine"),
+            (["--host", "nosuch.invalid", "--port", "0"], "cannot resolve --host nosuch.invalid"),
+        ] {
+            let refused = try run("timeout", serve + arguments)
+            #expect(refused.status == 1 && refused.stderr.contains(message), "\(arguments): \(refused.stderr)")
+            #expect(!refused.stderr.contains("errno"), "\(refused.stderr)")
+        }
+        for (variable, value, flag) in [("IAP_PORT", "80a", "--port"), ("IAP_TOKEN_TTL", "1h", "--token-ttl"), ("IAP_HEADER_TIMEOUT", "ten", "--header-timeout")] {
+            // The flag would win over the variable.
+            let refused = try run("timeout", serve + (variable == "IAP_PORT" ? [] : ["--port", "0"]), environment: [variable: value])
+            #expect(refused.status != 0 && refused.stderr.contains("\(flag) (\(variable))") && refused.stderr.contains("'\(value)'"), "\(variable): \(refused.stderr)")
+        }
+        #expect(try curl([server.base + "/healthz"], folder: tmp).status == 200, "the running server kept its port")
+        #expect(server.stop() == 0)
+    }
 }
