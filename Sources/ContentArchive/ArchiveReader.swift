@@ -48,6 +48,9 @@ public final class ArchiveReader: Sendable {
     public let entries: [ArchiveEntry]
     private let fd: FileDescriptor
 
+    /// Opens `path` and reads its central directory, refusing an archive that breaks `limits`, is
+    /// damaged, truncated, encrypted, ZIP64 or spanned, or holds links or special files. Nothing
+    /// is extracted yet; paths are checked as entries are extracted.
     public init(path: String, limits: ExtractionLimits = .standard) throws(ArchiveError) {
         self.path = path
         let fd = try openFile(path)

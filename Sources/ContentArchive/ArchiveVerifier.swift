@@ -83,6 +83,8 @@ public enum ArchiveVerifier {
         }
     }
 
+    /// Reads the whole archive (structure, every CRC, `ContentInfo.plist`) and, when a manifest
+    /// is given, checks that it describes exactly these bytes; throws on the first difference.
     public static func verify(
         archive: String, manifest manifestPath: String? = nil,
         limits: ExtractionLimits = .standard

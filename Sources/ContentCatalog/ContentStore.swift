@@ -147,6 +147,7 @@ public final class ContentStore: Sendable {
         return ["\(missing.count) published archive(s) missing from \(archivesDirectory), \(first.productId) \(first.contentVersion) (\(first.sha256)) first"]
     }
 
+    /// Where the archive with this SHA-256 lives: archives are stored by content, immutable.
     public func archivePath(sha256: String) -> String { archivesDirectory + "/" + sha256 + ".zip" }
 
     /// A fresh path for an upload in progress, inside the archive folder's file system so it can

@@ -61,6 +61,8 @@ public actor ContentFetcher {
         var fetchedByOffset: [ArchiveManifest.Entry]?
     }
 
+    /// A fetcher for the transactions `source` yields, journaling under the configuration's
+    /// content folder (created if missing; a path that is a file is a `.install` error).
     public init(configuration: FetchConfiguration, source: any TransactionSource) throws(FetchError) {
         self.configuration = configuration
         self.source = source

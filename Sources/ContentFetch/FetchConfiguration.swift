@@ -23,8 +23,11 @@ public struct FetchConfiguration: Sendable {
     /// Connections per download: more than one fetches parallel ranges into the same file and
     /// journal. Archives are split only into parts of at least `minimumSegment` bytes.
     public var connections = 1
+    /// The smallest part a parallel download splits an archive into, in bytes.
     public var minimumSegment: Int64 = 16 << 20
 
+    /// The defaults for `server` (its base URL; a trailing slash is dropped) installing into
+    /// `contentDirectory`.
     public init(server: String, contentDirectory: String) {
         self.server = server.hasSuffix("/") ? String(server.dropLast()) : server
         self.contentDirectory = contentDirectory

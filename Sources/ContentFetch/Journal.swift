@@ -111,6 +111,7 @@ extension DownloadRecord {
 public struct DownloadJournal: Sendable {
     public let folder: String
 
+    /// The journal of `contentDirectory`, creating the content folder and the journal folder.
     public init(contentDirectory: String) throws(FetchError) {
         folder = contentDirectory + "/.iap-fetch"
         // The content folder first, so that a path naming a file is reported as that.
@@ -122,6 +123,7 @@ public struct DownloadJournal: Sendable {
         }
     }
 
+    /// Where the archive of download `id` grows until it is verified.
     public func partialPath(_ id: String) -> String { folder + "/" + id + ".partial" }
     /// The manifest of the version being downloaded, checked against the grant's SHA-256.
     func manifestPath(_ id: String) -> String { folder + "/" + id + ".manifest.json" }
@@ -129,6 +131,8 @@ public struct DownloadJournal: Sendable {
     func cancelRequestPath(_ id: String) -> String { folder + "/" + id + ".cancel" }
     private func recordPath(_ id: String) -> String { folder + "/" + id + ".json" }
 
+    /// The record of download `id`, or nil when there is none or it cannot be read: a damaged
+    /// record is treated as no record, so it never stops the other downloads.
     public func load(_ id: String) -> DownloadRecord? {
         guard let data = FileManager.default.contents(atPath: recordPath(id)) else { return nil }
         return try? Self.decoder.decode(DownloadRecord.self, from: data)
@@ -187,6 +191,7 @@ public struct DownloadJournal: Sendable {
         unlink(cancelRequestPath(id)) == 0
     }
 
+    /// Every readable record, oldest update first (what `iap-fetch status` lists).
     public func all() -> [DownloadRecord] {
         let names = (try? FileManager.default.contentsOfDirectory(atPath: folder)) ?? []
         return names.filter { $0.hasSuffix(".json") }.compactMap { load(String($0.dropLast(5))) }.sorted { $0.updatedAt < $1.updatedAt }

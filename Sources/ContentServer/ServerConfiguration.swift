@@ -57,6 +57,7 @@ public struct ServerConfiguration: Sendable {
     /// 1 MiB and multi-range requests lost 5-25% (docs/performance.md).
     public var eventLoops: Int?
 
+    /// The embedded defaults for the app `bundleId`, with state under `dataDirectory`.
     public init(dataDirectory: String, bundleId: String) {
         self.dataDirectory = dataDirectory
         self.bundleId = bundleId

@@ -63,6 +63,9 @@ public struct GrantKeyRing: Sendable {
     /// every content request.
     private let keyed: [String: HMAC<SHA256>]
 
+    /// A ring that mints with `activeKeyId` and accepts tokens of any of `keys` (rotation: add
+    /// the new key, make it active, drop the old one once its tokens have expired). The active
+    /// key must be in `keys`.
     public init(activeKeyId: String, keys: [String: SymmetricKey]) {
         precondition(keys[activeKeyId] != nil, "the active key must be in the ring")
         self.activeKeyId = activeKeyId
@@ -75,6 +78,7 @@ public struct GrantKeyRing: Sendable {
         GrantKeyRing(activeKeyId: keyId, keys: [keyId: SymmetricKey(size: .bits256)])
     }
 
+    /// The token for `grant`, signed with the active key; it is valid until `grant.expiresAt`.
     public func mint(_ grant: Grant) -> String {
         let payload = Base64URL.encode(
             [grant.transactionId, grant.productId, grant.contentVersion, grant.sha256, String(grant.expiresAt)]
