@@ -33,6 +33,10 @@ public enum ContentServerApp {
             },
             configuration: .init(address: .hostname(configuration.host, port: configuration.port), serverName: "iap-server"),
             onServerRunning: { channel in
+                try? await channel.eventLoop.submit {
+                    // First: NIO's accept back-off handler further on swallows the error.
+                    try channel.pipeline.syncOperations.addHandler(AcceptFailureLogger(logger: logger, metrics: service.metrics), position: .first)
+                }.get()
                 let port = channel.localAddress?.port ?? configuration.port
                 service.boundPort.withLock { $0 = port }
                 await onListening(port)

@@ -41,6 +41,15 @@ final class ServerMetrics: ContentObserver, Sendable {
         registry.makeCounter(descriptor: describe("iap_grants_total", "Download grant requests by outcome."), labels: [("outcome", outcome)]).increment()
     }
 
+    /// A connection the server could not accept for want of file descriptors (`reason` is
+    /// `process-limit` or `system-limit`): alert on it, it means clients wait.
+    func acceptFailure(_ reason: String) {
+        registry.makeCounter(
+            descriptor: describe("iap_accept_failures_total", "Connections that could not be accepted for want of file descriptors."),
+            labels: [("reason", reason)]
+        ).increment()
+    }
+
     func notification(_ type: String, _ outcome: String) {
         registry.makeCounter(
             descriptor: describe("iap_notifications_total", "App Store Server Notifications by type and outcome."),

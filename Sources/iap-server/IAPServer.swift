@@ -188,6 +188,9 @@ struct Serve: AsyncParsableCommand {
         if let loops = try number(eventLoops, "IAP_EVENT_LOOPS", "--event-loops", 1...1024, "a number of threads") { configuration.eventLoops = loops }
         var logger = Logger(label: "iap-server")
         logger.logLevel = env("LOG_LEVEL").flatMap(Logger.Level.init(rawValue:)) ?? .info
+        if let raised = OpenFileLimit.raiseToHardLimit(), raised.after > raised.before {
+            logger.info("open-file limit raised to the hard limit", metadata: ["from": "\(raised.before)", "to": "\(raised.after)"])
+        }
         let portFile = self.portFile
         let host = configuration.host
         do {

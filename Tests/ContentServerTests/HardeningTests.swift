@@ -348,6 +348,49 @@ extension HardeningTests {
         #expect(fromEnvironment.status != 0 && fromEnvironment.stderr.contains("IAP_EVENT_LOOPS"), "\(fromEnvironment.stderr)")
     }
 
+    @Test("out of file descriptors, the server says so in its log and metrics, keeps listening and serves again once connections close; its soft open-file limit is raised to the hard one")
+    func openFileLimit() throws {
+        let tmp = try TemporaryFolder()
+        // Soft and hard limits both 64: nothing to raise, and 120 connections exhaust it. Two
+        // loops whatever the cores: each loop holds descriptors of its own.
+        let (_, server) = try start(tmp, extra: ["--event-loops", "2"], launcher: ["prlimit", "--nofile=64:64", "--"])
+        let release = tmp.sub("release")
+        let flood = try launch(
+            "python3",
+            [
+                "-c",
+                """
+                import os, socket, sys, time
+                held = [socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=5) for _ in range(120)]
+                deadline = time.monotonic() + 30
+                while not os.path.exists(sys.argv[2]) and time.monotonic() < deadline: time.sleep(0.05)
+                for s in held: s.close()
+                """,
+                "\(server.port)", release,
+            ])
+        let warning = "cannot accept connections: this process has reached its open-file limit (64)"
+        let deadline = Date().addingTimeInterval(30)
+        func logged() -> Bool { ((try? String(contentsOfFile: server.log, encoding: .utf8)) ?? "").contains(warning) }
+        while !logged() && Date() < deadline && flood.isRunning { usleep(50_000) }
+        #expect(logged(), "\((try? String(contentsOfFile: server.log, encoding: .utf8)) ?? "")")
+        FileManager.default.createFile(atPath: release, contents: nil)
+        flood.waitUntilExit()
+        #expect(flood.terminationStatus == 0, "the kernel queued every connection")
+        #expect(try curl([server.base + "/healthz"], folder: tmp).status == 200, "served again once the connections closed")
+        let metrics = try curl([server.base + "/metrics"], folder: tmp).text
+        let failures = metrics.split(separator: "\n").first { $0.hasPrefix("iap_accept_failures_total{reason=\"process-limit\"}") }
+        #expect(failures.flatMap { $0.split(separator: " ").last.flatMap { Int($0) } }.map { $0 >= 1 } == true, "\(failures ?? "no counter")")
+        #expect(server.stop() == 0)
+
+        // A soft limit under the hard one is raised to it.
+        let raised = try TemporaryFolder()
+        let (_, second) = try start(raised, launcher: ["prlimit", "--nofile=64:4096", "--"])
+        let limits = try String(contentsOfFile: "/proc/\(second.process.processIdentifier)/limits", encoding: .utf8)
+        let openFiles = limits.split(separator: "\n").first { $0.hasPrefix("Max open files") }?.split(separator: " ", omittingEmptySubsequences: true)
+        #expect(openFiles.map { Array($0.suffix(3)) } == ["4096", "4096", "files"], "\(limits)")
+        #expect(second.stop() == 0)
+    }
+
     @Test("a port in use, an address not of this machine, an unresolvable host and a non-number in a numeric variable are refused by name")
     func listenAndNumberErrors() throws {
         let tmp = try TemporaryFolder()
