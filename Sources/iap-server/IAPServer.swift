@@ -133,6 +133,21 @@ struct Serve: AsyncParsableCommand {
         return value
     }
 
+    /// A base URL from its flag or environment variable: http(s) with a host, no query or fragment,
+    /// without a trailing slash (paths are appended to it). Refused naming both otherwise: a
+    /// scheme left out would make every download URL handed out unusable.
+    func baseURL(_ flag: String?, _ variable: String, _ name: String) throws -> String? {
+        guard let text = flag ?? env(variable) else { return nil }
+        var trimmed = text.trimmingCharacters(in: .whitespaces)
+        while trimmed.hasSuffix("/") { trimmed.removeLast() }
+        guard let url = URL(string: trimmed), url.scheme == "http" || url.scheme == "https", let host = url.host, !host.isEmpty,
+            url.query == nil, url.fragment == nil
+        else {
+            throw ValidationError("\(name) (\(variable)) must be an http(s) URL with a host and no query, such as https://content.example.com, not '\(text)'")
+        }
+        return trimmed
+    }
+
     /// A timeout from its flag or environment variable, checked.
     func timeout(_ flag: Int?, _ variable: String, _ name: String) throws -> Duration? {
         try number(flag, variable, name, 1...3600, "a number of seconds").map { .seconds($0) }
@@ -145,7 +160,7 @@ struct Serve: AsyncParsableCommand {
         var configuration = ServerConfiguration(dataDirectory: dataDirectory, bundleId: bundle)
         configuration.databaseURL = store.databaseURL
         configuration.archivesDirectory = store.archivesDirectory
-        configuration.advertiseURL = advertiseURL ?? env("IAP_ADVERTISE_URL")
+        configuration.advertiseURL = try baseURL(advertiseURL, "IAP_ADVERTISE_URL", "--advertise-url")
         configuration.grantKeysPath = grantKeys ?? env("IAP_GRANT_KEYS") ?? configuration.grantKeysPath
         configuration.host = host ?? env("IAP_HOST") ?? configuration.host
         if let value = try number(port, "IAP_PORT", "--port", 0...65535, "a port number") { configuration.port = value }
@@ -167,7 +182,7 @@ struct Serve: AsyncParsableCommand {
             }
             configuration.adminToken = token
         }
-        configuration.publicURL = publicURL ?? env("IAP_PUBLIC_URL")
+        configuration.publicURL = try baseURL(publicURL, "IAP_PUBLIC_URL", "--public-url")
         let modeName = env("IAP_RECEIPT_VERIFICATION") ?? "local"
         guard let mode = receiptVerification ?? ReceiptMode(rawValue: modeName) else {
             throw ValidationError("IAP_RECEIPT_VERIFICATION must be local, apple or both, not '\(modeName)'")
@@ -188,6 +203,11 @@ struct Serve: AsyncParsableCommand {
         if let loops = try number(eventLoops, "IAP_EVENT_LOOPS", "--event-loops", 1...1024, "a number of threads") { configuration.eventLoops = loops }
         var logger = Logger(label: "iap-server")
         logger.logLevel = env("LOG_LEVEL").flatMap(Logger.Level.init(rawValue:)) ?? .info
+        if configuration.publicURL == nil && ["0.0.0.0", "::", "[::]"].contains(configuration.host) {
+            logger.warning(
+                "download URLs will name http://\(configuration.host):<port>, which no device can reach: give --public-url (IAP_PUBLIC_URL), the address devices use, such as https://content.example.com"
+            )
+        }
         if let raised = OpenFileLimit.raiseToHardLimit(), raised.after > raised.before {
             logger.info("open-file limit raised to the hard limit", metadata: ["from": "\(raised.before)", "to": "\(raised.after)"])
         }

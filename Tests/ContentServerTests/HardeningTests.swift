@@ -391,7 +391,24 @@ extension HardeningTests {
         #expect(second.stop() == 0)
     }
 
-    @Test("a port in use, an address not of this machine, an unresolvable host and a non-number in a numeric variable are refused by name")
+    @Test("download URLs start with --public-url less its trailing slash; listening on all addresses without one is warned about")
+    func publicURL() throws {
+        let tmp = try TemporaryFolder()
+        let (server, _, url) = try grantedDownload(tmp, extra: ["--public-url", "https://cdn.example.com/"])
+        #expect(url.hasPrefix("https://cdn.example.com/v1/content/"), "\(url)")
+        let log = try String(contentsOfFile: server.log, encoding: .utf8)
+        #expect(!log.contains("which no device can reach"), "\(log)")
+        #expect(server.stop() == 0)
+
+        let open = try TemporaryFolder()
+        let (_, everywhere) = try start(open, extra: ["--host", "0.0.0.0"])
+        #expect(try curl([everywhere.base + "/healthz"], folder: open).status == 200)
+        let warned = try String(contentsOfFile: everywhere.log, encoding: .utf8)
+        #expect(warned.contains("download URLs will name http://0.0.0.0:<port>, which no device can reach: give --public-url"), "\(warned)")
+        #expect(everywhere.stop() == 0)
+    }
+
+    @Test("a port in use, an address not of this machine, an unresolvable host, a non-number in a numeric variable and a base URL without a scheme are refused by name")
     func listenAndNumberErrors() throws {
         let tmp = try TemporaryFolder()
         let (store, server) = try start(tmp)
@@ -416,6 +433,10 @@ extension HardeningTests {
             // The flag would win over the variable.
             let refused = try run("timeout", serve + (variable == "IAP_PORT" ? [] : ["--port", "0"]), environment: [variable: value])
             #expect(refused.status != 0 && refused.stderr.contains("\(flag) (\(variable))") && refused.stderr.contains("'\(value)'"), "\(variable): \(refused.stderr)")
+        }
+        for (flag, value) in [("--public-url", "content.example.com"), ("--public-url", "https://x.example.com/?a=1"), ("--advertise-url", "10.0.0.5:8080")] {
+            let refused = try run("timeout", serve + ["--port", "0", flag, value])
+            #expect(refused.status != 0 && refused.stderr.contains("\(flag) (") && refused.stderr.contains("http(s) URL"), "\(flag) \(value): \(refused.stderr)")
         }
         #expect(try curl([server.base + "/healthz"], folder: tmp).status == 200, "the running server kept its port")
         #expect(server.stop() == 0)
