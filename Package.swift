@@ -19,6 +19,7 @@ let package = Package(
         .library(name: "DownloadGrants", targets: ["DownloadGrants"]),
         .library(name: "ContentCatalog", targets: ["ContentCatalog"]),
         .library(name: "CatalogPostgres", targets: ["CatalogPostgres"]),
+        .library(name: "ServerStartup", targets: ["ServerStartup"]),
         .library(name: "ContentServer", targets: ["ContentServer"]),
         .library(name: "ContentFetch", targets: ["ContentFetch"]),
         .executable(name: "iap-pack", targets: ["iap-pack"]),
@@ -130,10 +131,16 @@ let package = Package(
             ]
         ),
         // The sandbox's App Store Server API over HTTP (Hummingbird), at Apple's paths.
+        // What a server process does to start and says when it cannot: its open-file limit, and
+        // why it cannot listen, in words an operator acts on (both servers).
+        .target(
+            name: "ServerStartup",
+            dependencies: ["IAPProtocol", .product(name: "NIOCore", package: "swift-nio")]
+        ),
         .target(
             name: "SandboxStoreServer",
             dependencies: [
-                "AppStoreServerAPI", "Base64URL", "PurchaseVerification", "ReceiptVerification", "SandboxStore",
+                "AppStoreServerAPI", "Base64URL", "PurchaseVerification", "ReceiptVerification", "SandboxStore", "ServerStartup",
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "Logging", package: "swift-log"),
@@ -144,7 +151,7 @@ let package = Package(
             name: "iap-sandbox",
             dependencies: [
                 "AppStoreServerAPI", "CommandLineReporting", "DurableFiles", "IAPProtocol", "SandboxStore", "SandboxStoreServer", "TransactionQueue",
-                "PurchaseVerification",
+                "PurchaseVerification", "ServerStartup",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ]
@@ -185,7 +192,7 @@ let package = Package(
             name: "ContentServer",
             dependencies: [
                 "AppStoreServerAPI", "AppStoreServerClient", "Base64URL", "CatalogPostgres", "ContentArchive", "ContentCatalog", "ContentDelivery",
-                "DownloadGrants", "DurableFiles", "IAPProtocol", "PurchaseVerification", "ReceiptVerification",
+                "DownloadGrants", "DurableFiles", "IAPProtocol", "PurchaseVerification", "ReceiptVerification", "ServerStartup",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Hummingbird", package: "hummingbird"),
@@ -227,7 +234,7 @@ let package = Package(
             name: "iap-server",
             dependencies: [
                 "AppStoreServerAPI", "AppStoreServerClient", "CommandLineReporting", "ContentCatalog", "ContentServer", "IAPProtocol",
-                "PurchaseVerification", "ReceiptVerification",
+                "PurchaseVerification", "ReceiptVerification", "ServerStartup",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),

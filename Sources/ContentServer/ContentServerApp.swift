@@ -6,6 +6,7 @@ import IAPProtocol
 import Logging
 import NIOCore
 import NIOPosix
+import ServerStartup
 import ServiceLifecycle
 import Synchronization
 
@@ -61,36 +62,6 @@ public enum ContentServerApp {
         service.closeFiles()
         await service.store.database.close()
         try? await ownGroup?.shutdownGracefully()
-    }
-}
-
-/// Why the server could not start: it cannot listen where it was told to.
-public enum ServerStartErrorCode: String, ErrorCode {
-    case cannotListen = "cannot-listen"
-}
-
-/// Why the server could not start, said so that the operator can act on it.
-public typealias ServerStartError = CodedError<ServerStartErrorCode>
-
-extension CodedError where Code == ServerStartErrorCode {
-    /// The error for a failure to bind `host`:`port`, or nil when `error` is not one (NIO's
-    /// messages name the system call, not the flag to change).
-    init?(listening error: any Error, host: String, port: Int) {
-        if error is SocketAddressError || error is SocketAddressError.UnknownHost {
-            self.init(.cannotListen, "cannot resolve --host \(host): give an address such as 127.0.0.1, or 0.0.0.0 for all of this machine's")
-            return
-        }
-        guard let error = error as? IOError else { return nil }
-        switch error.errnoCode {
-        case EADDRINUSE:
-            self.init(.cannotListen, "port \(port) on \(host) is in use by another process: stop it, or give another --port (0 picks a free one)")
-        case EACCES:
-            self.init(.cannotListen, "port \(port) on \(host) needs privileges this process lacks: give a port above 1023, or put a proxy in front")
-        case EADDRNOTAVAIL:
-            self.init(.cannotListen, "\(host) is not an address of this machine: give one of its addresses, or 0.0.0.0 for all of them")
-        default:
-            return nil
-        }
     }
 }
 

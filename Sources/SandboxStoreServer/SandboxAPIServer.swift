@@ -6,6 +6,8 @@ import Logging
 import NIOCore
 import PurchaseVerification
 import SandboxStore
+import ServerStartup
+import Synchronization
 
 /// Serves ``SandboxStoreAPI`` over HTTP at Apple's paths, so a backend (or Apple's own
 /// `AppStoreServerAPIClient`) pointed at it works unchanged. Every `/inApps` request needs a
@@ -17,7 +19,7 @@ public enum SandboxAPIServer {
     /// A receipt of ~10,000 purchases in base64 and JSON.
     static let maximumReceiptBody = 8 << 20
 
-    /// Runs until SIGTERM or SIGINT.
+    /// Runs until SIGTERM or SIGINT; a port it cannot listen on is a ``ServerStartError``.
     public static func run(
         api: SandboxStoreAPI, host: String, port: Int, logger: Logger,
         onListening: @escaping @Sendable (Int) async -> Void = { _ in }
@@ -59,12 +61,21 @@ public enum SandboxAPIServer {
             }
             return respond(api.notificationHistory(body, paginationToken: request.uri.queryParameters["paginationToken"].map(String.init)))
         }
+        let listening = Mutex(false)
         let app = Application(
             router: router,
             configuration: .init(address: .hostname(host, port: port), serverName: "iap-sandbox"),
-            onServerRunning: { channel in await onListening(channel.localAddress?.port ?? port) },
+            onServerRunning: { channel in
+                listening.withLock { $0 = true }
+                await onListening(channel.localAddress?.port ?? port)
+            },
             logger: logger)
-        try await app.runService()
+        do {
+            try await app.runService()
+        } catch {
+            if !listening.withLock({ $0 }), let reason = ServerStartError(listening: error, host: host, port: port) { throw reason }
+            throw error
+        }
     }
 
     static func respond(_ answer: SandboxStoreAPI.Answer) -> Response {

@@ -8,6 +8,7 @@ import Logging
 import PurchaseVerification
 import SandboxStore
 import SandboxStoreServer
+import ServerStartup
 import TransactionQueue
 
 #if canImport(FoundationNetworking)
@@ -277,9 +278,13 @@ struct Serve: AsyncParsableCommand {
         var logger = Logger(label: "iap-sandbox")
         logger.logLevel = .notice
         let host = self.host, portFile = self.portFile
-        try await SandboxAPIServer.run(api: SandboxStoreAPI(store: store, environment: environment.value), host: host, port: port, logger: logger) { port in
-            Console.out("iap-sandbox App Store Server API on http://\(host):\(port)\n")
-            if let portFile { try? AtomicFile.write(Data(String(port).utf8), to: portFile, permissions: 0o644) }
+        do {
+            try await SandboxAPIServer.run(api: SandboxStoreAPI(store: store, environment: environment.value), host: host, port: port, logger: logger) { port in
+                Console.out("iap-sandbox App Store Server API on http://\(host):\(port)\n")
+                if let portFile { try? AtomicFile.write(Data(String(port).utf8), to: portFile, permissions: 0o644) }
+            }
+        } catch let error as ServerStartError {
+            throw reporter.failure(error)
         }
     }
 }

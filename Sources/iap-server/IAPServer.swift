@@ -10,6 +10,7 @@ import Foundation
 import Logging
 import PurchaseVerification
 import ReceiptVerification
+import ServerStartup
 
 @main
 struct IAPServer: AsyncParsableCommand {

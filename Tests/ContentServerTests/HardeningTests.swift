@@ -429,6 +429,9 @@ extension HardeningTests {
             #expect(refused.status == 1 && refused.stderr.contains(message), "\(arguments): \(refused.stderr)")
             #expect(!refused.stderr.contains("errno"), "\(refused.stderr)")
         }
+        // The sandbox's App Store Server API says the same of a port in use.
+        let sandbox = try run("timeout", ["30", productsDirectory() + "/iap-sandbox", "serve", "--dir", store.folder, "--port", "\(port)"])
+        #expect(sandbox.status == 1 && sandbox.stderr.contains("port \(port) on 127.0.0.1 is in use by another process"), "\(sandbox.stderr)")
         for (variable, value, flag) in [("IAP_PORT", "80a", "--port"), ("IAP_TOKEN_TTL", "1h", "--token-ttl"), ("IAP_HEADER_TIMEOUT", "ten", "--header-timeout")] {
             // The flag would win over the variable.
             let refused = try run("timeout", serve + (variable == "IAP_PORT" ? [] : ["--port", "0"]), environment: [variable: value])
