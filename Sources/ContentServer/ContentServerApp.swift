@@ -54,10 +54,7 @@ public enum ContentServerApp {
         } catch {
             // An app embedding the server keeps running: its threads must not outlive the server.
             try? await ownGroup?.shutdownGracefully()
-            if service.boundPort.withLock({ $0 }) == 0, let reason = ServerStartError(listening: error, host: configuration.host, port: configuration.port) {
-                throw reason
-            }
-            throw error
+            throw ServerStartError.reported(error, listening: service.boundPort.withLock { $0 } != 0, host: configuration.host, port: configuration.port)
         }
         service.closeFiles()
         await service.store.database.close()

@@ -73,8 +73,7 @@ public enum SandboxAPIServer {
         do {
             try await app.runService()
         } catch {
-            if !listening.withLock({ $0 }), let reason = ServerStartError(listening: error, host: host, port: port) { throw reason }
-            throw error
+            throw ServerStartError.reported(error, listening: listening.withLock { $0 }, host: host, port: port)
         }
     }
 

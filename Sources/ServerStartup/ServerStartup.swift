@@ -16,6 +16,14 @@ public enum ServerStartErrorCode: String, ErrorCode {
 public typealias ServerStartError = CodedError<ServerStartErrorCode>
 
 extension CodedError where Code == ServerStartErrorCode {
+    /// What a server that stopped with `error` should report: the failure to bind `host`:`port`
+    /// said as such when it had not started listening, `error` itself otherwise (a later
+    /// EADDRNOTAVAIL, say from an outgoing connection, is not about the listening address).
+    public static func reported(_ error: any Error, listening: Bool, host: String, port: Int) -> any Error {
+        guard !listening, let reason = ServerStartError(listening: error, host: host, port: port) else { return error }
+        return reason
+    }
+
     /// The error for a failure to bind `host`:`port`, or nil when `error` is not one (NIO's
     /// messages name the system call, not the flag to change).
     public init?(listening error: any Error, host: String, port: Int) {

@@ -309,6 +309,17 @@ extension HardeningTests {
 }
 
 extension HardeningTests {
+    /// `iap-server serve` on `tmp`'s data and sandbox root with `arguments`, expected to refuse
+    /// to start. Bounded (coreutils' timeout): a server that started by mistake never exits.
+    func refusedServe(_ tmp: TemporaryFolder, _ arguments: [String], environment: [String: String]? = nil) throws -> ProcessResult {
+        try run(
+            "timeout",
+            [
+                "30", productsDirectory() + "/iap-server", "serve", "--data", tmp.sub("data"), "--bundle-id", bundleId, "--trust-root",
+                tmp.sub("sandbox") + "/root.cer", "--environment", "sandbox",
+            ] + arguments, environment: environment)
+    }
+
     /// The (tid, timeslices run) of each thread of `pid` whose name starts with `prefix`.
     func threads(of pid: Int32, named prefix: String) -> [(tid: String, slices: Int)] {
         let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []
@@ -337,14 +348,12 @@ extension HardeningTests {
         #expect(after.count == 1 && after[0].slices - loops[0].slices >= 20, "\(loops) then \(after)")
         #expect(server.stop() == 0)
 
-        // Bounded (coreutils' timeout): a count taken by mistake would start a server that never
-        // exits, and its output would not name the option.
-        let serve = ["30", productsDirectory() + "/iap-server", "serve", "--data", tmp.sub("data"), "--bundle-id", bundleId]
+        // A count taken by mistake would start a server whose output does not name the option.
         for bad in ["0", "many", "5000"] {
-            let refused = try run("timeout", serve + ["--event-loops", bad])
+            let refused = try refusedServe(tmp, ["--event-loops", bad])
             #expect(refused.status != 0 && refused.stderr.contains("--event-loops"), "\(bad): \(refused.stderr)")
         }
-        let fromEnvironment = try run("timeout", serve, environment: ["IAP_EVENT_LOOPS": "-1"])
+        let fromEnvironment = try refusedServe(tmp, [], environment: ["IAP_EVENT_LOOPS": "-1"])
         #expect(fromEnvironment.status != 0 && fromEnvironment.stderr.contains("IAP_EVENT_LOOPS"), "\(fromEnvironment.stderr)")
     }
 
@@ -412,12 +421,7 @@ extension HardeningTests {
     func listenAndNumberErrors() throws {
         let tmp = try TemporaryFolder()
         let (store, server) = try start(tmp)
-        let port = try #require(URL(string: server.base)?.port)
-        // Bounded (coreutils' timeout): a server that started by mistake would never exit.
-        let serve = [
-            "30", productsDirectory() + "/iap-server", "serve", "--data", tmp.sub("data"), "--bundle-id", bundleId, "--trust-root",
-            store.rootCertificatePath, "--environment", "sandbox",
-        ]
+        let port = server.port
         for (arguments, message) in [
             (["--port", "\(port)"], "port \(port) on 127.0.0.1 is in use by another process"),
             (["--port", "\(port)", "--event-loops", "1"], "port \(port) on 127.0.0.1 is in use by another process"),
@@ -425,7 +429,7 @@ extension HardeningTests {
             (["--host", "192.0.2.1", "--port", "0"], "192.0.2.1 is not an address of this machine"),
             (["--host", "nosuch.invalid", "--port", "0"], "cannot resolve --host nosuch.invalid"),
         ] {
-            let refused = try run("timeout", serve + arguments)
+            let refused = try refusedServe(tmp, arguments)
             #expect(refused.status == 1 && refused.stderr.contains(message), "\(arguments): \(refused.stderr)")
             #expect(!refused.stderr.contains("errno"), "\(refused.stderr)")
         }
@@ -434,11 +438,11 @@ extension HardeningTests {
         #expect(sandbox.status == 1 && sandbox.stderr.contains("port \(port) on 127.0.0.1 is in use by another process"), "\(sandbox.stderr)")
         for (variable, value, flag) in [("IAP_PORT", "80a", "--port"), ("IAP_TOKEN_TTL", "1h", "--token-ttl"), ("IAP_HEADER_TIMEOUT", "ten", "--header-timeout")] {
             // The flag would win over the variable.
-            let refused = try run("timeout", serve + (variable == "IAP_PORT" ? [] : ["--port", "0"]), environment: [variable: value])
+            let refused = try refusedServe(tmp, variable == "IAP_PORT" ? [] : ["--port", "0"], environment: [variable: value])
             #expect(refused.status != 0 && refused.stderr.contains("\(flag) (\(variable))") && refused.stderr.contains("'\(value)'"), "\(variable): \(refused.stderr)")
         }
         for (flag, value) in [("--public-url", "content.example.com"), ("--public-url", "https://x.example.com/?a=1"), ("--advertise-url", "10.0.0.5:8080")] {
-            let refused = try run("timeout", serve + ["--port", "0", flag, value])
+            let refused = try refusedServe(tmp, ["--port", "0", flag, value])
             #expect(refused.status != 0 && refused.stderr.contains("\(flag) (") && refused.stderr.contains("http(s) URL"), "\(flag) \(value): \(refused.stderr)")
         }
         #expect(try curl([server.base + "/healthz"], folder: tmp).status == 200, "the running server kept its port")
