@@ -61,6 +61,11 @@ public enum ArchivePacker {
         var manifestWriter: BufferedFileWriter?
         do throws(ArchiveError) {
             let (entries, size, digest) = try write(plan: plan, to: writer, options: options, progress: progress)
+            // The next build's hash cache is made on another core while this one writes the
+            // manifest: each took 15-30 ms of the end of an incremental build of 5,000 files, when
+            // only one thread was left working.
+            let now = options.hashCacheTime ?? Date()
+            let cacheBytes = Background { () throws(ArchiveError) in hashCache(plan: plan, entries: entries).encoded(now: now) }
             try writer.finish()
             let manifest = ArchiveManifest(
                 productId: content.info.productIdentifier, contentVersion: content.info.contentVersion,
@@ -86,27 +91,35 @@ public enum ArchivePacker {
             if options.sync { try syncDirectory(options.outputDirectory) }
             var result = PackResult(archivePath: archivePath, manifestPath: manifestPath, manifest: manifest)
             result.removedLeftovers = leftovers
-            var cache = HashCache()
-            for (entry, written) in zip(plan.entries, entries) {
-                switch entry.source {
-                case .previous(_, let old, let disk):
+            for entry in plan.entries {
+                if case .previous(_, let old, _) = entry.source {
                     result.reusedEntries += 1
                     result.reusedBytes += old.compressedSize
-                    if let identity = plan.identities[disk] { cache.insert(disk, identity: identity, sha256: written.sha256) }
-                case .file(let disk):
-                    if let identity = plan.identities[disk] { cache.insert(disk, identity: identity, sha256: written.sha256) }
-                default:
-                    break
                 }
             }
-            for sample in plan.samples { cache.insertSample(sample.key, value: sample.value) }
-            cache.write(besideArchive: archivePath, now: options.hashCacheTime ?? Date())
+            HashCache.write(try cacheBytes.value(), besideArchive: archivePath)
             return result
         } catch {
             writer.abandon()
             manifestWriter?.abandon()
             throw error
         }
+    }
+
+    /// The digests of the content files `plan` packed (as `entries` records them), and the sample
+    /// measurements it chose levels from.
+    private static func hashCache(plan: Plan, entries: [ArchiveManifest.Entry]) -> HashCache {
+        var cache = HashCache()
+        for (entry, written) in zip(plan.entries, entries) {
+            switch entry.source {
+            case .previous(_, _, let disk), .file(let disk):
+                if let identity = plan.identities[disk] { cache.insert(disk, identity: identity, sha256: written.sha256) }
+            default:
+                break
+            }
+        }
+        for sample in plan.samples { cache.insertSample(sample.key, value: sample.value) }
+        return cache
     }
 
     /// Streams the planned entries through the compressors into `writer`; returns the manifest

@@ -80,7 +80,12 @@ enum ContentScanner {
         var files: [SourceFile] = []
         var directories: [String] = [ContentInfo.payloadFolder + "/"]
         var seenKeys: [String: String] = [:]
-        try walk(diskFolder: payloadRoot, archiveFolder: ContentInfo.payloadFolder, files: &files, directories: &directories, seenKeys: &seenKeys)
+        let payload = open(payloadRoot, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard payload >= 0 else { throw ioError(errno, action: "list", path: payloadRoot) }
+        defer { close(payload) }
+        try walk(
+            directory: payload, diskFolder: payloadRoot, archiveFolder: ContentInfo.payloadFolder,
+            files: &files, directories: &directories, seenKeys: &seenKeys)
         guard !files.isEmpty else {
             throw .invalid("\(payloadRoot) holds no files: put the content to sell in it")
         }
@@ -93,11 +98,18 @@ enum ContentScanner {
         return ScannedContent(info: info, plist: plist, files: files, directories: directories)
     }
 
+    /// Walks the folder open as `directory`, looking up each name relative to it.
+    ///
+    /// Why relative lookups (`fstatat`, `faccessat`, `openat`) rather than `lstat` and a test
+    /// `open` of each full path: every full path is walked from `/` again, component by component.
+    /// Over the benchmark corpus (5,097 files in 52 folders) the system calls alone took 44-50 ms
+    /// that way and 21-26 ms this way, and an incremental build cannot start copying before the
+    /// scan ends. A folder replaced by a link during the walk is not followed either.
     private static func walk(
-        diskFolder: String, archiveFolder: String, files: inout [SourceFile],
+        directory: Int32, diskFolder: String, archiveFolder: String, files: inout [SourceFile],
         directories: inout [String], seenKeys: inout [String: String]
     ) throws(ArchiveError) {
-        for name in try listDirectory(diskFolder) {
+        for name in try listDirectory(directory, path: diskFolder) {
             let diskPath = diskFolder + "/" + name
             try validateName(name, diskPath: diskPath)
             let archivePath = archiveFolder + "/" + name
@@ -109,20 +121,25 @@ enum ContentScanner {
             }
             seenKeys[key] = archivePath
             var info = stat()
-            guard lstat(diskPath, &info) == 0 else { throw ioError(errno, action: "read", path: diskPath) }
+            guard fstatat(directory, name, &info, AT_SYMLINK_NOFOLLOW) == 0 else { throw ioError(errno, action: "read", path: diskPath) }
             switch info.st_mode & S_IFMT {
             case S_IFREG:
                 let size = UInt64(info.st_size)
                 guard size <= Zip.maxEntrySize else {
                     throw .invalid("\(diskPath) is \(size) bytes; one file must be under 4 GiB (and a whole archive at most 2 GiB): split it into smaller files")
                 }
-                // Open it now, so an unreadable file is reported before anything is written.
-                let probe = try openFile(diskPath)
-                try? probe.close()
+                // Checked now, so an unreadable file is reported before anything is written; with
+                // the effective ids, as `open` would check them.
+                guard faccessat(directory, name, R_OK, AT_EACCESS) == 0 else { throw ioError(errno, action: "read", path: diskPath) }
                 files.append(SourceFile(archivePath: archivePath, diskPath: diskPath, size: size, identity: FileIdentity(info)))
             case S_IFDIR:
                 directories.append(archivePath + "/")
-                try walk(diskFolder: diskPath, archiveFolder: archivePath, files: &files, directories: &directories, seenKeys: &seenKeys)
+                let child = openat(directory, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+                guard child >= 0 else { throw ioError(errno, action: "list", path: diskPath) }
+                defer { close(child) }
+                try walk(
+                    directory: child, diskFolder: diskPath, archiveFolder: archivePath,
+                    files: &files, directories: &directories, seenKeys: &seenKeys)
             case S_IFLNK:
                 throw .invalid("\(diskPath) is a symbolic link; content archives hold no links: replace it with a copy of the file it points to")
             default:
@@ -159,6 +176,21 @@ enum ContentScanner {
     /// stores UTF-8 names.
     static func listDirectory(_ path: String) throws(ArchiveError) -> [String] {
         guard let dir = opendir(path) else { throw ioError(errno, action: "list", path: path) }
+        return try list(dir, path: path)
+    }
+
+    /// Lists the folder open as `directory` (which stays open), named `path` in errors.
+    static func listDirectory(_ directory: Int32, path: String) throws(ArchiveError) -> [String] {
+        let copy = dup(directory)
+        guard copy >= 0, let dir = fdopendir(copy) else {
+            let code = errno
+            if copy >= 0 { close(copy) }
+            throw ioError(code, action: "list", path: path)
+        }
+        return try list(dir, path: path)
+    }
+
+    private static func list(_ dir: OpaquePointer, path: String) throws(ArchiveError) -> [String] {
         defer { closedir(dir) }
         var names: [String] = []
         while let entry = readdir(dir) {
