@@ -37,7 +37,9 @@ struct ScannedContent: Sendable {
 enum ContentScanner {
     static func scan(folder: String, productId: ProductIdentifier?, contentVersion: ContentVersion?) throws(ArchiveError) -> ScannedContent {
         let root = URL(fileURLWithPath: folder).standardizedFileURL.path
-        guard let rootKind = try fileKind(root, display: folder) else {
+        // The folder named on the command line is followed when it is a link, as tar and zip do (a
+        // pipeline's `current` pointing at a release folder); links inside it are refused.
+        guard let rootKind = try fileKind(root, display: folder, following: true) else {
             throw .invalid("content folder '\(folder)' does not exist: pass the folder that holds the content to pack")
         }
         guard rootKind == .directory else {
@@ -47,7 +49,11 @@ enum ContentScanner {
         let info: ContentInfo
         let plist: [UInt8]
         let payloadRoot: String
-        if try fileKind(plistPath, display: plistPath) != nil {
+        let plistKind = try fileKind(plistPath, display: plistPath)
+        if plistKind == .link {
+            throw .invalid("\(plistPath) is a symbolic link; content archives hold no links: replace it with a copy of the file it points to")
+        }
+        if plistKind != nil {
             // Xcode-style folder: keep the developer's plist bytes, check the flags agree with it.
             let data = try readSmallFile(plistPath)
             info = try ContentInfo(plist: Data(data), source: plistPath)
@@ -59,8 +65,10 @@ enum ContentScanner {
             }
             plist = data
             payloadRoot = root + "/" + ContentInfo.payloadFolder
-            guard try fileKind(payloadRoot, display: payloadRoot) == .directory else {
-                throw .invalid("\(root) has a ContentInfo.plist but no Contents folder: put the payload in \(payloadRoot)")
+            switch try fileKind(payloadRoot, display: payloadRoot) {
+            case .directory: break
+            case .link: throw .invalid("\(payloadRoot) is a symbolic link; content archives hold no links: replace it with the folder it points to")
+            default: throw .invalid("\(root) has a ContentInfo.plist but no Contents folder: put the payload in \(payloadRoot)")
             }
             for name in try listDirectory(root) where name != ContentInfo.fileName && name != ContentInfo.payloadFolder {
                 throw .invalid("\(root)/\(name) is beside ContentInfo.plist and Contents: an Xcode content folder holds only those two; move it into Contents or remove it")
@@ -80,7 +88,7 @@ enum ContentScanner {
         var files: [SourceFile] = []
         var directories: [String] = [ContentInfo.payloadFolder + "/"]
         var seenKeys: [String: String] = [:]
-        let payload = open(payloadRoot, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        let payload = open(payloadRoot, O_RDONLY | O_DIRECTORY | O_CLOEXEC | (payloadRoot == root ? 0 : O_NOFOLLOW))
         guard payload >= 0 else { throw ioError(errno, action: "list", path: payloadRoot) }
         defer { close(payload) }
         try walk(
@@ -157,17 +165,19 @@ enum ContentScanner {
         }
     }
 
-    enum Kind { case file, directory, other }
+    enum Kind { case file, directory, link, other }
 
-    static func fileKind(_ path: String, display: String) throws(ArchiveError) -> Kind? {
+    /// What is at `path` (nil when nothing is); a link is followed only when `following`.
+    static func fileKind(_ path: String, display: String, following: Bool = false) throws(ArchiveError) -> Kind? {
         var info = stat()
-        guard lstat(path, &info) == 0 else {
+        guard (following ? stat(path, &info) : lstat(path, &info)) == 0 else {
             if errno == ENOENT || errno == ENOTDIR { return nil }
             throw ioError(errno, action: "read", path: display)
         }
         switch info.st_mode & S_IFMT {
         case S_IFREG: return .file
         case S_IFDIR: return .directory
+        case S_IFLNK: return .link
         default: return .other
         }
     }
@@ -190,7 +200,7 @@ enum ContentScanner {
         return try list(dir, path: path)
     }
 
-    private static func list(_ dir: OpaquePointer, path: String) throws(ArchiveError) -> [String] {
+    private static func list(_ dir: DirectoryStream, path: String) throws(ArchiveError) -> [String] {
         defer { closedir(dir) }
         var names: [String] = []
         while let entry = readdir(dir) {
@@ -228,6 +238,12 @@ enum ContentScanner {
         return bytes
     }
 }
+
+#if canImport(Darwin)
+    typealias DirectoryStream = UnsafeMutablePointer<DIR>
+#else
+    typealias DirectoryStream = OpaquePointer
+#endif
 
 /// Turns an errno into an error that says what to do about it.
 func ioError(_ code: Int32, action: String, path: String) -> ArchiveError {

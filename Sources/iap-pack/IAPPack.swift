@@ -65,7 +65,8 @@ struct Build: ParsableCommand, Reporting {
         discussion: """
             <folder> is a plain folder, whose files become Contents/, or an Xcode In-App Purchase \
             Content folder holding ContentInfo.plist and Contents/ (the flags may then be omitted, and \
-            must agree with the plist when given). Symbolic links and special files are refused. \
+            must agree with the plist when given). Symbolic links and special files inside it are refused \
+            (<folder> itself may be a link). \
             Entries are sorted and carry the time in SOURCE_DATE_EPOCH (default 1980-01-01T00:00:00Z) \
             and fixed permissions, so the same input always gives the same bytes.
             """)

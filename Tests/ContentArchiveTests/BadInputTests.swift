@@ -55,6 +55,15 @@ struct BadInputTests {
         try FileManager.default.createSymbolicLink(atPath: tmp.sub("link/b.txt"), withDestinationPath: "a.txt")
         try expectRefusal([tmp.sub("link")] + args, status: 1, message: "is a symbolic link", output: out)
 
+        // Inside an Xcode-style folder, a linked Contents or plist is refused as well.
+        try tmp.write("real-contents/a.txt", "a")
+        try tmp.write("xcode-link/ContentInfo.plist", ContentInfo(productIdentifier: try ProductIdentifier("com.example.x"), contentVersion: try ContentVersion("1.0")).plistData)
+        try FileManager.default.createSymbolicLink(atPath: tmp.sub("xcode-link/Contents"), withDestinationPath: tmp.sub("real-contents"))
+        try expectRefusal([tmp.sub("xcode-link")], status: 1, message: "Contents is a symbolic link", output: out)
+        try tmp.write("plist-link/Contents/a.txt", "a")
+        try FileManager.default.createSymbolicLink(atPath: tmp.sub("plist-link/ContentInfo.plist"), withDestinationPath: tmp.sub("xcode-link/ContentInfo.plist"))
+        try expectRefusal([tmp.sub("plist-link")], status: 1, message: "ContentInfo.plist is a symbolic link", output: out)
+
         try tmp.write("fifo/a.txt", "a")
         #expect(mkfifo(tmp.sub("fifo/pipe"), 0o644) == 0)
         try expectRefusal([tmp.sub("fifo")] + args, status: 1, message: "is a special file", output: out)

@@ -101,6 +101,12 @@ struct PackingTests {
         #expect(try Data(contentsOf: URL(fileURLWithPath: one.archivePath)) == Data(contentsOf: URL(fileURLWithPath: two.archivePath)))
         #expect(try Data(contentsOf: URL(fileURLWithPath: one.manifestPath)) == Data(contentsOf: URL(fileURLWithPath: two.manifestPath)))
 
+        // The folder named through a link (a pipeline's `current`) packs as the folder itself.
+        try FileManager.default.createSymbolicLink(atPath: tmp.sub("current"), withDestinationPath: tmp.sub("b"))
+        let linked = try ArchivePacker.pack(
+            folder: tmp.sub("current"), options: PackOptions(productId: id, contentVersion: version, outputDirectory: tmp.sub("linked")).inSmallChunks)
+        #expect(try Data(contentsOf: URL(fileURLWithPath: linked.archivePath)) == Data(contentsOf: URL(fileURLWithPath: two.archivePath)))
+
         // Another level gives other bytes; SOURCE_DATE_EPOCH moves the timestamp, reproducibly.
         let level1 = try ArchivePacker.pack(folder: first, options: PackOptions(productId: id, contentVersion: version, outputDirectory: tmp.sub("l1"), level: 1).inSmallChunks)
         #expect(level1.manifest.archiveSHA256 != one.manifest.archiveSHA256)
