@@ -38,6 +38,7 @@ public enum ArchivePacker {
         let previous = options.previous.map { path in Background { () throws(ArchiveError) in try PreviousBuild.load(path) } }
         defer { _ = try? previous?.value() }
         let content = try ContentScanner.scan(folder: folder, productId: options.productId, contentVersion: options.contentVersion)
+        try ContentScanner.refuseOutput(options.outputDirectory, inside: folder)
         let plan = try Plan(content: content, options: options, previous: previous)
         try plan.checkFits(cap: options.sizeCap, level: options.level)
         try makeDirectories(options.outputDirectory)

@@ -156,6 +156,34 @@ enum ContentScanner {
         }
     }
 
+    /// Refuses an output folder that is the content folder or inside it: the build after would
+    /// pack this one's archive, manifest and hash cache into itself as content (checked on the
+    /// paths with links resolved, so another spelling of the same folder is caught too).
+    static func refuseOutput(_ output: String, inside folder: String) throws(ArchiveError) {
+        guard let content = resolvedPath(folder), let out = resolvedPath(output) else { return }
+        if out == content || out.hasPrefix(content.hasSuffix("/") ? content : content + "/") {
+            throw .invalid("the output folder '\(output)' is inside the content folder '\(folder)': each build would pack the last one's archive into the next; pass an output folder outside it (-o)")
+        }
+    }
+
+    /// `path` with every link resolved, for as much of it as exists (the rest appended as
+    /// written); nil when no part of it can be resolved.
+    static func resolvedPath(_ path: String) -> String? {
+        var existing = URL(fileURLWithPath: path).standardizedFileURL.path
+        var rest: [String] = []
+        while true {
+            if let resolved = realpath(existing, nil) {
+                defer { free(resolved) }
+                let base = String(cString: resolved)
+                return rest.isEmpty ? base : (base == "/" ? "" : base) + "/" + rest.reversed().joined(separator: "/")
+            }
+            guard errno == ENOENT, existing != "/" else { return nil }
+            let url = URL(fileURLWithPath: existing)
+            rest.append(url.lastPathComponent)
+            existing = url.deletingLastPathComponent().path
+        }
+    }
+
     private static func validateName(_ name: String, diskPath: String) throws(ArchiveError) {
         if name.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F || $0 == "\\" }) {
             throw .invalid("\(diskPath.debugDescription) has a control character or backslash in its name, which devices cannot all store: rename it")

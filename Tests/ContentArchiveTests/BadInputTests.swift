@@ -40,6 +40,16 @@ struct BadInputTests {
             [tmp.sub("empty"), "--product-id", "com.example.x", "--content-version", "1.0"], status: 1,
             message: "holds no files", output: out)
 
+        // An output folder in the content folder (or the content folder itself, or reached through
+        // a link to it) would have the next build pack this one's archive as content.
+        try FileManager.default.createSymbolicLink(atPath: tmp.sub("current"), withDestinationPath: tmp.sub("plain"))
+        for output in [tmp.sub("plain/build"), tmp.sub("plain"), tmp.sub("current/deeper/build")] {
+            let result = try iapPack(["build", tmp.sub("plain"), "--product-id", "com.example.x", "--content-version", "1.0", "-o", output])
+            #expect(result.status == 1, "\(output): \(result.stderr)")
+            #expect(result.stderr.contains("is inside the content folder") && result.stderr.contains("-o"), "\(result.stderr)")
+        }
+        #expect(tmp.files(in: "plain") == ["a.txt"], "an output folder was made in the content")
+
         try tmp.write("bad-plist/ContentInfo.plist", "not a plist")
         try tmp.write("bad-plist/Contents/a.txt", "a")
         try expectRefusal([tmp.sub("bad-plist")], status: 1, message: "is not a readable property list", output: out)
