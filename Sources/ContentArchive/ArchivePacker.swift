@@ -92,6 +92,7 @@ public enum ArchivePacker {
             if options.sync { try syncDirectory(options.outputDirectory) }
             var result = PackResult(archivePath: archivePath, manifestPath: manifestPath, manifest: manifest)
             result.removedLeftovers = leftovers
+            result.leftOut = content.leftOut
             for entry in plan.entries {
                 if case .previous(_, let old, _) = entry.source {
                     result.reusedEntries += 1

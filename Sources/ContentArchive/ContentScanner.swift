@@ -25,6 +25,8 @@ struct ScannedContent: Sendable {
     let files: [SourceFile]
     /// Archive paths of every folder under `Contents/`, each ending in `/`, `Contents/` included.
     let directories: [String]
+    /// Paths (as in the archive) of what ``ContentScanner/leftOut`` kept out, sorted.
+    var leftOut: [String] = []
 }
 
 /// Reads a content folder in either accepted form:
@@ -35,6 +37,13 @@ struct ScannedContent: Sendable {
 /// Symbolic links are refused rather than followed: Apple's hosted content refused links that
 /// leave the content, and a link inside it would extract differently on different systems.
 enum ContentScanner {
+    /// Names never packed, at any depth: what Xcode's copy phases leave out of every bundle
+    /// (`builtin-copy -exclude .DS_Store -exclude CVS -exclude .svn -exclude .git -exclude .hg`),
+    /// so a folder packs as Xcode would have hosted it. They are Finder's folder settings and
+    /// version-control data, never content; and `.DS_Store` differs from one Mac to the next, so
+    /// packing it would make the same content give different archives.
+    static let leftOut: Set<String> = [".DS_Store", ".git", ".svn", ".hg", "CVS"]
+
     static func scan(folder: String, productId: ProductIdentifier?, contentVersion: ContentVersion?) throws(ArchiveError) -> ScannedContent {
         let root = URL(fileURLWithPath: folder).standardizedFileURL.path
         // The folder named on the command line is followed when it is a link, as tar and zip do (a
@@ -46,6 +55,7 @@ enum ContentScanner {
             throw .invalid("'\(folder)' is not a folder: pass the folder that holds the content to pack")
         }
         let plistPath = root + "/" + ContentInfo.fileName
+        var skipped: [String] = []
         let info: ContentInfo
         let plist: [UInt8]
         let payloadRoot: String
@@ -71,6 +81,10 @@ enum ContentScanner {
             default: throw .invalid("\(root) has a ContentInfo.plist but no Contents folder: put the payload in \(payloadRoot)")
             }
             for name in try listDirectory(root) where name != ContentInfo.fileName && name != ContentInfo.payloadFolder {
+                if leftOut.contains(name) {
+                    skipped.append(name)
+                    continue
+                }
                 throw .invalid("\(root)/\(name) is beside ContentInfo.plist and Contents: an Xcode content folder holds only those two; move it into Contents or remove it")
             }
         } else {
@@ -93,7 +107,7 @@ enum ContentScanner {
         defer { close(payload) }
         try walk(
             directory: payload, diskFolder: payloadRoot, archiveFolder: ContentInfo.payloadFolder,
-            files: &files, directories: &directories, seenKeys: &seenKeys)
+            files: &files, directories: &directories, seenKeys: &seenKeys, leftOut: &skipped)
         guard !files.isEmpty else {
             throw .invalid("\(payloadRoot) holds no files: put the content to sell in it")
         }
@@ -103,7 +117,8 @@ enum ContentScanner {
         }
         files.sort { $0.archivePath.utf8.lexicographicallyPrecedes($1.archivePath.utf8) }
         directories.sort { $0.utf8.lexicographicallyPrecedes($1.utf8) }
-        return ScannedContent(info: info, plist: plist, files: files, directories: directories)
+        skipped.sort { $0.utf8.lexicographicallyPrecedes($1.utf8) }
+        return ScannedContent(info: info, plist: plist, files: files, directories: directories, leftOut: skipped)
     }
 
     /// Walks the folder open as `directory`, looking up each name relative to it.
@@ -115,9 +130,13 @@ enum ContentScanner {
     /// scan ends. A folder replaced by a link during the walk is not followed either.
     private static func walk(
         directory: Int32, diskFolder: String, archiveFolder: String, files: inout [SourceFile],
-        directories: inout [String], seenKeys: inout [String: String]
+        directories: inout [String], seenKeys: inout [String: String], leftOut skipped: inout [String]
     ) throws(ArchiveError) {
         for name in try listDirectory(directory, path: diskFolder) {
+            if leftOut.contains(name) {
+                skipped.append(archiveFolder + "/" + name)
+                continue
+            }
             let diskPath = diskFolder + "/" + name
             try validateName(name, diskPath: diskPath)
             let archivePath = archiveFolder + "/" + name
@@ -147,7 +166,7 @@ enum ContentScanner {
                 defer { close(child) }
                 try walk(
                     directory: child, diskFolder: diskPath, archiveFolder: archivePath,
-                    files: &files, directories: &directories, seenKeys: &seenKeys)
+                    files: &files, directories: &directories, seenKeys: &seenKeys, leftOut: &skipped)
             case S_IFLNK:
                 throw .invalid("\(diskPath) is a symbolic link; content archives hold no links: replace it with a copy of the file it points to")
             default:

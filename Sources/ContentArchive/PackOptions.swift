@@ -64,6 +64,9 @@ public struct PackResult: Sendable {
     public var reusedBytes: UInt64 = 0
     /// Temporary files that interrupted builds had left in the output folder, removed by this one.
     public var removedLeftovers: [String] = []
+    /// What the content folder held that is never packed (`.DS_Store`, `.git` and the other names
+    /// Xcode's copy phases leave out of bundles), as paths in the archive would be, sorted.
+    public var leftOut: [String] = []
 }
 
 /// How far a pack has got, in uncompressed bytes.

@@ -66,7 +66,8 @@ struct Build: ParsableCommand, Reporting {
             <folder> is a plain folder, whose files become Contents/, or an Xcode In-App Purchase \
             Content folder holding ContentInfo.plist and Contents/ (the flags may then be omitted, and \
             must agree with the plist when given). Symbolic links and special files inside it are refused \
-            (<folder> itself may be a link). \
+            (<folder> itself may be a link); .DS_Store, .git, .svn, .hg and CVS are left out, as Xcode \
+            leaves them out of bundles. \
             Entries are sorted and carry the time in SOURCE_DATE_EPOCH (default 1980-01-01T00:00:00Z) \
             and fixed permissions, so the same input always gives the same bytes.
             """)
@@ -126,7 +127,7 @@ struct Build: ParsableCommand, Reporting {
                     archive: result.archivePath, manifest: result.manifestPath, productId: m.productId.rawValue,
                     contentVersion: m.contentVersion.string, archiveSize: m.archiveSize, sha256: m.archiveSHA256,
                     contentLength: m.contentLength, entries: m.entries.count, reusedEntries: result.reusedEntries,
-                    reusedBytes: result.reusedBytes, seconds: seconds))
+                    reusedBytes: result.reusedBytes, leftOut: result.leftOut, seconds: seconds))
         } else {
             let percent = m.contentLength == 0 ? 100 : Double(m.archiveSize) * 100 / Double(m.contentLength)
             print(
@@ -140,6 +141,10 @@ struct Build: ParsableCommand, Reporting {
                 """)
             if let previous {
                 print("  reused    \(countedEntries(result.reusedEntries)) (\(humanBytes(result.reusedBytes)) compressed) from \(previous)")
+            }
+            if !result.leftOut.isEmpty {
+                let shown = result.leftOut.prefix(3).joined(separator: ", ") + (result.leftOut.count > 3 ? " and \(result.leftOut.count - 3) more" : "")
+                print("  left out  \(shown): Finder and version-control files, which Xcode leaves out of bundles too")
             }
             for leftover in result.removedLeftovers {
                 print("  removed   \(leftover), left by a build that was stopped")
@@ -155,6 +160,7 @@ struct Build: ParsableCommand, Reporting {
         let entries: Int
         let reusedEntries: Int
         let reusedBytes: UInt64
+        let leftOut: [String]
         let seconds: Double
     }
 }

@@ -154,6 +154,29 @@ struct PackingTests {
         #expect(tmp.files(in: "bad").isEmpty)
     }
 
+    @Test("Finder and version-control files are left out as Xcode leaves them out, and the build says so")
+    func leftOutNames() throws {
+        let tmp = try TemporaryFolder()
+        // An Xcode-style folder as a Mac leaves it: .DS_Store beside the plist and in folders, a
+        // .git checkout, CVS and .svn folders; the same folder without them is the reference.
+        let source = repositoryContent("com.example.cosmos.levels1")
+        #expect(try run("cp", ["-R", source, tmp.sub("clean")]).status == 0)
+        #expect(try run("cp", ["-R", source, tmp.sub("mac")]).status == 0)
+        for extra in [".DS_Store", "Contents/.DS_Store", "Contents/.git/config", "Contents/.git/objects/ab/cdef", "Contents/CVS/Entries", "Contents/.svn/wc.db", "Contents/.hg/store"] {
+            try tmp.write("mac/" + extra, "not content")
+        }
+        let id = try ProductIdentifier("com.example.cosmos.levels1")
+        let clean = try ArchivePacker.pack(folder: tmp.sub("clean"), options: .init(productId: id, outputDirectory: tmp.sub("o1")))
+        let mac = try ArchivePacker.pack(folder: tmp.sub("mac"), options: .init(productId: id, outputDirectory: tmp.sub("o2")))
+        #expect(try Data(contentsOf: URL(fileURLWithPath: mac.archivePath)) == Data(contentsOf: URL(fileURLWithPath: clean.archivePath)))
+        #expect(mac.leftOut == [".DS_Store", "Contents/.DS_Store", "Contents/.git", "Contents/.hg", "Contents/.svn", "Contents/CVS"])
+        #expect(clean.leftOut.isEmpty)
+
+        let cli = try iapPack(["build", tmp.sub("mac"), "-o", tmp.sub("o3")])
+        #expect(cli.status == 0, "\(cli.stderr)")
+        #expect(cli.stdout.contains("left out  .DS_Store, Contents/.DS_Store, Contents/.git and 3 more"), "\(cli.stdout)")
+    }
+
     @Test("iap-pack verify and inspect report on an archive, in text and JSON")
     func verifyAndInspect() throws {
         let tmp = try TemporaryFolder()
