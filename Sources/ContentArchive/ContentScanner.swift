@@ -214,6 +214,11 @@ enum ContentScanner {
 
     enum Kind { case file, directory, link, other }
 
+    /// Whether `path` is a folder (or a link to one).
+    static func isDirectory(_ path: String) -> Bool {
+        (try? fileKind(path, display: path, following: true)) == .directory
+    }
+
     /// What is at `path` (nil when nothing is); a link is followed only when `following`.
     static func fileKind(_ path: String, display: String, following: Bool = false) throws(ArchiveError) -> Kind? {
         var info = stat()

@@ -36,13 +36,23 @@ struct PreviousBuild: Sendable {
     let manifest: ArchiveManifest
     let hashCache: HashCache
 
-    /// `path` is the archive (its manifest beside it) or the manifest (its archive beside it).
+    /// `path` is the archive (its manifest beside it), the manifest (its archive beside it), or
+    /// the output folder of that build when it holds one manifest (a pipeline keeps the last
+    /// build's folder).
     static func load(_ path: String) throws(ArchiveError) -> PreviousBuild {
         let manifestPath: String
         let archive: String
         let manifest: ArchiveManifest
         guard access(path, F_OK) == 0 else {
             throw .invalid("--previous \(path) does not exist: pass the archive (or manifest) of the build this one updates, or build without --previous")
+        }
+        if ContentScanner.isDirectory(path) {
+            let manifests = try ContentScanner.listDirectory(path).filter { $0.hasSuffix(".manifest.json") && !$0.hasPrefix(".") }
+            guard manifests.count == 1 else {
+                let found = manifests.isEmpty ? "holds no manifest" : "holds \(manifests.count) manifests (\(manifests.joined(separator: ", ")))"
+                throw .invalid("--previous \(path) is a folder that \(found): pass the archive or manifest of the build this one updates")
+            }
+            return try load(path + "/" + manifests[0])
         }
         if path.hasSuffix(".manifest.json") {
             manifestPath = path

@@ -79,6 +79,23 @@ struct IncrementalPackingTests {
         let byManifest = try ArchivePacker.pack(folder: v2, options: try options("1.1", tmp.sub("by-manifest"), previous: old.manifestPath))
         #expect(byManifest.reusedEntries == 15)
         #expect(try sha256Hex(byManifest.archivePath) == sha256Hex(full.archivePath))
+
+        // So does naming the last build's output folder, when it holds one build; a folder with
+        // none or several is refused, naming what it holds.
+        let byFolder = try ArchivePacker.pack(folder: v2, options: try options("1.1", tmp.sub("by-folder"), previous: tmp.sub("old")))
+        #expect(byFolder.reusedEntries == 15)
+        #expect(try sha256Hex(byFolder.archivePath) == sha256Hex(full.archivePath))
+        try FileManager.default.createDirectory(atPath: tmp.sub("no-build"), withIntermediateDirectories: true)
+        _ = try ArchivePacker.pack(folder: v2, options: try options("1.2", tmp.sub("by-folder"), previous: old.archivePath))
+        for (folder, says) in [
+            (tmp.sub("no-build"), "holds no manifest"),
+            (tmp.sub("by-folder"), "holds 2 manifests (com.example.delta-1.1.manifest.json, com.example.delta-1.2.manifest.json)"),
+        ] {
+            #expect(throws: ArchiveError.self) { try ArchivePacker.pack(folder: v2, options: try options("1.3", tmp.sub("refused"), previous: folder)) }
+            let cli = try iapPack(["build", v2, "--product-id", "com.example.delta", "--content-version", "1.3", "-o", tmp.sub("refused"), "--previous", folder])
+            #expect(cli.status == 1 && cli.stderr.contains(says), "\(cli.stderr)")
+        }
+        #expect(tmp.files(in: "refused").isEmpty)
     }
 
     @Test("unchanged files take their SHA-256 from the previous build's hash cache; a file rewritten in place is hashed again")
