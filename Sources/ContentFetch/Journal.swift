@@ -123,6 +123,20 @@ public struct DownloadJournal: Sendable {
         }
     }
 
+    /// The journal of `contentDirectory` if that folder exists, creating nothing: for commands
+    /// that only look (a mistyped `--content-dir` must not leave a folder behind). nil when it
+    /// does not exist.
+    public static func existing(contentDirectory: String) throws(FetchError) -> DownloadJournal? {
+        var isFolder: ObjCBool = false
+        guard FileManager.default.fileExists(atPath: contentDirectory, isDirectory: &isFolder) else { return nil }
+        guard isFolder.boolValue else {
+            throw FetchError(.install, "the content folder (--content-dir): \(contentDirectory) exists and is not a folder")
+        }
+        return DownloadJournal(folder: contentDirectory + "/.iap-fetch")
+    }
+
+    private init(folder: String) { self.folder = folder }
+
     /// Where the archive of download `id` grows until it is verified.
     public func partialPath(_ id: String) -> String { folder + "/" + id + ".partial" }
     /// The manifest of the version being downloaded, checked against the grant's SHA-256.
@@ -192,8 +206,19 @@ public struct DownloadJournal: Sendable {
     }
 
     /// Every readable record, oldest update first (what `iap-fetch status` lists).
-    public func all() -> [DownloadRecord] {
-        let names = (try? FileManager.default.contentsOfDirectory(atPath: folder)) ?? []
+    public func all() -> [DownloadRecord] { (try? listed()) ?? [] }
+
+    /// Every record, oldest first, for a reader that must tell "none" from "cannot read the
+    /// journal": a journal folder that exists but cannot be listed throws, naming it.
+    public func listed() throws(FetchError) -> [DownloadRecord] {
+        let names: [String]
+        do {
+            names = try FileManager.default.contentsOfDirectory(atPath: folder)
+        } catch {
+            guard FileManager.default.fileExists(atPath: folder) else { return [] }
+            let reason = access(folder, R_OK | X_OK) == 0 ? error.localizedDescription : String(cString: strerror(errno)).lowercased()
+            throw FetchError(.install, "cannot read the download journal \(folder) (\(reason)): run as the user that downloads, or fix its permissions")
+        }
         return names.filter { $0.hasSuffix(".json") }.compactMap { load(String($0.dropLast(5))) }.sorted { $0.updatedAt < $1.updatedAt }
     }
 

@@ -204,7 +204,14 @@ struct Status: ParsableCommand {
     @Flag(help: "Print JSON.") var json = false
 
     func run() throws {
-        let records = (try? DownloadJournal(contentDirectory: contentDir).all()) ?? []
+        let journal: DownloadJournal?
+        let records: [DownloadRecord]
+        do {
+            journal = try DownloadJournal.existing(contentDirectory: contentDir)
+            records = try journal?.listed() ?? []
+        } catch {
+            throw reporter.failure(error)
+        }
         if json {
             let encoder = JSONEncoder()
             encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
@@ -212,7 +219,11 @@ struct Status: ParsableCommand {
             print(String(decoding: try encoder.encode(records), as: UTF8.self))
             return
         }
-        if records.isEmpty { print("no downloads yet") }
+        if journal == nil {
+            print("no downloads yet: \(contentDir) does not exist (pass the --content-dir that iap-fetch get or run used)")
+        } else if records.isEmpty {
+            print("no downloads yet")
+        }
         for r in records {
             let expected = r.delta?.bytesToFetch ?? r.expectedLength
             let progress = expected > 0 ? Double(r.recordedLength) / Double(expected) * 100 : 0
@@ -231,7 +242,9 @@ struct Cancel: ParsableCommand {
 
     func run() throws {
         do {
-            let journal = try DownloadJournal(contentDirectory: contentDir)
+            guard let journal = try DownloadJournal.existing(contentDirectory: contentDir) else {
+                throw ValidationError("no download \(id): \(contentDir) does not exist (pass the --content-dir that iap-fetch get or run used)")
+            }
             switch try journal.cancel(id) {
             case .cancelled:
                 print("cancelled \(id); its transaction stays unfinished")

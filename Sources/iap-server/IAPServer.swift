@@ -338,7 +338,13 @@ struct Catalog: AsyncParsableCommand {
 
     func run() async throws {
         do {
-            let catalog = try await storeOptions.withStore(data: data) { store throws(CatalogError) in try await store.catalog() }
+            // Listing only looks: a data folder without a catalog (a mistyped --data) is not made.
+            let catalog: [(productId: String, versions: [PublishedVersion])]
+            if storeOptions.databaseURL == nil && !FileManager.default.fileExists(atPath: data + "/catalog.sqlite") {
+                catalog = []
+            } else {
+                catalog = try await storeOptions.withStore(data: data) { store throws(CatalogError) in try await store.catalog() }
+            }
             if json {
                 let encoder = JSONEncoder()
                 encoder.outputFormatting = [.prettyPrinted, .sortedKeys]

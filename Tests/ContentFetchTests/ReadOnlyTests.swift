@@ -49,4 +49,35 @@ struct ReadOnlyTests {
         }
         #expect(try String(contentsOfFile: file, encoding: .utf8) == "not a folder")
     }
+
+    @Test("status and cancel only look: a content folder that does not exist is said so and not made")
+    func lookingCreatesNothing() throws {
+        let tmp = try TemporaryFolder()
+        let missing = tmp.sub("typo/device")
+        let status = try run(productsDirectory() + "/iap-fetch", ["status", "--content-dir", missing])
+        #expect(status.status == 0 && status.stdout.contains("\(missing) does not exist"), "\(status.stdout) \(status.stderr)")
+        let json = try run(productsDirectory() + "/iap-fetch", ["status", "--content-dir", missing, "--json"])
+        #expect(json.status == 0)
+        #expect((try? JSONSerialization.jsonObject(with: Data(json.stdout.utf8)) as? [Any])?.isEmpty == true, "\(json.stdout)")
+        let cancel = try run(productsDirectory() + "/iap-fetch", ["cancel", "d1", "--content-dir", missing])
+        #expect(cancel.status != 0 && cancel.stderr.contains("\(missing) does not exist"), "\(cancel.stderr)")
+        #expect(!FileManager.default.fileExists(atPath: tmp.sub("typo")), "a folder was made by a command that only looks")
+
+        let file = try tmp.write("device", "not a folder")
+        let onFile = try run(productsDirectory() + "/iap-fetch", ["status", "--content-dir", file])
+        #expect(onFile.status == 1 && onFile.stderr.contains("exists and is not a folder"), "\(onFile.stderr)")
+
+        // A journal that cannot be read is an error, not "no downloads". Permission bits do not
+        // stop root, so an unprivileged user looks.
+        if getuid() == 0 {
+            let locked = tmp.sub("locked")
+            try FileManager.default.createDirectory(atPath: locked + "/.iap-fetch", withIntermediateDirectories: true)
+            chmod(locked + "/.iap-fetch", 0o000)
+            chmod(tmp.path, 0o755)
+            let result = try run(
+                "setpriv", ["--reuid=65534", "--regid=65534", "--clear-groups", productsDirectory() + "/iap-fetch", "status", "--content-dir", locked])
+            #expect(result.status == 1 && result.stderr.contains("cannot read the download journal") && result.stderr.contains("permission denied"), "\(result.stderr)")
+            chmod(locked + "/.iap-fetch", 0o755)
+        }
+    }
 }

@@ -118,6 +118,18 @@ struct HardeningTests {
         #expect(try await ContentStore(dataDirectory: tmp.sub("data")).database.versions(productId: nil).isEmpty)
     }
 
+    @Test("iap-server catalog on a data folder never published to lists nothing and makes nothing")
+    func catalogOnlyLooks() throws {
+        let tmp = try TemporaryFolder()
+        let missing = tmp.sub("typo")
+        let text = try run(productsDirectory() + "/iap-server", ["catalog", "--data", missing])
+        #expect(text.status == 0 && text.stdout.contains("nothing published yet"), "\(text.stdout) \(text.stderr)")
+        let json = try run(productsDirectory() + "/iap-server", ["catalog", "--data", missing, "--json"])
+        #expect(json.status == 0)
+        #expect((try? JSONSerialization.jsonObject(with: Data(json.stdout.utf8)) as? [Any])?.isEmpty == true, "\(json.stdout)")
+        #expect(!FileManager.default.fileExists(atPath: missing), "listing the catalog made its data folder")
+    }
+
     @Test("uploads larger than the server's gathered writes are stored byte for byte, in both forms")
     func largeUploadsAreStoredWhole() throws {
         let tmp = try TemporaryFolder()
