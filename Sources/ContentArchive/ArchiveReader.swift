@@ -53,6 +53,16 @@ public final class ArchiveReader: Sendable {
     /// is extracted yet; paths are checked as entries are extracted.
     public init(path: String, limits: ExtractionLimits = .standard) throws(ArchiveError) {
         self.path = path
+        // Looked at before opening: a folder opens too (and its end lies 2^63 bytes on), and
+        // opening a pipe waits for a writer.
+        var info = stat()
+        if stat(path, &info) == 0 {
+            switch info.st_mode & S_IFMT {
+            case S_IFREG: break
+            case S_IFDIR: throw .invalid("\(path) is a folder, not an archive: pass the .zip file in it")
+            default: throw .invalid("\(path) is not a regular file (a pipe, socket or device): pass the archive's .zip file")
+            }
+        }
         let fd = try openFile(path)
         self.fd = fd
         do {

@@ -200,6 +200,16 @@ struct PackingTests {
         let installed = try iapPack(["extract", archive, tmp.sub("device/1.0"), "--product-id", "com.example.soundkit.drums", "--json"])
         #expect(installed.status == 0)
         #expect(FileManager.default.fileExists(atPath: tmp.sub("device/1.0/Contents/samples/kick.wav")))
+
+        // A folder, a device or a pipe where the archive should be is named as such (a folder's
+        // size read as 2^63 bytes, and a pipe's open waited for a writer).
+        #expect(mkfifo(tmp.sub("pipe"), 0o644) == 0)
+        for (path, says) in [(tmp.sub("device"), "is a folder, not an archive"), ("/dev/null", "is not a regular file"), (tmp.sub("pipe"), "is not a regular file")] {
+            for command in ["verify", "inspect"] {
+                let result = try iapPack([command, path])
+                #expect(result.status == 1 && result.stderr.contains(says), "\(command) \(path): \(result.stderr)")
+            }
+        }
     }
 
     @Test("content versions compare numerically; identifiers and versions are validated")
