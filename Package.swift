@@ -285,7 +285,10 @@ let package = Package(
         ),
         .testTarget(
             name: "ContentFetchTests",
-            dependencies: ["ContentFetch", "SandboxStore", "TransactionQueue", "ContentArchive", "DownloadGrants", "IAPTestSupport"]
+            dependencies: [
+                "ContentFetch", "SandboxStore", "TransactionQueue", "ContentArchive", "DownloadGrants", "IAPTestSupport",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"), .product(name: "NIOCore", package: "swift-nio"),
+            ]
         ),
         .testTarget(
             name: "ReceiptVerificationTests",

@@ -38,7 +38,7 @@ struct GrantClient: Sendable {
             status = response.status.code
             data = try await response.body.collect(upTo: 1 << 20)
         } catch {
-            throw FetchError(.network, "cannot reach \(server): \(error)")
+            throw FetchError(.network, "cannot reach \(server): \(Self.describe(error))")
         }
         guard status != 200 else {
             guard let grants = try? WireJSON.decoder().decode(DownloadGrants.self, from: Data(data.readableBytesView)) else {
@@ -47,6 +47,33 @@ struct GrantClient: Sendable {
             return grants
         }
         throw Self.failure(status: status, body: data.readableBytesView, transaction: transaction)
+    }
+
+    /// A connection error in words a user can act on. NIO's read "connection reset (error set):
+    /// Connection refused) (errno: 111)" for a server that is not running.
+    static func describe(_ error: any Error) -> String {
+        if let io = error as? IOError {
+            let reason = String(cString: strerror(io.errnoCode)).lowercased()
+            switch io.errnoCode {
+            case ECONNREFUSED: return "\(reason): is the server running, and listening at that address and port?"
+            case EHOSTUNREACH, ENETUNREACH: return "\(reason): check the network and the server's address"
+            default: return reason
+            }
+        }
+        if let client = error as? HTTPClientError {
+            switch client {
+            case .connectTimeout: return "no connection within the timeout: check the server's address and the network"
+            case .deadlineExceeded, .readTimeout: return "no answer within 60 s; it is retried"
+            case .remoteConnectionClosed: return "the server closed the connection before answering; it is retried"
+            default: return "\(client)"
+            }
+        }
+        let text = "\(error)"
+        // NIO's resolver error arrives wrapped (its connection error's DNS results).
+        if error is SocketAddressError || error is SocketAddressError.UnknownHost || text.contains("UnknownHost") {
+            return "the host name does not resolve: check the --server URL and the network's DNS"
+        }
+        return text
     }
 
     /// What an error answer means for the download.

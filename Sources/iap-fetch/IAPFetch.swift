@@ -175,16 +175,31 @@ struct Get: AsyncParsableCommand {
     @Option(help: "A file holding the signed transaction.") var transaction: String
 
     func run() async throws {
-        let text: String
-        do {
-            text = try String(contentsOfFile: transaction, encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
-        } catch {
-            // The system's reason when there is one (missing, permissions), in the project's wording.
-            let reason =
-                access(transaction, R_OK) != 0
-                ? ioFailureMessage(errno, action: "read --transaction", path: transaction) : "cannot read --transaction \(transaction): it is not UTF-8 text"
+        // Looked at first: a folder read as text is "not UTF-8", and a large file passed by
+        // mistake (the archive, say) would be read whole. A pipe is fine: `<(...)` in a shell.
+        var info = stat()
+        if stat(transaction, &info) == 0 {
+            let kind = info.st_mode & S_IFMT
+            let problem =
+                kind == S_IFDIR
+                ? "is a folder" : kind == S_IFREG && info.st_size > 1 << 20 ? "is \(info.st_size) bytes; a signed transaction is a few KB" : nil
+            if let problem {
+                throw reporter.failure("invalid-input", "--transaction \(transaction) \(problem): pass the file holding the JWS the app got from StoreKit")
+            }
+        }
+        // Read through a handle, at most 1 MiB: `String(contentsOfFile:)` read nothing from a pipe.
+        guard let handle = FileHandle(forReadingAtPath: transaction) else {
+            // The system's reason (missing, permissions), in the project's wording.
+            let reason = ioFailureMessage(access(transaction, R_OK) != 0 ? errno : EIO, action: "read --transaction", path: transaction)
             throw reporter.failure("invalid-input", "\(reason) (it should hold the signed transaction: the JWS the app got from StoreKit)")
         }
+        let bytes = (try? handle.read(upToCount: 1 << 20)) ?? nil
+        try? handle.close()
+        guard let bytes, let decoded = String(validating: bytes, as: UTF8.self) else {
+            throw reporter.failure(
+                "invalid-input", "cannot read --transaction \(transaction): it is empty or not UTF-8 text (it should hold the signed transaction: the JWS the app got from StoreKit)")
+        }
+        let text = decoded.trimmingCharacters(in: .whitespacesAndNewlines)
         // Only the ids are read here; the server verifies the signature.
         let parts = text.split(separator: ".")
         guard parts.count == 3, let payload = Base64URL.decode(parts[1].utf8),

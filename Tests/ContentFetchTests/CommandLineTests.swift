@@ -16,13 +16,36 @@ struct CommandLineTests {
             (tmp.sub("missing.jws"), "cannot read --transaction \(tmp.sub("missing.jws")): it does not exist"),
             (garbage, "--transaction \(garbage) does not hold a signed transaction"),
         ]
-        for (file, says) in cases {
+        // A folder, or a large file passed by mistake (the archive), is named as such rather than
+        // read as text.
+        try FileManager.default.createDirectory(atPath: tmp.sub("folder"), withIntermediateDirectories: true)
+        let large = try tmp.write("archive.zip", Data(count: 2 << 20))
+        let more = [
+            (tmp.sub("folder"), "--transaction \(tmp.sub("folder")) is a folder"),
+            (large, "--transaction \(large) is 2097152 bytes; a signed transaction is a few KB"),
+            (try tmp.write("empty.jws", ""), "it is empty or not UTF-8 text"),
+        ]
+        for (file, says) in cases + more {
             let result = try fetch(["get", "--server", "http://127.0.0.1:9", "--transaction", file, "--content-dir", tmp.sub("device")])
             #expect(result.status == 1, "\(result.stderr)")
             #expect(result.stderr.contains(says) && result.stderr.contains("the JWS the app got from StoreKit"), "\(result.stderr)")
             #expect(!result.stderr.contains("Usage:"), "a missing file is not a usage mistake: \(result.stderr)")
             #expect(!FileManager.default.fileExists(atPath: tmp.sub("device")))
         }
+    }
+
+    @Test("a transaction read from a pipe (a shell's <(...) or /dev/stdin) is taken, and its content installed")
+    func transactionFromPipe() throws {
+        let shop = try Shop(products: ["com.example.piped": .random(256 << 10)])
+        let purchase = try shop.store.purchase(productId: "com.example.piped")
+        let result = try run(
+            "sh",
+            [
+                "-c", "printf '%s' \"$0\" | \"$1\" get --server \"$2\" --transaction /dev/stdin --content-dir \"$3\"",
+                purchase.signedTransaction, productsDirectory() + "/iap-fetch", shop.server.base, shop.content,
+            ])
+        #expect(result.status == 0, "\(result.stderr)")
+        #expect(shop.installed("com.example.piped") == shop.payloads["com.example.piped"])
     }
 
     @Test("a content folder that is a file is refused before anything is fetched")

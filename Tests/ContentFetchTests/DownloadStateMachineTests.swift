@@ -1,5 +1,7 @@
+import AsyncHTTPClient
 import Foundation
 import IAPProtocol
+import NIOCore
 import Testing
 import TransactionQueue
 
@@ -177,5 +179,10 @@ import TransactionQueue
         // Not an envelope (a proxy's page): still a reason a person can read.
         let proxy = failure(502, "<html>Bad Gateway</html>")
         #expect(proxy.code == .network && proxy.message.contains("Bad Gateway"))
+    }
+
+    @Test func connectionErrorsSayWhatToCheck() {
+        #expect(GrantClient.describe(IOError(errnoCode: ECONNREFUSED, reason: "connection reset (error set)")).contains("connection refused: is the server running"))
+        #expect(GrantClient.describe(HTTPClientError.connectTimeout).contains("check the server's address"))
     }
 }
