@@ -278,16 +278,19 @@ public actor ContentFetcher {
     /// download (before its grant, so observers see it by transaction).
     private func requestGrant(_ transaction: QueuedTransaction) async throws -> DownloadGrants {
         let id = Self.downloadId(transaction)
+        var download = DownloadStateMachine(transactionId: transaction.transactionId, productId: transaction.productId)
         do {
             return try await retry.run(
                 { _ in try await grants.request(transaction) },
                 retryable: { ($0 as? FetchError)?.code == .network },
-                willRetry: { _, _ in
+                willRetry: { _, error in
                     try checkControl(id)
+                    // Said at once (waiting, with the reason): a server that is down takes a
+                    // minute of tries, which looked like a hang.
+                    if let error = error as? FetchError { try? apply(.retrying(error), to: &download) }
                     return true
                 })
         } catch let error as FetchError {
-            var download = DownloadStateMachine(transactionId: transaction.transactionId, productId: transaction.productId)
             try? apply(.fail(error), to: &download)
             throw error
         }

@@ -126,7 +126,8 @@ struct Printer {
                 let previous = lastPlain[update.id]
                 if previous?.0 != update.state || Date().timeIntervalSince(previous?.1 ?? .distantPast) >= 2 {
                     lastPlain[update.id] = (update.state, Date())
-                    Swift.print(line)
+                    // Written at once: through `print`, a pipe (a CI log) saw nothing until the end.
+                    Console.out(line + "\n")
                 }
             }
         }

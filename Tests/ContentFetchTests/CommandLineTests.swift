@@ -48,6 +48,33 @@ struct CommandLineTests {
         #expect(shop.installed("com.example.piped") == shop.payloads["com.example.piped"])
     }
 
+    @Test("a server that cannot be reached is said while the grant is retried, in lines that reach a file as they happen")
+    func unreachableServerIsSaid() throws {
+        let tmp = try TemporaryFolder()
+        let jws = try tmp.write("tx.jws", "eyJhbGciOiJFUzI1NiJ9.eyJ0cmFuc2FjdGlvbklkIjoiMSIsInByb2R1Y3RJZCI6ImNvbS5leGFtcGxlLnAifQ.c2ln")
+        let port = try freePort()
+        let outPath = tmp.sub("out.txt")
+        _ = FileManager.default.createFile(atPath: outPath, contents: nil)
+        let out = try #require(FileHandle(forWritingAtPath: outPath))
+        let process = try launch(
+            productsDirectory() + "/iap-fetch",
+            ["get", "--server", "http://127.0.0.1:\(port)", "--transaction", jws, "--content-dir", tmp.sub("device")], stdout: out)
+        defer {
+            if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+            process.waitUntilExit()
+            try? out.close()
+        }
+        // The tries take about a minute in all; the first refusal is said after the first.
+        let deadline = Date().addingTimeInterval(50)
+        var text = ""
+        while process.isRunning && Date() < deadline && !text.contains("waiting: cannot reach") {
+            usleep(10_000)
+            text = (try? String(contentsOfFile: outPath, encoding: .utf8)) ?? ""
+        }
+        #expect(process.isRunning, "iap-fetch ended before saying why it waits: \(text)")
+        #expect(text.contains("waiting: cannot reach http://127.0.0.1:\(port): connection refused: is the server running"), "\(text)")
+    }
+
     @Test("a content folder that is a file is refused before anything is fetched")
     func contentFolderIsAFile() throws {
         let tmp = try TemporaryFolder()
