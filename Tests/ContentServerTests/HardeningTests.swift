@@ -125,8 +125,7 @@ struct HardeningTests {
         let text = try run(productsDirectory() + "/iap-server", ["catalog", "--data", missing])
         #expect(text.status == 0 && text.stdout.contains("nothing published yet"), "\(text.stdout) \(text.stderr)")
         let json = try run(productsDirectory() + "/iap-server", ["catalog", "--data", missing, "--json"])
-        #expect(json.status == 0)
-        #expect((try? JSONSerialization.jsonObject(with: Data(json.stdout.utf8)) as? [Any])?.isEmpty == true, "\(json.stdout)")
+        #expect(json.status == 0 && json.jsonArray?.isEmpty == true, "\(json.stdout)")
         #expect(!FileManager.default.fileExists(atPath: missing), "listing the catalog made its data folder")
     }
 

@@ -214,6 +214,8 @@ public struct ProcessResult: Sendable {
     public let status: Int32
     public let stdout: String
     public let stderr: String
+    /// stdout as a JSON array (nil when it is not one): what a `--json` listing printed.
+    public var jsonArray: [Any]? { (try? JSONSerialization.jsonObject(with: Data(stdout.utf8))) as? [Any] }
 }
 
 /// Runs a program to completion; output goes through files, so a chatty child never blocks.
