@@ -63,7 +63,8 @@ struct GrantClient: Sendable {
         if let client = error as? HTTPClientError {
             switch client {
             case .connectTimeout: return "no connection within the timeout: check the server's address and the network"
-            case .deadlineExceeded, .readTimeout: return "no answer within 60 s; it is retried"
+            case .deadlineExceeded: return "no answer within 60 s; it is retried"
+            case .readTimeout: return "the server stopped sending; it is retried"
             case .remoteConnectionClosed: return "the server closed the connection before answering; it is retried"
             default: return "\(client)"
             }
