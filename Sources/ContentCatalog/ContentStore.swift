@@ -110,10 +110,12 @@ public final class ContentStore: Sendable {
         self.archivesDirectory = archivesDirectory ?? dataDirectory + "/archives"
         uploadsDirectory = archivesDirectory.map { $0 + "/.uploads" } ?? dataDirectory + "/tmp"
         for folder in [dataDirectory, self.archivesDirectory, uploadsDirectory] {
-            do {
-                try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+            do throws(DurableFileError) {
+                try Directory.create(folder)
             } catch {
-                throw CatalogError(.storage, "cannot create \(folder): \(error.localizedDescription); choose a writable --data folder")
+                // The system's reason in the project's words ("exists and is not a folder",
+                // "permission denied"), rather than Foundation's "The operation could not be completed".
+                throw CatalogError(.storage, "the data folder (--data): \(error.message)")
             }
         }
         if let database {

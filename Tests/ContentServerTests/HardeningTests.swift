@@ -118,7 +118,7 @@ struct HardeningTests {
         #expect(try await ContentStore(dataDirectory: tmp.sub("data")).database.versions(productId: nil).isEmpty)
     }
 
-    @Test("iap-server catalog on a data folder never published to lists nothing and makes nothing")
+    @Test("iap-server catalog on a data folder never published to lists nothing and makes nothing; a data folder that is a file is named as such")
     func catalogOnlyLooks() throws {
         let tmp = try TemporaryFolder()
         let missing = tmp.sub("typo")
@@ -127,6 +127,11 @@ struct HardeningTests {
         let json = try run(productsDirectory() + "/iap-server", ["catalog", "--data", missing, "--json"])
         #expect(json.status == 0 && json.jsonArray?.isEmpty == true, "\(json.stdout)")
         #expect(!FileManager.default.fileExists(atPath: missing), "listing the catalog made its data folder")
+
+        let file = try tmp.write("data-file", "not a folder")
+        let archive = try packLarge(tmp, version: "1.0", megabytes: 1).archivePath
+        let publish = try run(productsDirectory() + "/iap-server", ["publish", "--data", file, archive])
+        #expect(publish.status == 3 && publish.stderr.contains("the data folder (--data): \(file) exists and is not a folder"), "\(publish.stderr)")
     }
 
     @Test("uploads larger than the server's gathered writes are stored byte for byte, in both forms")
