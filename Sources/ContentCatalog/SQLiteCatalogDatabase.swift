@@ -7,13 +7,16 @@ public final class SQLiteCatalogDatabase: CatalogDatabase {
     public let location: String
     private let database: DatabaseQueue
 
+    /// Where the catalog of `dataDirectory` is kept (a command that only looks checks it exists).
+    public static func path(in dataDirectory: String) -> String { dataDirectory + "/catalog.sqlite" }
+
     /// Opens (creating and migrating) `<dataDirectory>/catalog.sqlite`.
     public init(dataDirectory: String) throws(CatalogError) {
         location = "the catalog database in \(dataDirectory)"
         do {
             var configuration = Configuration()
             configuration.busyMode = .timeout(10)
-            database = try DatabaseQueue(path: dataDirectory + "/catalog.sqlite", configuration: configuration)
+            database = try DatabaseQueue(path: Self.path(in: dataDirectory), configuration: configuration)
             try Self.migrator.migrate(database)
         } catch {
             throw Self.storageError(error, location)

@@ -340,7 +340,7 @@ struct Catalog: AsyncParsableCommand {
         do {
             // Listing only looks: a data folder without a catalog (a mistyped --data) is not made.
             let catalog: [(productId: String, versions: [PublishedVersion])]
-            if storeOptions.databaseURL == nil && !FileManager.default.fileExists(atPath: data + "/catalog.sqlite") {
+            if storeOptions.databaseURL == nil && !FileManager.default.fileExists(atPath: SQLiteCatalogDatabase.path(in: data)) {
                 catalog = []
             } else {
                 catalog = try await storeOptions.withStore(data: data) { store throws(CatalogError) in try await store.catalog() }
