@@ -89,7 +89,10 @@ public final class ArchiveReader: Sendable {
         for entry in manifest.entries {
             try checks.check(
                 name: entry.path, stored: entry.method == .stored, compressed: entry.compressedSize, uncompressed: entry.uncompressedSize)
-            guard entry.dataOffset > entry.localHeaderOffset, entry.dataOffset + entry.compressedSize <= manifest.archiveSize else {
+            // Written as a difference: the sum of two hostile numbers can overflow.
+            guard entry.dataOffset > entry.localHeaderOffset, entry.compressedSize <= manifest.archiveSize,
+                entry.dataOffset <= manifest.archiveSize - entry.compressedSize
+            else {
                 throw .corrupt("the manifest of \(path) places '\(entry.path)' outside the archive: refusing it")
             }
             guard (entry.kind == .directory) == entry.path.hasSuffix("/") else {
@@ -339,13 +342,16 @@ struct EntryChecks {
         if isDirectory && uncompressed != 0 {
             throw .corrupt("folder entry '\(name)' in \(path) claims \(uncompressed) bytes of content: the archive is damaged or forged")
         }
-        if uncompressed > limits.ratioExemptSize && uncompressed > max(compressed, 1) * limits.maxCompressionRatio {
+        // Sizes from a manifest are 64-bit: products and sums here must not overflow.
+        let (allowed, beyond) = max(compressed, 1).multipliedReportingOverflow(by: limits.maxCompressionRatio)
+        if uncompressed > limits.ratioExemptSize && !beyond && uncompressed > allowed {
             throw .corrupt(
                 "entry '\(name)' in \(path) would expand \(uncompressed / max(compressed, 1)) times (\(compressed) to \(uncompressed) bytes), beyond the limit of \(limits.maxCompressionRatio):1 that guards against zip bombs: refusing it"
             )
         }
-        total += uncompressed
-        guard total <= limits.maxTotalUncompressedSize else {
+        let (sum, overflow) = total.addingReportingOverflow(uncompressed)
+        total = sum
+        guard !overflow, total <= limits.maxTotalUncompressedSize else {
             throw .corrupt("\(path) would extract to more than \(limits.maxTotalUncompressedSize) bytes, the limit that guards against zip bombs: refusing it")
         }
         let key = collisionKey(name)

@@ -167,13 +167,43 @@ public struct ArchiveManifest: Codable, Sendable, Equatable {
     /// Decodes a manifest, naming the file in the error.
     public static func decode(_ data: Data, source: String) throws(ArchiveError) -> ArchiveManifest {
         let manifest: ArchiveManifest
-        do {
-            manifest = try data.withUnsafeBytes(ManifestReader.read) ?? JSONDecoder().decode(ArchiveManifest.self, from: data)
-        } catch {
-            throw .corrupt("\(source) is not a valid archive manifest (\(error)): build the archive again with iap-pack to get a matching manifest")
+        switch data.withUnsafeBytes(ManifestReader.parse) {
+        case .manifest(let read):
+            manifest = read
+        case .duplicateKey(let key):
+            throw .corrupt(
+                "\(source) gives \"\(key)\" twice in one object: refusing it (one reader would take the first and another the last); build the archive again with iap-pack"
+            )
+        case .unexpected:
+            // The reader above decides; JSONDecoder only says what is wrong, in its words.
+            let why: String
+            do {
+                _ = try JSONDecoder().decode(ArchiveManifest.self, from: data)
+                why = "numbers must be plain integers, and values nest at most \(ManifestReader.maximumDepth) deep"
+            } catch {
+                why = "\(error)"
+            }
+            throw .corrupt("\(source) is not a valid archive manifest (\(why)): build the archive again with iap-pack to get a matching manifest")
         }
         guard (1...currentFormatVersion).contains(manifest.formatVersion) else {
             throw .corrupt("\(source) is manifest format \(manifest.formatVersion); this tool reads formats 1 to \(currentFormatVersion): update it")
+        }
+        // A content archive is a ZIP without ZIP64, so every offset and size fits in 32 bits.
+        // Checked once here, so that the sums and products readers make of these numbers
+        // (an entry's end, its chunk count, the zip-bomb ratio) cannot overflow, whatever a
+        // hostile manifest claims.
+        let limit = UInt64(UInt32.max)
+        guard manifest.archiveSize <= limit else {
+            throw .corrupt("\(source) claims an archive of \(manifest.archiveSize) bytes; content archives are ZIP files under 4 GiB: it is not a manifest iap-pack wrote")
+        }
+        for entry in manifest.entries {
+            guard entry.uncompressedSize <= limit, entry.compressedSize <= manifest.archiveSize,
+                entry.localHeaderOffset <= manifest.archiveSize, entry.dataOffset <= manifest.archiveSize
+            else {
+                throw .corrupt(
+                    "\(source) places '\(entry.path)' outside its \(manifest.archiveSize)-byte archive or gives it a size no ZIP entry has: it is damaged or forged; build the archive again with iap-pack"
+                )
+            }
         }
         if manifest.formatVersion >= 2 {
             guard let size = manifest.chunkSize, size >= 4096, size <= 1 << 30 else {

@@ -368,4 +368,49 @@ struct IncrementalPackingTests {
         for i in v1.entries.indices { v1.entries[i].chunks = nil }
         #expect(try ArchiveManifest.decode(v1.jsonData(), source: "m") == v1)
     }
+
+    /// Found by `tools/fuzz.sh manifest`: the reader kept the last of a key given twice where
+    /// `JSONDecoder` kept the first, and sizes near 2^64 trapped in the sums made of them.
+    @Test("a manifest giving a key twice, nesting without end or claiming 64-bit sizes is refused with a message, not a crash")
+    func forgedManifests() throws {
+        let tmp = try TemporaryFolder()
+        let manifest = try ArchivePacker.pack(folder: try makeVersion1(tmp), options: try options("1.0", tmp.sub("out"))).manifest
+        func refusal(_ text: String) -> String? {
+            do {
+                _ = try ArchiveManifest.decode(Data(text.utf8), source: "m.json")
+                return nil
+            } catch {
+                return error.message
+            }
+        }
+        let json = String(decoding: manifest.jsonData(), as: UTF8.self)
+        let path = manifest.entries[1].path
+        let doubled = json.replacingOccurrences(of: #""path" : "\#(path)""#, with: #""path" : "Contents/other", "path" : "\#(path)""#)
+        #expect(doubled != json)
+        #expect(refusal(doubled)?.contains(#"gives "path" twice in one object"#) == true)
+        #expect(refusal(json.replacingOccurrences(of: #""chunkSize""#, with: #""chunkSize" : null, "chunkSize""#))?.contains("twice") == true)
+
+        let deep = "{\"unknown\": " + String(repeating: "[", count: 200_000) + String(repeating: "]", count: 200_000) + ", " + json.dropFirst()
+        #expect(refusal(deep)?.contains("not a valid archive manifest") == true)
+        // Within the limit, unknown nested values are still skipped.
+        let shallow = "{\"unknown\": " + String(repeating: "[", count: 20) + String(repeating: "]", count: 20) + ", " + json.dropFirst()
+        #expect(refusal(shallow) == nil)
+
+        for (field, value) in [("compressedSize", UInt64.max), ("dataOffset", UInt64.max - 10), ("uncompressedSize", UInt64.max)] {
+            var forged = manifest
+            let last = forged.entries.count - 1
+            switch field {
+            case "compressedSize": forged.entries[last].compressedSize = value
+            case "dataOffset": forged.entries[last].dataOffset = value
+            default: forged.entries[last].uncompressedSize = value
+            }
+            #expect(refusal(String(decoding: forged.jsonData(), as: UTF8.self))?.contains("outside its") == true, "\(field)")
+            // A manifest made in code rather than decoded reaches the reader's own checks.
+            let partial = try tmp.write("partial-\(field).zip", Data())
+            #expect(throws: ArchiveError.self, "\(field)") { try ArchiveReader(path: partial, manifest: forged) }
+        }
+        var huge = manifest
+        huge.archiveSize = UInt64.max
+        #expect(refusal(String(decoding: huge.jsonData(), as: UTF8.self))?.contains("under 4 GiB") == true)
+    }
 }
