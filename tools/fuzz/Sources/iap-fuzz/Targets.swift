@@ -1,0 +1,190 @@
+import Foundation
+import X509
+
+@testable import ContentArchive
+@testable import ContentDelivery
+@testable import PurchaseVerification
+@testable import ReceiptVerification
+
+/// The parsers that read bytes from the network or from an archive, each as a libFuzzer target.
+/// A target may throw any error it likes (refusing input is their job); it fails only by crashing,
+/// by breaking one of the invariants it checks with `fatalError`, or under the address sanitizer.
+enum FuzzTarget: String, CaseIterable {
+    /// A content archive as `iap-pack verify` and `iap-fetch` open it: central directory, local
+    /// headers, every entry inflated and checked, the plist, and extraction into a folder.
+    case archive
+    /// A manifest, by the hand-written reader and by `JSONDecoder`, which must agree.
+    case manifest
+    /// `ContentInfo.plist`.
+    case plist
+    /// An app receipt: the PKCS#7 container, the payload's ASN.1 set, and the whole verifier.
+    case receipt
+    /// A StoreKit 2 compact JWS: splitting, base64url, the duplicate-member scan, the header.
+    case jws
+    /// The content server's fast-path request head parser and its byte-range evaluation.
+    case http
+
+    func run(_ bytes: UnsafeRawBufferPointer) {
+        switch self {
+        case .archive: Self.archive(bytes)
+        case .manifest: Self.manifest(bytes)
+        case .plist: _ = try? ContentInfo(plist: Data(bytes), source: "fuzz")
+        case .receipt: Self.receipt(bytes)
+        case .jws: Self.jws(bytes)
+        case .http: Self.http(bytes)
+        }
+    }
+
+    /// Makes what the target keeps for the whole run before libFuzzer starts counting: it checks
+    /// for leaks around each input, and a value made once on the first input is no leak.
+    func prepare() {
+        _ = Self.scratch
+        switch self {
+        case .receipt: _ = Self.receiptVerifier
+        case .jws: _ = Self.jwsVerifier
+        case .http: _ = Self.headParser
+        default: break
+        }
+    }
+
+    /// Per process, so that several fuzzing jobs (`-jobs`) do not share files.
+    static let scratch: String = {
+        let base = FileManager.default.fileExists(atPath: "/dev/shm") ? "/dev/shm" : NSTemporaryDirectory()
+        let folder = "\(base)/iap-fuzz-\(getpid())"
+        try? FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+        return folder
+    }()
+
+    /// Small limits, so that a claimed size cannot make one input take seconds.
+    static let limits = ExtractionLimits(maxEntries: 256, maxTotalUncompressedSize: 4 << 20, maxCompressionRatio: 200, ratioExemptSize: 64 << 10)
+
+    static func archive(_ bytes: UnsafeRawBufferPointer) {
+        let path = "\(scratch)/input.zip"
+        let destination = "\(scratch)/out"
+        guard FileManager.default.createFile(atPath: path, contents: Data(bytes)) else { fatalError("cannot write \(path)") }
+        if let reader = try? ArchiveReader(path: path, limits: limits) {
+            for entry in reader.entries {
+                guard entry.dataOffset + entry.compressedSize <= reader.size else {
+                    fatalError("reader accepted '\(entry.path)' ending past the archive's \(reader.size) bytes")
+                }
+                var count: UInt64 = 0
+                if (try? reader.read(entry, into: { count += UInt64($0.count) })) != nil, count != entry.uncompressedSize {
+                    fatalError("read '\(entry.path)' gave \(count) bytes, not its declared \(entry.uncompressedSize)")
+                }
+            }
+            _ = try? reader.contentInfo()
+        }
+        try? FileManager.default.removeItem(atPath: destination)
+        if (try? SafeExtractor.extract(archive: path, to: destination, limits: limits, durable: false)) != nil {
+            checkConfined(destination)
+        }
+        try? FileManager.default.removeItem(atPath: destination)
+    }
+
+    /// Everything an accepted archive extracted must be a plain file or folder inside `folder`.
+    static func checkConfined(_ folder: String) {
+        guard let walker = FileManager.default.enumerator(atPath: folder) else { return }
+        for case let name as String in walker {
+            let path = "\(folder)/\(name)"
+            var info = stat()
+            guard lstat(path, &info) == 0 else { continue }
+            let kind = info.st_mode & S_IFMT
+            guard kind == S_IFREG || kind == S_IFDIR else { fatalError("extraction made '\(name)', neither a file nor a folder") }
+            guard !name.split(separator: "/").contains("..") else { fatalError("extraction made '\(name)'") }
+        }
+    }
+
+    static func manifest(_ bytes: UnsafeRawBufferPointer) {
+        let data = Data(bytes)
+        let fast = ManifestReader.read(bytes)
+        if let fast {
+            // The hand-written reader may refuse what JSONDecoder takes, never the reverse, and
+            // never read it differently.
+            guard let slow = try? JSONDecoder().decode(ArchiveManifest.self, from: data) else {
+                fatalError("ManifestReader accepted a manifest JSONDecoder refuses")
+            }
+            guard slow == fast else { fatalError("ManifestReader and JSONDecoder read the manifest differently:\n\(fast)\n\(slow)") }
+        }
+        if let manifest = try? ArchiveManifest.decode(data, source: "fuzz") {
+            // What decodes must also pass as a partial archive's layout or be refused cleanly.
+            let path = "\(scratch)/partial.zip"
+            guard FileManager.default.createFile(atPath: path, contents: Data()) else { fatalError("cannot write \(path)") }
+            _ = try? ArchiveReader(path: path, manifest: manifest, limits: limits)
+            _ = manifest.jsonData()
+        }
+    }
+
+    /// The sandbox's roots (`IAP_FUZZ_ROOTS`, a store folder `iap-sandbox init` made), so that
+    /// inputs near the seeds get past the chain into what follows it.
+    static func sandboxRoot(_ name: String) -> [Certificate] {
+        guard let folder = ProcessInfo.processInfo.environment["IAP_FUZZ_ROOTS"] else { return [] }
+        guard let root = try? AppleRoots.load(path: "\(folder)/\(name)") else { fatalError("cannot read \(folder)/\(name)") }
+        return [root]
+    }
+
+    static let receiptVerifier: ReceiptVerifier = {
+        do {
+            return try ReceiptVerifier(bundleId: "com.example.fuzz", trustRoots: sandboxRoot("receipt-root.cer"), environments: .productionAndSandbox)
+        } catch {
+            fatalError("cannot make a receipt verifier: \(error)")
+        }
+    }()
+
+    static let jwsVerifier = SignedDataVerifier(
+        configuration: VerifierConfiguration(
+            bundleId: "com.example.fuzz", trustRoots: [AppleRoots.rootCAG3] + sandboxRoot("root.cer"), environments: .productionAndSandbox))
+
+    static func receipt(_ bytes: UnsafeRawBufferPointer) {
+        let array = [UInt8](bytes)
+        // A mutated container rarely still verifies, so its payload is decoded here as well.
+        if let container = try? SignedDataContainer(array) { _ = try? ReceiptPayload.decode(container.content[...]) }
+        _ = try? ReceiptPayload.decode(array[...])
+        _ = try? receiptVerifier.verify(array)
+    }
+
+    static func jws(_ bytes: UnsafeRawBufferPointer) {
+        let text = String(decoding: bytes, as: UTF8.self)
+        _ = try? CompactJWS(text, maxSize: SignedDataVerifier.maxTokenSize)
+        _ = try? DuplicateMembers.check(bytes)
+        // The whole verifier, on the thread libFuzzer runs inputs on.
+        let done = DispatchSemaphore(value: 0)
+        Task {
+            _ = try? await jwsVerifier.verifyAny(text)
+            done.signal()
+        }
+        done.wait()
+    }
+
+    static let headParser = RequestHeadParser(prefix: "/v1/content/")
+
+    static func http(_ bytes: UnsafeRawBufferPointer) {
+        let typed = bytes.bindMemory(to: UInt8.self)
+        let parsed = headParser.parse(typed)
+        if case .request(let head, let length) = parsed {
+            guard length > 0, length <= bytes.count else { fatalError("head length \(length) outside the \(bytes.count) bytes read") }
+            // The same bytes with the target already known must give the same head.
+            guard headParser.parse(typed, knownURI: head.content.uri) == parsed else { fatalError("knownURI changed the parse") }
+            let size = UInt64(bytes.count) * 977
+            let decision = RangeEvaluator.evaluate(
+                size: size, etag: "\"e\"", lastModified: "Thu, 01 Jan 1970 00:00:00 GMT",
+                range: head.content.range, ifRange: head.content.ifRange, ifNoneMatch: head.content.ifNoneMatch)
+            checkRanges(decision, size: size)
+        }
+        // Range values need not pass the head parser to be worth reading on their own.
+        if let text = String(validating: typed, as: UTF8.self) {
+            for size in [0, 1, 4096, UInt64.max] as [UInt64] {
+                checkRanges(RangeEvaluator.evaluate(size: size, etag: "\"e\"", lastModified: nil, range: text, ifRange: nil, ifNoneMatch: nil), size: size)
+            }
+        }
+    }
+
+    /// Ranges answered must lie inside the representation, sorted, apart, and at most the limit.
+    static func checkRanges(_ decision: RangeDecision, size: UInt64) {
+        guard case .partial(let ranges) = decision else { return }
+        guard !ranges.isEmpty, ranges.count <= RangeEvaluator.defaultMaxRanges else { fatalError("\(ranges.count) ranges answered") }
+        for (index, range) in ranges.enumerated() {
+            guard range.last < size else { fatalError("range \(range) past a size of \(size)") }
+            if index > 0, ranges[index - 1].last >= range.first { fatalError("ranges \(ranges) overlap or are out of order") }
+        }
+    }
+}
