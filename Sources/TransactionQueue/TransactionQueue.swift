@@ -77,6 +77,28 @@ public struct FileTransactionQueue: TransactionSource {
         }
     }
 
+    /// Opens a queue folder that must exist already, creating nothing: for a reader of a queue
+    /// that another made (`iap-fetch run` over iap-sandbox's), where a mistyped path is to be
+    /// said, not made into an empty queue that reports nothing to do.
+    public static func existing(folder: String) throws(TransactionQueueError) -> FileTransactionQueue {
+        var info = stat()
+        guard stat(folder, &info) == 0 else {
+            let code = errno
+            if code == ENOENT {
+                throw TransactionQueueError(
+                    .notFound, "the transaction queue folder \(folder) does not exist: pass the queue a store fills (iap-sandbox's <dir>/queue)")
+            }
+            throw TransactionQueueError(.io, ioFailureMessage(code, action: "open the transaction queue folder", path: folder))
+        }
+        guard info.st_mode & S_IFMT == S_IFDIR else {
+            throw TransactionQueueError(
+                .notFound, "the transaction queue folder \(folder) is not a folder: pass the queue a store fills (iap-sandbox's <dir>/queue)")
+        }
+        return FileTransactionQueue(existing: folder)
+    }
+
+    private init(existing folder: String) { self.folder = folder }
+
     /// Adds an unfinished transaction. Adding one that is already queued changes nothing (and
     /// never turns a finished one back into unfinished).
     @discardableResult

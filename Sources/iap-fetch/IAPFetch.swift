@@ -52,6 +52,9 @@ struct Options: ParsableArguments {
         }
     }
 
+    /// Reports errors as the other tools do under `--json`: the envelope on stdout as well.
+    var reporter: Reporter { Reporter(tool: "iap-fetch", json: json) }
+
     func configuration() -> FetchConfiguration {
         var configuration = FetchConfiguration(server: server, contentDirectory: contentDir)
         configuration.connections = connections
@@ -60,14 +63,17 @@ struct Options: ParsableArguments {
     }
 }
 
-/// Errors and notices go to stderr; exit codes are documented on the command.
+/// Notices go to stderr; errors too, and under `--json` also as the envelope on stdout
+/// (`Options.reporter`). Exit codes are documented on the command.
 let reporter = Reporter(tool: "iap-fetch")
 
 /// Runs a fetcher over a source, printing its updates, and exits with the documented code.
-func runFetcher(_ options: Options, source: any TransactionSource) async throws {
+/// `emptyQueue`: what to say when the source held nothing to do (a run that prints nothing at
+/// all looks like one that did not start).
+func runFetcher(_ options: Options, source: any TransactionSource, emptyQueue: String? = nil) async throws {
     let fetcher: ContentFetcher
     do { fetcher = try ContentFetcher(configuration: options.configuration(), source: source) } catch {
-        throw reporter.failure(error)
+        throw options.reporter.failure(error)
     }
     // Ctrl-C pauses: the journal is saved and the next run resumes.
     signal(SIGINT, SIG_IGN)
@@ -91,6 +97,9 @@ func runFetcher(_ options: Options, source: any TransactionSource) async throws 
     for id in summary.cancelled {
         if options.json { emitJSON(["event": "download-cancelled", "downloadId": id]) }
         reporter.note("download \(id) was cancelled; its transaction stays unfinished")
+    }
+    if let emptyQueue, summary.finished.isEmpty, summary.failed.isEmpty, summary.cancelled.isEmpty, summary.paused.isEmpty, !summary.interrupted {
+        reporter.note(emptyQueue)
     }
     if summary.interrupted {
         reporter.note("paused; run again to resume")
@@ -156,10 +165,10 @@ struct Run: AsyncParsableCommand {
 
     func run() async throws {
         let source: FileTransactionQueue
-        do { source = try FileTransactionQueue(folder: queue) } catch {
-            throw reporter.failure(error)
+        do { source = try FileTransactionQueue.existing(folder: queue) } catch {
+            throw options.reporter.failure(error)
         }
-        try await runFetcher(options, source: source)
+        try await runFetcher(options, source: source, emptyQueue: "no unfinished transactions in \(queue): nothing to download")
     }
 }
 
@@ -185,19 +194,19 @@ struct Get: AsyncParsableCommand {
                 kind == S_IFDIR
                 ? "is a folder" : kind == S_IFREG && info.st_size > 1 << 20 ? "is \(info.st_size) bytes; a signed transaction is a few KB" : nil
             if let problem {
-                throw reporter.failure("invalid-input", "--transaction \(transaction) \(problem): pass the file holding the JWS the app got from StoreKit")
+                throw options.reporter.failure("invalid-input", "--transaction \(transaction) \(problem): pass the file holding the JWS the app got from StoreKit")
             }
         }
         // Read through a handle, at most 1 MiB: `String(contentsOfFile:)` read nothing from a pipe.
         guard let handle = FileHandle(forReadingAtPath: transaction) else {
             // The system's reason (missing, permissions), in the project's wording.
             let reason = ioFailureMessage(access(transaction, R_OK) != 0 ? errno : EIO, action: "read --transaction", path: transaction)
-            throw reporter.failure("invalid-input", "\(reason) (it should hold the signed transaction: the JWS the app got from StoreKit)")
+            throw options.reporter.failure("invalid-input", "\(reason) (it should hold the signed transaction: the JWS the app got from StoreKit)")
         }
         let bytes = (try? handle.read(upToCount: 1 << 20)) ?? nil
         try? handle.close()
         guard let bytes, let decoded = String(validating: bytes, as: UTF8.self) else {
-            throw reporter.failure(
+            throw options.reporter.failure(
                 "invalid-input", "cannot read --transaction \(transaction): it is empty or not UTF-8 text (it should hold the signed transaction: the JWS the app got from StoreKit)")
         }
         let text = decoded.trimmingCharacters(in: .whitespacesAndNewlines)
@@ -207,7 +216,7 @@ struct Get: AsyncParsableCommand {
             let object = try? JSONSerialization.jsonObject(with: Data(payload)) as? [String: Any],
             let id = object["transactionId"] as? String, let product = object["productId"] as? String
         else {
-            throw reporter.failure(
+            throw options.reporter.failure(
                 "invalid-input", "--transaction \(transaction) does not hold a signed transaction (a JWS whose payload has transactionId and productId): pass the JWS the app got from StoreKit")
         }
         try await runFetcher(options, source: SingleTransaction(transaction: QueuedTransaction(transactionId: id, productId: product, signedTransaction: text)))
@@ -226,7 +235,7 @@ struct Status: ParsableCommand {
             journal = try DownloadJournal.existing(contentDirectory: contentDir)
             records = try journal?.listed() ?? []
         } catch {
-            throw reporter.failure(error)
+            throw Reporter(tool: "iap-fetch", json: json).failure(error)
         }
         if json {
             let encoder = JSONEncoder()

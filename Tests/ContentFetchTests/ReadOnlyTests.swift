@@ -79,4 +79,26 @@ struct ReadOnlyTests {
             chmod(locked + "/.iap-fetch", 0o755)
         }
     }
+
+    @Test("run over a queue folder that does not exist says so and makes nothing; over an empty queue it says there is nothing to download")
+    func mistypedQueue() throws {
+        let tmp = try TemporaryFolder()
+        let fetch = productsDirectory() + "/iap-fetch"
+        let server = ["--server", "http://127.0.0.1:9", "--content-dir", tmp.sub("device")]
+        let missing = tmp.sub("sandbox/queu")
+        let typo = try run(fetch, ["run", "--queue", missing] + server)
+        #expect(typo.status == 1 && typo.stderr.contains("\(missing) does not exist") && typo.stderr.contains("<dir>/queue"), "\(typo.stderr)")
+        let asJSON = try run(fetch, ["run", "--queue", missing, "--json"] + server)
+        #expect(asJSON.status == 1 && asJSON.stdout.contains("\"not-found\""), "\(asJSON.stdout)")
+        #expect(!FileManager.default.fileExists(atPath: missing), "a mistyped queue was made into an empty one")
+
+        let file = try tmp.write("queue-file", "")
+        let notFolder = try run(fetch, ["run", "--queue", file] + server)
+        #expect(notFolder.status == 1 && notFolder.stderr.contains("is not a folder"), "\(notFolder.stderr)")
+
+        let empty = tmp.sub("empty-queue")
+        try FileManager.default.createDirectory(atPath: empty, withIntermediateDirectories: true)
+        let nothing = try run(fetch, ["run", "--queue", empty] + server)
+        #expect(nothing.status == 0 && nothing.stderr.contains("no unfinished transactions in \(empty)"), "\(nothing.stderr)")
+    }
 }
