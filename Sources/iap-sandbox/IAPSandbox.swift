@@ -36,6 +36,10 @@ struct Init: ParsableCommand {
     @Option(help: "The store's folder.") var dir: String
     @Option(name: .customLong("bundle-id"), help: "The app's bundle identifier.") var bundleId: String
 
+    func validate() throws {
+        if let refusal = BundleIdentifier.refusal(bundleId, from: "--bundle-id") { throw ValidationError(refusal) }
+    }
+
     func run() throws {
         do {
             let store = try SandboxStore.initialize(folder: dir, bundleId: bundleId)

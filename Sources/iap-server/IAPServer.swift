@@ -7,6 +7,7 @@ import ContentArchive
 import ContentCatalog
 import ContentServer
 import Foundation
+import IAPProtocol
 import Logging
 import PurchaseVerification
 import ReceiptVerification
@@ -158,6 +159,7 @@ struct Serve: AsyncParsableCommand {
         signal(SIGXFSZ, SIG_IGN)  // a file-size limit then fails the write (answered 507) instead of killing the server
         guard let dataDirectory = data ?? env("IAP_DATA") else { throw ValidationError("--data (or IAP_DATA) is required: the folder for the catalog and archives") }
         guard let bundle = bundleId ?? env("IAP_BUNDLE_ID") else { throw ValidationError("--bundle-id (or IAP_BUNDLE_ID) is required: the app's bundle identifier") }
+        if let refusal = BundleIdentifier.refusal(bundle, from: bundleId == nil ? "IAP_BUNDLE_ID" : "--bundle-id") { throw ValidationError(refusal) }
         var configuration = ServerConfiguration(dataDirectory: dataDirectory, bundleId: bundle)
         configuration.databaseURL = store.databaseURL
         configuration.archivesDirectory = store.archivesDirectory
@@ -392,6 +394,10 @@ struct Verify: AsyncParsableCommand {
     @Flag(name: .customLong("allow-local-testing"), help: "Also accept Xcode and LocalTesting environments.")
     var allowLocalTesting = false
 
+    func validate() throws {
+        if let refusal = BundleIdentifier.refusal(bundleId, from: "--bundle-id") { throw ValidationError(refusal) }
+    }
+
     func run() async throws {
         var policy = environment.policy
         if allowLocalTesting { policy = policy.allowingLocalTesting() }
@@ -523,6 +529,7 @@ struct Reconcile: AsyncParsableCommand {
     func run() async throws {
         guard let dataDirectory = data ?? env("IAP_DATA") else { throw ValidationError("--data (or IAP_DATA) is required: the server's data folder") }
         guard let bundle = bundleId ?? env("IAP_BUNDLE_ID") else { throw ValidationError("--bundle-id (or IAP_BUNDLE_ID) is required") }
+        if let refusal = BundleIdentifier.refusal(bundle, from: bundleId == nil ? "IAP_BUNDLE_ID" : "--bundle-id") { throw ValidationError(refusal) }
         guard let keyFile = keyFile ?? env("IAP_API_KEY_FILE"), let keyId = keyId ?? env("IAP_API_KEY_ID"),
             let issuerId = issuerId ?? env("IAP_API_ISSUER_ID")
         else {

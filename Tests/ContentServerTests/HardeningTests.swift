@@ -464,4 +464,34 @@ extension HardeningTests {
         #expect(try curl([server.base + "/healthz"], folder: tmp).status == 200, "the running server kept its port")
         #expect(server.stop() == 0)
     }
+
+    @Test(
+        "a bundle id that cannot be one (empty, a stray space from an environment file, an empty part, a slash) is refused by name before anything starts or is made: serve, verify and iap-sandbox init"
+    )
+    func bundleIdentifiers() throws {
+        let tmp = try TemporaryFolder()
+        let server = productsDirectory() + "/iap-server"
+        let cases: [([String], [String: String]?, String)] = [
+            (["--bundle-id", ""], nil, "--bundle-id '' is not a bundle identifier: it is empty"),
+            ([], ["IAP_BUNDLE_ID": "com.example.app "], "IAP_BUNDLE_ID 'com.example.app ' is not a bundle identifier: it holds whitespace"),
+            (["--bundle-id", "com..example"], nil, "it has an empty part between periods"),
+        ]
+        for (arguments, environment, says) in cases {
+            let refused = try run("timeout", ["30", server, "serve", "--data", tmp.sub("data"), "--port", "0"] + arguments, environment: environment)
+            #expect(refused.status == 64 && refused.stderr.contains(says) && refused.stderr.contains("such as com.example.app"), "\(arguments): \(refused.stderr)")
+        }
+        #expect(!FileManager.default.fileExists(atPath: tmp.sub("data")), "a refused start made its data folder")
+
+        let jws = try tmp.write("t.jws", "a.b.c")
+        let verify = try run(server, ["verify", jws, "--bundle-id", "com.example/app"])
+        #expect(verify.status == 64 && verify.stderr.contains("it holds '/'"), "\(verify.stderr)")
+
+        let sandbox = productsDirectory() + "/iap-sandbox"
+        let refusedInit = try run(sandbox, ["init", "--dir", tmp.sub("store"), "--bundle-id", "\tcom.example.app"])
+        #expect(refusedInit.status == 64 && refusedInit.stderr.contains("it holds whitespace"), "\(refusedInit.stderr)")
+        #expect(!FileManager.default.fileExists(atPath: tmp.sub("store")))
+        // Letters, digits, '-', '.' and the '_' some older apps carry are taken.
+        let taken = try run(sandbox, ["init", "--dir", tmp.sub("store"), "--bundle-id", "com.Example-2.my_app"])
+        #expect(taken.status == 0, "\(taken.stderr)")
+    }
 }

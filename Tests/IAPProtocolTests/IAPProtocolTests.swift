@@ -67,3 +67,21 @@ import Testing
         #expect(info.contentVersion == "2.0" && info.sha256 == "b" && info.contentLength == 2)
     }
 }
+
+@Suite struct BundleIdentifierTests {
+    @Test func takesWhatXcodeAndOlderAppsUse() {
+        for id in ["com.example.app", "com.Example-2.my_app", "a", String(repeating: "a", count: 255)] {
+            #expect(BundleIdentifier.problem(id) == nil, "\(id)")
+        }
+    }
+
+    @Test func namesWhatIsWrong() {
+        #expect(BundleIdentifier.problem("") == "it is empty")
+        #expect(BundleIdentifier.problem("com.example.app\n")?.contains("whitespace") == true)
+        #expect(BundleIdentifier.problem("com.exämple")?.contains("which a bundle identifier cannot") == true)
+        #expect(BundleIdentifier.problem(".com.example")?.contains("empty part") == true)
+        #expect(BundleIdentifier.problem("com.example.")?.contains("empty part") == true)
+        #expect(BundleIdentifier.problem(String(repeating: "a", count: 256))?.contains("at most 255") == true)
+        #expect(BundleIdentifier.refusal("a b", from: "--bundle-id")?.hasPrefix("--bundle-id 'a b' is not a bundle identifier: it holds whitespace") == true)
+    }
+}
