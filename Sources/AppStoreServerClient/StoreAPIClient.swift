@@ -97,7 +97,8 @@ public struct StoreAPIClient: Sendable {
             case .success(let (status, data)):
                 if (200..<300).contains(status) {
                     do { return try JSONDecoder().decode(T.self, from: data) } catch {
-                        throw StoreAPIClientError(.malformedResponse, "\(baseURL)\(path) answered \(status) with a body that is not a \(T.self): \(error)")
+                        let why = (error as? DecodingError)?.plainDescription ?? "\(error)"
+                        throw StoreAPIClientError(.malformedResponse, "\(baseURL)\(path) answered \(status) with a body that is not a \(T.self): \(why)")
                     }
                 }
                 let apple = try? JSONDecoder().decode(StoreAPIError.self, from: data)

@@ -1,4 +1,5 @@
 import Foundation
+import IAPProtocol
 
 /// The JSON manifest written beside every archive (`<id>-<version>.manifest.json`).
 ///
@@ -180,6 +181,8 @@ public struct ArchiveManifest: Codable, Sendable, Equatable {
             do {
                 _ = try JSONDecoder().decode(ArchiveManifest.self, from: data)
                 why = "numbers must be plain integers, and values nest at most \(ManifestReader.maximumDepth) deep"
+            } catch let error as DecodingError {
+                why = error.plainDescription
             } catch {
                 why = "\(error)"
             }

@@ -392,6 +392,11 @@ struct IncrementalPackingTests {
 
         let deep = "{\"unknown\": " + String(repeating: "[", count: 200_000) + String(repeating: "]", count: 200_000) + ", " + json.dropFirst()
         #expect(refusal(deep)?.contains("not a valid archive manifest") == true)
+        // What is wrong is said in words, with the field's path, not as Foundation's structure.
+        #expect(refusal("not json")?.contains("(it is not valid JSON") == true, "\(refusal("not json") ?? "")")
+        let wrongType = json.replacingOccurrences(of: #""archiveSize" : "#, with: #""archiveSize" : "x", "ignored" : "#)
+        #expect(wrongType != json)
+        #expect(refusal(wrongType)?.contains("(field archiveSize is not a whole number)") == true, "\(refusal(wrongType) ?? "")")
         // Within the limit, unknown nested values are still skipped.
         let shallow = "{\"unknown\": " + String(repeating: "[", count: 20) + String(repeating: "]", count: 20) + ", " + json.dropFirst()
         #expect(refusal(shallow) == nil)

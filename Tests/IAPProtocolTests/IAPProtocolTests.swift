@@ -85,3 +85,32 @@ import Testing
         #expect(BundleIdentifier.refusal("a b", from: "--bundle-id")?.hasPrefix("--bundle-id 'a b' is not a bundle identifier: it holds whitespace") == true)
     }
 }
+
+@Suite struct DecodingFailureTests {
+    struct Inner: Codable { let sha256: String }
+    struct Document: Codable {
+        let version: Int
+        let entries: [Inner]
+    }
+
+    func failure(_ json: String) -> String? {
+        do {
+            _ = try JSONDecoder().decode(Document.self, from: Data(json.utf8))
+            return nil
+        } catch let error as DecodingError {
+            return error.plainDescription
+        } catch {
+            return "not a DecodingError: \(error)"
+        }
+    }
+
+    @Test func namesTheFieldAndWhatIsWrongWithIt() {
+        #expect(failure("{nope")?.hasPrefix("it is not valid JSON") == true)
+        #expect(failure(#"{"version": 1}"#) == "field entries is missing")
+        #expect(failure(#"{"version": "1", "entries": []}"#) == "field version is not a whole number")
+        #expect(failure(#"{"version": 1, "entries": [{"sha256": "a"}, {"sha256": 5}]}"#) == "field entries[1].sha256 is not a string")
+        #expect(failure(#"{"version": 1, "entries": [{}]}"#) == "field entries[0].sha256 is missing")
+        #expect(failure(#"{"version": null, "entries": []}"#) == "field version is null where a whole number belongs")
+        #expect(failure(#"{"version": 1, "entries": []}"#) == nil)
+    }
+}
