@@ -288,6 +288,7 @@ let package = Package(
             dependencies: [
                 "ContentFetch", "SandboxStore", "TransactionQueue", "ContentArchive", "DownloadGrants", "IAPTestSupport",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"), .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
             ]
         ),
         .testTarget(

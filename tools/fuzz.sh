@@ -4,7 +4,7 @@
 #
 #   tools/fuzz.sh [target|all] [seconds per target]     (defaults: all, 60)
 #
-# Targets: archive, manifest, plist, receipt, jws, http (tools/fuzz/Sources/iap-fuzz/Targets.swift
+# Targets: archive, manifest, plist, receipt, jws, http, response (tools/fuzz/Sources/iap-fuzz/Targets.swift
 # says what each reads and which invariants it checks). Seeds are made from real artifacts: the
 # demo content packed by iap-pack, a sandbox StoreKit 2 transaction and StoreKit 1 receipt, and
 # request heads. Corpora grow in .build-fuzz/corpus between runs; a crash, a broken invariant or a
@@ -12,7 +12,7 @@
 # Replay one: IAP_FUZZ_TARGET=<target> IAP_FUZZ_ROOTS=.build-fuzz/seeds/sandbox .build-fuzz/debug/iap-fuzz <file>
 set -euo pipefail
 cd "$(dirname "$0")/.."
-targets=(archive manifest plist receipt jws http)
+targets=(archive manifest plist receipt jws http response)
 which=${1:-all}
 seconds=${2:-60}
 if [ "$which" != all ]; then
@@ -35,14 +35,15 @@ fuzzer=$(swift build "${flags[@]}" --show-bin-path)/iap-fuzz
 
 make_seeds() {
   local seeds=$work/seeds scratch
-  [ -f "$seeds/.complete" ] && return
+  # Made again when a target was added since.
+  [ -f "$seeds/.complete" ] && (cd "$seeds" && ls -d "${targets[@]}" >/dev/null 2>&1) && return
   echo "making seeds..." >&2
   swift build --product iap-pack 2>&1 | tail -1 >&2
   swift build --product iap-sandbox 2>&1 | tail -1 >&2
   local bin
   bin=$(swift build --show-bin-path)
   scratch=$(mktemp -d)
-  rm -rf "$seeds"; mkdir -p "$seeds"/{archive,manifest,plist,receipt,jws,http}
+  rm -rf "$seeds"; mkdir -p "$seeds"/{archive,manifest,plist,receipt,jws,http,response}
   for folder in content/*/; do
     "$bin/iap-pack" build "$folder" -o "$scratch/packed" >/dev/null
   done
@@ -62,6 +63,9 @@ make_seeds() {
   printf 'HEAD /v1/content/t HTTP/1.0\r\nConnection: keep-alive\r\nIf-None-Match: W/"x", "e"\r\n\r\n' > "$seeds/http/head"
   printf 'GET /v1/content/a?b=c HTTP/1.1\r\nrange:\t bytes=100- \r\nContent-Length: 0\r\n\r\nGET /v1/content/b HTTP/1.1\r\n\r\n' > "$seeds/http/pipelined"
   printf 'bytes=0-0,1-1,5-,-3,9999999999999999999-' > "$seeds/http/ranges"
+  printf 'HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-9/100\r\nContent-Length: 10\r\nETag: "e"\r\n\r\n0123456789' > "$seeds/response/partial"
+  printf 'HTTP/1.0 200 OK\r\nContent-Length: 3, 3\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n' > "$seeds/response/lengths"
+  printf 'HTTP/1.1 403 Forbidden\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}' > "$seeds/response/refused"
   rm -rf "$scratch"
   touch "$seeds/.complete"
 }

@@ -153,9 +153,9 @@ final class DirectBodyReader: Sendable {
         }
         let head = try Self.parseHead(UnsafeRawBufferPointer(rebasing: buffer[0..<headEnd!]))
         if (300..<400).contains(head.status.code) { throw Unsupported(description: "a redirect") }
-        guard head.headers["transfer-encoding"].isEmpty, let lengthText = head.headers.first(name: "content-length"),
-            let length = Int64(lengthText), length >= 0
-        else { throw Unsupported(description: "no Content-Length") }
+        guard head.headers["transfer-encoding"].isEmpty, let length = try Self.contentLength(head.headers) else {
+            throw Unsupported(description: "no Content-Length")
+        }
 
         continuation.yield(.head(head))
         guard let disposition = waitForDisposition() else { return }
@@ -333,20 +333,52 @@ final class DirectBodyReader: Sendable {
     }
 
     /// The status line and header fields of an HTTP/1.1 response head.
+    ///
+    /// Strict where a lenient reading could frame the body differently from a proxy in between
+    /// (RFC 9112 §5): a field name must be a token (no space before the colon, no folded line),
+    /// and a line may hold no bare CR, LF or NUL. Such a head is refused, not guessed at.
     static func parseHead(_ bytes: UnsafeRawBufferPointer) throws -> HTTPResponseHead {
         guard let text = String(bytes: bytes, encoding: .isoLatin1) else { throw FetchError(.network, "the server's response head is not text") }
         var lines = text.components(separatedBy: "\r\n")
         let statusLine = lines.removeFirst().split(separator: " ", maxSplits: 2, omittingEmptySubsequences: false)
-        guard statusLine.count >= 2, statusLine[0].hasPrefix("HTTP/1."), let code = Int(statusLine[1]), (100..<600).contains(code) else {
+        guard statusLine.count >= 2, statusLine[0].hasPrefix("HTTP/1."), statusLine[1].utf8.count == 3, statusLine[1].utf8.allSatisfy(isDigit),
+            let code = Int(statusLine[1]), (100..<600).contains(code)
+        else {
             throw FetchError(.network, "the server's answer is not an HTTP/1.1 response")
         }
         var headers = HTTPHeaders()
         for line in lines where !line.isEmpty {
-            guard let colon = line.firstIndex(of: ":"), colon != line.startIndex else {
+            guard let colon = line.firstIndex(of: ":"), colon != line.startIndex, line[..<colon].utf8.allSatisfy(isToken),
+                !line.utf8.contains(where: { $0 == 13 || $0 == 10 || $0 == 0 })
+            else {
                 throw FetchError(.network, "the server sent a malformed header line")
             }
             headers.add(name: String(line[..<colon]), value: line[line.index(after: colon)...].trimmingCharacters(in: .whitespaces))
         }
         return HTTPResponseHead(version: statusLine[0] == "HTTP/1.0" ? .http1_0 : .http1_1, status: .init(statusCode: code), headers: headers)
+    }
+
+    /// The body's length from `Content-Length`, nil when there is none. Several values (fields
+    /// or a list) must all be the same run of digits (RFC 9110 §8.6); anything else throws: a
+    /// reader that took the first of two lengths would frame the body as nobody else does.
+    static func contentLength(_ headers: HTTPHeaders) throws(FetchError) -> Int64? {
+        let values = headers["content-length"].flatMap { $0.split(separator: ",", omittingEmptySubsequences: false) }
+            .map { $0.trimmingCharacters(in: .whitespaces) }
+        guard let first = values.first else { return nil }
+        guard values.allSatisfy({ $0 == first }), !first.isEmpty, first.utf8.count <= 18, first.utf8.allSatisfy(isDigit), let length = Int64(first)
+        else {
+            throw FetchError(.network, "the server sent a Content-Length that is not one whole number ('\(values.joined(separator: ", ").prefix(80))')")
+        }
+        return length
+    }
+
+    private static func isDigit(_ byte: UInt8) -> Bool { byte >= 0x30 && byte <= 0x39 }
+
+    /// RFC 9110 §5.6.2 `tchar`.
+    private static func isToken(_ byte: UInt8) -> Bool {
+        switch byte {
+        case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "0")...UInt8(ascii: "9"): true
+        default: "!#$%&'*+-.^_`|~".utf8.contains(byte)
+        }
     }
 }

@@ -1,5 +1,6 @@
 import Foundation
 import IAPTestSupport
+import NIOHTTP1
 import Synchronization
 import SystemPackage
 import Testing
@@ -152,6 +153,68 @@ struct DirectBodyReaderTests {
         let silentOutcome = await run(silent, file: tmp.sub("d"), to: 1000, stall: .seconds(1))
         #expect(silentOutcome.written == 3 && !silentOutcome.ended)
         #expect((silentOutcome.error as? FetchError)?.message.contains("no byte arrived for 1 s") == true)
+    }
+
+    /// The head as parsed, or the error's message.
+    func parsed(_ head: String) -> Result<HTTPResponseHead, FetchError> {
+        Array(head.utf8).withUnsafeBytes { bytes in
+            do { return .success(try DirectBodyReader.parseHead(bytes)) } catch { return .failure(error as! FetchError) }
+        }
+    }
+
+    @Test("a head that others could frame differently is refused: a field name that is not a token, a folded line, a bare LF or NUL, a status that is not three digits")
+    func strictHeads() {
+        let ok = parsed("HTTP/1.1 206 Partial Content\r\nContent-Length: 10\r\nX-Empty:\r\n\r\n")
+        #expect((try? ok.get())?.status.code == 206 && (try? ok.get())?.headers["x-empty"] == [""])
+        for bad in [
+            "HTTP/1.1 200 OK\r\nContent-Length : 10\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nX-A: b\r\n folded: c\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nX-A: b\nContent-Length: 3\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nX-A: b\u{0}c\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nX(A): b\r\n\r\n",
+        ] {
+            guard case .failure(let error) = parsed(bad) else {
+                Issue.record("accepted \(bad.debugDescription)")
+                continue
+            }
+            #expect(error.message.contains("malformed header line"), "\(bad.debugDescription): \(error.message)")
+        }
+        for bad in ["HTTP/1.1 +20 OK\r\n\r\n", "HTTP/1.1 0200 OK\r\n\r\n", "HTTP/1.1 20 OK\r\n\r\n"] {
+            guard case .failure(let error) = parsed(bad) else {
+                Issue.record("accepted \(bad.debugDescription)")
+                continue
+            }
+            #expect(error.message.contains("not an HTTP/1.1 response"), "\(bad.debugDescription)")
+        }
+    }
+
+    @Test("Content-Length is one run of digits: the same value repeated is taken, differing or signed values are refused")
+    func contentLengths() throws {
+        func length(_ fields: [String]) -> Result<Int64?, FetchError> {
+            var headers = HTTPHeaders()
+            for value in fields { headers.add(name: "Content-Length", value: value) }
+            return Result { () throws(FetchError) in try DirectBodyReader.contentLength(headers) }
+        }
+        #expect(try length([]).get() == nil)
+        #expect(try length(["10"]).get() == 10)
+        #expect(try length(["10", "10"]).get() == 10)
+        #expect(try length(["10, 10"]).get() == 10)
+        for bad in [["5", "7"], ["5, 7"], ["+5"], ["-1"], [""], ["0x10"], ["99999999999999999999"]] {
+            guard case .failure(let error) = length(bad) else {
+                Issue.record("accepted \(bad)")
+                continue
+            }
+            #expect(error.message.contains("not one whole number"), "\(bad)")
+        }
+    }
+
+    @Test("two different Content-Lengths from a server are a network error before a byte is written")
+    func conflictingLengths() async throws {
+        let tmp = try TemporaryFolder()
+        let server = try ScriptedServer(answer: response("HTTP/1.1 200 OK\nContent-Length: 5\nContent-Length: 10\n\n", body: Array("0123456789".utf8)))
+        let outcome = await run(server, file: tmp.sub("a"), to: 10)
+        #expect(outcome.status == nil && outcome.written == 0)
+        #expect((outcome.error as? FetchError)?.message.contains("Content-Length that is not one whole number ('5, 10')") == true, "\(String(describing: outcome.error))")
     }
 
     @Test("close() stops a read that waits on a silent server at once")

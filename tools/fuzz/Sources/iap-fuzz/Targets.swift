@@ -3,6 +3,7 @@ import X509
 
 @testable import ContentArchive
 @testable import ContentDelivery
+@testable import ContentFetch
 @testable import PurchaseVerification
 @testable import ReceiptVerification
 
@@ -23,6 +24,9 @@ enum FuzzTarget: String, CaseIterable {
     case jws
     /// The content server's fast-path request head parser and its byte-range evaluation.
     case http
+    /// The client's response head parser (`iap-fetch`'s plain-HTTP reader) and its
+    /// `Content-Length` rule: what a hostile server or proxy sends first.
+    case response
 
     func run(_ bytes: UnsafeRawBufferPointer) {
         switch self {
@@ -32,6 +36,7 @@ enum FuzzTarget: String, CaseIterable {
         case .receipt: Self.receipt(bytes)
         case .jws: Self.jws(bytes)
         case .http: Self.http(bytes)
+        case .response: Self.response(bytes)
         }
     }
 
@@ -174,6 +179,29 @@ enum FuzzTarget: String, CaseIterable {
         if let text = String(validating: typed, as: UTF8.self) {
             for size in [0, 1, 4096, UInt64.max] as [UInt64] {
                 checkRanges(RangeEvaluator.evaluate(size: size, etag: "\"e\"", lastModified: nil, range: text, ifRange: nil, ifNoneMatch: nil), size: size)
+            }
+        }
+    }
+
+    static func response(_ bytes: UnsafeRawBufferPointer) {
+        // As the reader does: the head up to its blank line (or everything, if it has none).
+        let end = DirectBodyReader.endOfHead(bytes)
+        if let end {
+            guard end >= 4, end <= bytes.count, bytes[end - 1] == 10, bytes[end - 2] == 13 else { fatalError("head end \(end) is not after a CRLF") }
+        }
+        guard let head = try? DirectBodyReader.parseHead(UnsafeRawBufferPointer(rebasing: bytes[0..<(end ?? bytes.count)])) else { return }
+        guard (100..<600).contains(head.status.code) else { fatalError("accepted status \(head.status.code)") }
+        let token = Set("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ".utf8)
+        for (name, value) in head.headers {
+            guard !name.isEmpty, name.utf8.allSatisfy(token.contains) else { fatalError("accepted field name \(name.debugDescription)") }
+            guard !value.utf8.contains(where: { $0 == 13 || $0 == 10 || $0 == 0 }) else { fatalError("accepted value \(value.debugDescription)") }
+        }
+        if let length = try? DirectBodyReader.contentLength(head.headers) {
+            // Every Content-Length value must spell that same number.
+            for value in head.headers["content-length"] {
+                for part in value.split(separator: ",", omittingEmptySubsequences: false) {
+                    guard Int64(part.trimmingCharacters(in: .whitespaces)) == length else { fatalError("length \(length) from \(value.debugDescription)") }
+                }
             }
         }
     }
