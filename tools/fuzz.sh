@@ -4,7 +4,7 @@
 #
 #   tools/fuzz.sh [target|all] [seconds per target]     (defaults: all, 60)
 #
-# Targets: archive, manifest, plist, receipt, jws, http, response (tools/fuzz/Sources/iap-fuzz/Targets.swift
+# Targets: archive, manifest, plist, receipt, jws, http, response, state (tools/fuzz/Sources/iap-fuzz/Targets.swift
 # says what each reads and which invariants it checks). Seeds are made from real artifacts: the
 # demo content packed by iap-pack, a sandbox StoreKit 2 transaction and StoreKit 1 receipt, and
 # request heads. Corpora grow in .build-fuzz/corpus between runs; a crash, a broken invariant or a
@@ -12,7 +12,7 @@
 # Replay one: IAP_FUZZ_TARGET=<target> IAP_FUZZ_ROOTS=.build-fuzz/seeds/sandbox .build-fuzz/debug/iap-fuzz <file>
 set -euo pipefail
 cd "$(dirname "$0")/.."
-targets=(archive manifest plist receipt jws http response)
+targets=(archive manifest plist receipt jws http response state)
 which=${1:-all}
 seconds=${2:-60}
 if [ "$which" != all ]; then
@@ -43,7 +43,7 @@ make_seeds() {
   local bin
   bin=$(swift build --show-bin-path)
   scratch=$(mktemp -d)
-  rm -rf "$seeds"; mkdir -p "$seeds"/{archive,manifest,plist,receipt,jws,http,response}
+  rm -rf "$seeds"; mkdir -p "$seeds"/{archive,manifest,plist,receipt,jws,http,response,state}
   for folder in content/*/; do
     "$bin/iap-pack" build "$folder" -o "$scratch/packed" >/dev/null
   done
@@ -53,6 +53,9 @@ make_seeds() {
   head -c 3000 /dev/zero > "$scratch/small/Contents/sub/zeros.bin"
   "$bin/iap-pack" build "$scratch/small" --product-id com.example.small --content-version 1.0 -o "$scratch/packed" >/dev/null
   cp "$scratch"/packed/*.zip "$seeds/archive/"
+  cp "$scratch"/packed/.*.hashes "$seeds/state/"
+  printf 'iap-fetch-installed 1\tcom.example.small\t1.0\n%s\t6\t2049\t131\t1764000000000000000\tContents/a.txt\n' \
+    "$(printf 'hello\n' | sha256sum | cut -d' ' -f1)" > "$seeds/state/installed.tsv"
   cp "$scratch"/packed/*.manifest.json "$seeds/manifest/"
   find content -name ContentInfo.plist -exec sh -c 'cp "$1" "$2/$(echo "$1" | tr / _)"' _ {} "$seeds/plist" \;
   "$bin/iap-sandbox" init --dir "$seeds/sandbox" --bundle-id com.example.fuzz >/dev/null

@@ -62,12 +62,12 @@ struct HashCache: Sendable {
             for line in lines {
                 if line.starts(with: "sample\t".utf8) {
                     let f = line.split(separator: UInt8(ascii: "\t"), maxSplits: 3, omittingEmptySubsequences: false)
-                    guard f.count == 4, f[1].count == 64, let newest = number(f[2]) else { return HashCache() }
+                    guard f.count == 4, isDigest(f[1]), let newest = number(f[2]) else { return HashCache() }
                     cache.samples[String(decoding: f[1], as: UTF8.self)] = (Int64(bitPattern: newest), String(decoding: f[3], as: UTF8.self))
                     continue
                 }
                 let f = line.split(separator: UInt8(ascii: "\t"), maxSplits: 6, omittingEmptySubsequences: false)
-                guard f.count == 7, f[0].count == 64, let device = number(f[1]), let inode = number(f[2]), let size = number(f[3]),
+                guard f.count == 7, isDigest(f[0]), let device = number(f[1]), let inode = number(f[2]), let size = number(f[3]),
                     let modified = number(f[4]), let changed = number(f[5])
                 else { return HashCache() }
                 cache.insert(
@@ -77,6 +77,14 @@ struct HashCache: Sendable {
             }
             return cache
         }
+    }
+
+    /// A SHA-256 as the cache writes it: 64 lowercase hex digits. Anything else means the file
+    /// is damaged (and a digest of other bytes would be written back as text of another length,
+    /// which the next read refuses with the whole cache).
+    private static func isDigest(_ bytes: Slice<UnsafeBufferPointer<UInt8>>) -> Bool {
+        bytes.count == 64
+            && bytes.allSatisfy { ($0 >= UInt8(ascii: "0") && $0 <= UInt8(ascii: "9")) || ($0 >= UInt8(ascii: "a") && $0 <= UInt8(ascii: "f")) }
     }
 
     /// A decimal number, optionally negative (as two's complement: times before 1970).

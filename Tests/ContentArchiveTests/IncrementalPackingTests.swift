@@ -122,8 +122,22 @@ struct IncrementalPackingTests {
         #expect(incremental.reusedEntries == 16)
 
         // A damaged cache is ignored, not trusted.
-        try Data("iap-pack-hashes 1\nnot a line\n".utf8).write(to: URL(fileURLWithPath: HashCache.path(besideArchive: old.archivePath)))
+        let path = HashCache.path(besideArchive: old.archivePath)
+        let intact = try Data(contentsOf: URL(fileURLWithPath: path))
+        try Data("iap-pack-hashes 1\nnot a line\n".utf8).write(to: URL(fileURLWithPath: path))
         #expect(HashCache.load(besideArchive: old.archivePath).digests.isEmpty)
+        // So is one whose digest is not hex (found by tools/fuzz.sh state: a byte that is not
+        // UTF-8 was read as a digest, and written back as text the next read refused).
+        var damaged = [UInt8](intact)
+        let firstDigest = try #require(damaged.firstIndex(of: UInt8(ascii: "\n"))) + 1
+        damaged[firstDigest + 10] = 0x9F
+        try Data(damaged).write(to: URL(fileURLWithPath: path))
+        #expect(HashCache.load(besideArchive: old.archivePath).digests.isEmpty)
+        damaged[firstDigest + 10] = UInt8(ascii: "A")
+        try Data(damaged).write(to: URL(fileURLWithPath: path))
+        #expect(HashCache.load(besideArchive: old.archivePath).digests.isEmpty)
+        try intact.write(to: URL(fileURLWithPath: path))
+        #expect(HashCache.load(besideArchive: old.archivePath).digests.count == 16)
     }
 
     @Test("sample measurements come from the cache while the files sampled are unchanged, and are measured again once one changes")

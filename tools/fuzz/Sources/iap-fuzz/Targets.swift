@@ -27,6 +27,9 @@ enum FuzzTarget: String, CaseIterable {
     /// The client's response head parser (`iap-fetch`'s plain-HTTP reader) and its
     /// `Content-Length` rule: what a hostile server or proxy sends first.
     case response
+    /// The tools' own state files, as a crash or a full disk may leave them: iap-pack's hash
+    /// cache beside an archive and iap-fetch's record of an installed version.
+    case state
 
     func run(_ bytes: UnsafeRawBufferPointer) {
         switch self {
@@ -37,6 +40,7 @@ enum FuzzTarget: String, CaseIterable {
         case .jws: Self.jws(bytes)
         case .http: Self.http(bytes)
         case .response: Self.response(bytes)
+        case .state: Self.state(bytes)
         }
     }
 
@@ -202,6 +206,26 @@ enum FuzzTarget: String, CaseIterable {
                 for part in value.split(separator: ",", omittingEmptySubsequences: false) {
                     guard Int64(part.trimmingCharacters(in: .whitespaces)) == length else { fatalError("length \(length) from \(value.debugDescription)") }
                 }
+            }
+        }
+    }
+
+    /// Read, written and read again, each file must come back as it was written: what a reader
+    /// takes from a damaged file is something the writer can write.
+    static func state(_ bytes: UnsafeRawBufferPointer) {
+        let archive = "\(scratch)/x.zip"
+        let later = Date(timeIntervalSince1970: 9e9)
+        func cycle(_ data: Data) -> [UInt8] {
+            guard FileManager.default.createFile(atPath: HashCache.path(besideArchive: archive), contents: data) else { fatalError("cannot write the cache") }
+            return HashCache.load(besideArchive: archive).encoded(now: later)
+        }
+        let once = cycle(Data(bytes))
+        guard cycle(Data(once)) == once else { fatalError("the hash cache changed when read back") }
+
+        if let installed = InstalledVersion.decode(Data(bytes)) {
+            let written = installed.encoded()
+            guard let again = InstalledVersion.decode(written), again.encoded() == written else {
+                fatalError("the installed record changed when read back")
             }
         }
     }
