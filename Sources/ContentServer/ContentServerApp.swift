@@ -19,10 +19,13 @@ public enum ContentServerApp {
         onListening: @escaping @Sendable (Int) async -> Void = { _ in }
     ) async throws {
         let service = try await ContentService(configuration: configuration)
-        let router = Router(context: BasicRequestContext.self)
+        // HEAD on every GET route, as RFC 9110 asks of a general-purpose server (a load
+        // balancer's check may use it).
+        let router = Router(context: BasicRequestContext.self, options: .autoGenerateHeadEndpoints)
         router.add(middleware: LogRequestsMiddleware(.info))
-        router.add(middleware: ErrorFormatMiddleware())
-        APIRoutes(service: service).register(on: router)
+        let methods = RouteMethods()
+        router.add(middleware: ErrorFormatMiddleware(methods: methods))
+        APIRoutes(service: service).register(on: router, methods: methods)
 
         // NIO's shared group (one loop per core) unless asked otherwise; a group of our own is
         // shut down once the server has stopped.

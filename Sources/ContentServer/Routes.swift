@@ -10,30 +10,36 @@ import NIOCore
 import NIOPosix
 import PurchaseVerification
 import ReceiptVerification
+import Synchronization
 import SystemPackage
 
 /// The JSON API. Errors are `{"error": {"code": "...", "message": "..."}}` everywhere.
 struct APIRoutes: Sendable {
     let service: ContentService
 
-    func register(on router: Router<BasicRequestContext>) {
-        router.get(RouterPath(Route.health)) { _, _ in json(.ok, HealthStatus()) }
-        router.get(RouterPath(Route.ready)) { _, _ in
+    /// Registers every route, and records in `methods` which methods each path answers.
+    func register(on router: Router<BasicRequestContext>, methods: RouteMethods) {
+        func on(_ method: HTTPRequest.Method, _ path: String, _ handler: @escaping @Sendable (Request, BasicRequestContext) async throws -> Response) {
+            router.on(RouterPath(path), method: method, use: handler)
+            methods.add(method, path)
+        }
+        on(.get, Route.health) { _, _ in json(.ok, HealthStatus()) }
+        on(.get, Route.ready) { _, _ in
             let problems = await service.store.readinessProblems()
             guard problems.isEmpty else { return apiError(.serviceUnavailable, APIError(.notReady, problems.joined(separator: "; "))) }
             return json(.ok, HealthStatus(status: "ready"))
         }
-        router.get(RouterPath(Route.metrics)) { _, _ in
+        on(.get, Route.metrics) { _, _ in
             var headers = HTTPFields()
             headers[.contentType] = "text/plain; version=0.0.4"
             return Response(status: .ok, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: service.metrics.registry.emitToBuffer())))
         }
-        router.get(RouterPath(Route.grantCheck)) { request, _ in grantCheck(request) }
-        router.get(RouterPath(Route.productPattern)) { _, context in await product(try context.parameters.require("productId")) }
-        router.post(RouterPath(Route.downloads)) { request, _ in await downloads(request) }
-        router.post(RouterPath(Route.notifications)) { request, _ in await notification(request) }
-        router.put(RouterPath(Route.adminArchives)) { request, _ in await upload(request) }
-        router.post(RouterPath(Route.adminRollouts)) { request, _ in await rollout(request) }
+        on(.get, Route.grantCheck) { request, _ in grantCheck(request) }
+        on(.get, Route.productPattern) { _, context in await product(try context.parameters.require("productId")) }
+        on(.post, Route.downloads) { request, _ in await downloads(request) }
+        on(.post, Route.notifications) { request, _ in await notification(request) }
+        on(.put, Route.adminArchives) { request, _ in await upload(request) }
+        on(.post, Route.adminRollouts) { request, _ in await rollout(request) }
     }
 
     // MARK: Edge
@@ -272,7 +278,8 @@ struct APIRoutes: Sendable {
 
     /// nil when the request carries the admin token; the refusal otherwise.
     func refuseUnlessAdmin(_ request: Request) -> Response? {
-        guard let expected = service.configuration.adminToken else {
+        // An empty token would match a request that sends none: it disables the API like nil.
+        guard let expected = service.configuration.adminToken, !expected.isEmpty else {
             return apiError(.forbidden, APIError(.adminDisabled, "the admin API is off: start the server with --admin-token-file"))
         }
         let presented = request.headers[.authorization].flatMap { $0.hasPrefix("Bearer ") ? String($0.dropFirst(7)) : nil } ?? ""
@@ -423,15 +430,62 @@ func constantTimeEqual(_ a: String, _ b: String) -> Bool {
     return difference == 0
 }
 
-/// Renders framework errors (unknown routes, bad methods) in the API's error format.
+/// The methods each API path answers, recorded as the routes are registered (patterns such as
+/// `/v1/products/{productId}` match any one segment there). Written while the router is built,
+/// only read once the server runs.
+final class RouteMethods: Sendable {
+    private let routes = Mutex<[(segments: [Substring], methods: [HTTPRequest.Method])]>([])
+
+    func add(_ method: HTTPRequest.Method, _ path: String) {
+        let segments = path.split(separator: "/")
+        routes.withLock { routes in
+            if let index = routes.firstIndex(where: { $0.segments == segments }) {
+                routes[index].methods.append(method)
+            } else {
+                routes.append((segments, [method]))
+            }
+        }
+    }
+
+    /// The methods `path` answers; empty when no route has that path.
+    func allowed(for path: String) -> [HTTPRequest.Method] {
+        let asked = path.split(separator: "/")
+        return routes.withLock { routes in
+            routes.first { route in
+                route.segments.count == asked.count
+                    && zip(route.segments, asked).allSatisfy { pattern, segment in pattern.hasPrefix("{") || pattern == segment }
+            }?.methods ?? []
+        }
+    }
+}
+
+/// Renders framework errors in the API's error format. The router answers a known path asked
+/// with another method as not found; that is said as 405 with `Allow` (RFC 9110 §15.5.6), so
+/// that `GET /v1/downloads` from a browser says to POST rather than that nothing is there.
 struct ErrorFormatMiddleware: RouterMiddleware {
     typealias Context = BasicRequestContext
+    let methods: RouteMethods
+
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
         do {
             return try await next(request, context)
         } catch let error as HTTPError {
-            let code: APIErrorCode = error.status == .notFound ? .notFound : APIErrorCode(rawValue: "http-\(error.status.code)")
-            return apiError(error.status, APIError(code, error.body ?? error.status.reasonPhrase))
+            guard error.status == .notFound else {
+                return apiError(error.status, APIError(APIErrorCode(rawValue: "http-\(error.status.code)"), error.body ?? error.status.reasonPhrase))
+            }
+            let path = request.uri.path
+            let allowed = methods.allowed(for: path)
+            guard !allowed.isEmpty else {
+                return apiError(.notFound, APIError(.notFound, error.body ?? "nothing is served at \(path.prefix(200))"))
+            }
+            // A GET route answers HEAD too (Hummingbird's automatic HEAD), so both are named.
+            var names = allowed.map(\.rawValue)
+            if allowed.contains(.get) && !allowed.contains(.head) { names.append("HEAD") }
+            var headers = HTTPFields()
+            headers[.allow] = names.joined(separator: ", ")
+            return apiError(
+                .methodNotAllowed,
+                APIError(.methodNotAllowed, "\(path) answers \(names.joined(separator: " and ")), not \(request.method.rawValue)"), headers: headers)
         }
     }
 }

@@ -26,7 +26,8 @@ public struct ServerConfiguration: Sendable {
     public var environments: EnvironmentPolicy = .production
     /// How long a download URL stays valid.
     public var tokenTTL: Duration = .seconds(900)
-    /// The admin bearer token; nil disables the admin API.
+    /// The admin bearer token; nil or empty disables the admin API (`iap-server serve` asks for
+    /// at least 16 characters).
     public var adminToken: String?
     /// The base of the download URLs handed out, e.g. https://content.example.com; defaults to
     /// http://<host>:<port>.

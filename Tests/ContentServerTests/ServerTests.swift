@@ -232,6 +232,16 @@ struct ServerTests {
         #expect(try curl(["--path-as-is", server.base + "/v1/content/../../catalog.sqlite"], folder: tmp).status == 401)
         #expect(try curl(["--path-as-is", server.base + "/v1/../grant-keys.json"], folder: tmp).status == 404)
         #expect(try curl(["-X", "DELETE", url], folder: tmp).status == 405)
+        // An API path asked with a method it does not answer is 405 with Allow, not 404; HEAD
+        // works wherever GET does; a path that is nowhere is 404 naming it.
+        for (method, path, allow) in [("GET", "/v1/downloads", "POST"), ("POST", "/healthz", "GET, HEAD"), ("DELETE", "/v1/products/\(product)", "GET, HEAD")] {
+            let wrong = try curl(["-X", method, server.base + path], folder: tmp)
+            #expect(wrong.status == 405 && wrong.headers["allow"] == allow && wrong.errorCode == "method-not-allowed", "\(method) \(path): \(wrong.text)")
+        }
+        #expect(try curl(["-I", server.base + "/healthz"], folder: tmp).status == 200)
+        #expect(try curl(["-I", server.base + "/v1/products/\(product)"], folder: tmp).status == 200)
+        let nowhere = try curl([server.base + "/v1/nothing"], folder: tmp)
+        #expect(nowhere.status == 404 && nowhere.text.contains("nothing is served at /v1/nothing"), "\(nowhere.text)")
 
         // A header flood is answered 400 by the HTTP decoder, and the server carries on.
         let flood = (0..<300).flatMap { ["-H", "X-Flood-\($0): \(String(repeating: "v", count: 100))"] }
