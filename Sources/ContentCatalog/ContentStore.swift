@@ -312,20 +312,63 @@ public final class ContentStore: Sendable {
 
     /// Stages a version for `percent` of purchases (1-99), or promotes it to every purchase (100);
     /// undoes a rollback. Takes effect for the next grant.
-    public func setRollout(productId: String, contentVersion: String, percent: Int) async throws(CatalogError) -> PublishedVersion {
+    /// Stages a published version for `percent` of purchases (100: every purchase) and clears a
+    /// rollback. Refused when it would leave purchases that have a version now with none (see
+    /// ``rollBack(productId:contentVersion:now:allowingUnserved:)``), unless `allowingUnserved`.
+    public func setRollout(productId: String, contentVersion: String, percent: Int, allowingUnserved: Bool = false) async throws(CatalogError)
+        -> PublishedVersion
+    {
         guard (1...100).contains(percent) else {
             throw CatalogError(.invalidArchive, "a rollout is 1 to 100 percent of purchases, not \(percent); roll a version back with rollback")
         }
-        return try await database.update(productId: productId, contentVersion: contentVersion) {
+        let change: @Sendable (inout PublishedVersion) -> Void = {
             $0.rolloutPercent = percent == 100 ? nil : percent
             $0.rolledBackAt = nil
         }
+        if !allowingUnserved {
+            try await refuseUnserving(productId: productId, contentVersion: contentVersion, change, doing: "staging \(productId) \(contentVersion) for \(percent)%")
+        }
+        return try await database.update(productId: productId, contentVersion: contentVersion, change)
     }
 
     /// Rolls a version back at once: no new grant names it, and each purchase gets the newest
-    /// version still served to it (grants already made stay valid until they expire).
-    public func rollBack(productId: String, contentVersion: String, now: Date = Date()) async throws(CatalogError) -> PublishedVersion {
-        try await database.update(productId: productId, contentVersion: contentVersion) { $0.rolledBackAt = $0.rolledBackAt ?? now }
+    /// version still served to it (grants already made stay valid until they expire). Refused
+    /// when some purchases would then have no version at all (the last version served to them
+    /// rolled back: every buyer outside the remaining rollouts would be told there is no
+    /// content), unless `allowingUnserved`, for content taken away on purpose.
+    public func rollBack(productId: String, contentVersion: String, now: Date = Date(), allowingUnserved: Bool = false) async throws(CatalogError)
+        -> PublishedVersion
+    {
+        let change: @Sendable (inout PublishedVersion) -> Void = { $0.rolledBackAt = $0.rolledBackAt ?? now }
+        if !allowingUnserved {
+            try await refuseUnserving(productId: productId, contentVersion: contentVersion, change, doing: "rolling back \(productId) \(contentVersion)")
+        }
+        return try await database.update(productId: productId, contentVersion: contentVersion, change)
+    }
+
+    /// The share of purchases (rollout buckets 0..<n) that some version is served to: a
+    /// purchase gets the newest version served to its bucket, so buckets below the widest
+    /// rollout of a version not rolled back have one.
+    public static func servedShare(_ versions: [PublishedVersion]) -> Int {
+        versions.filter { $0.rolledBackAt == nil }.map { $0.rolloutPercent ?? 100 }.max() ?? 0
+    }
+
+    /// Throws when `change` to that version would leave purchases that are served now with no
+    /// version. Read before the update: two operators acting at once on one product can still
+    /// race past it, which an operator's guard may allow.
+    private func refuseUnserving(
+        productId: String, contentVersion: String, _ change: (inout PublishedVersion) -> Void, doing action: String
+    ) async throws(CatalogError) {
+        let before = try await database.versions(productId: productId)
+        guard let index = before.firstIndex(where: { $0.contentVersion == contentVersion }) else { return }  // the update says not found
+        var after = before
+        change(&after[index])
+        let (was, will) = (Self.servedShare(before), Self.servedShare(after))
+        guard will < was else { return }
+        throw CatalogError(
+            .conflict,
+            "\(action) would leave \(was - will)% of its purchases with no version to download (no other version is served to them): publish a version or promote one (rollout --promote) first; to take the content away on purpose, pass --allow-unserved"
+        )
     }
 
     /// Every version of a product, newest first.

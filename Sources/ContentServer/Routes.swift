@@ -303,9 +303,10 @@ struct APIRoutes: Sendable {
         do throws(CatalogError) {
             let v =
                 if let percent = body.percent {
-                    try await service.store.setRollout(productId: body.productId, contentVersion: body.contentVersion, percent: percent)
+                    try await service.store.setRollout(
+                        productId: body.productId, contentVersion: body.contentVersion, percent: percent, allowingUnserved: body.allowUnserved == true)
                 } else {
-                    try await service.store.rollBack(productId: body.productId, contentVersion: body.contentVersion)
+                    try await service.store.rollBack(productId: body.productId, contentVersion: body.contentVersion, allowingUnserved: body.allowUnserved == true)
                 }
             return json(
                 .ok,

@@ -152,12 +152,16 @@ public struct RolloutRequest: Codable, Sendable, Equatable {
     public var contentVersion: String
     public var percent: Int?
     public var rollBack: Bool?
+    /// Narrow or roll back even when some purchases are then served no version at all
+    /// (otherwise 409 `conflict`).
+    public var allowUnserved: Bool?
 
-    public init(productId: String, contentVersion: String, percent: Int? = nil, rollBack: Bool? = nil) {
+    public init(productId: String, contentVersion: String, percent: Int? = nil, rollBack: Bool? = nil, allowUnserved: Bool? = nil) {
         self.productId = productId
         self.contentVersion = contentVersion
         self.percent = percent
         self.rollBack = rollBack
+        self.allowUnserved = allowUnserved
     }
 
     public static let example = #"{"productId": "com.example.levels", "contentVersion": "1.1", "percent": 10} or {..., "rollBack": true}"#

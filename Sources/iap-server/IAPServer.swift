@@ -291,6 +291,8 @@ struct Rollout: AsyncParsableCommand {
     @Argument(help: "The content version.") var contentVersion: String
     @Option(help: "The share of purchases, 1-100.") var percent: Int?
     @Flag(help: "Give the version to every purchase (the same as --percent 100).") var promote = false
+    @Flag(name: .customLong("allow-unserved"), help: "Narrow it even if some purchases are then served no version at all.")
+    var allowUnserved = false
     @OptionGroup var storeOptions: StoreOptions
 
     func validate() throws {
@@ -300,7 +302,7 @@ struct Rollout: AsyncParsableCommand {
     func run() async throws {
         do throws(CatalogError) {
             let v = try await storeOptions.withStore(data: data) { store throws(CatalogError) in
-                try await store.setRollout(productId: productId, contentVersion: contentVersion, percent: promote ? 100 : percent!)
+                try await store.setRollout(productId: productId, contentVersion: contentVersion, percent: promote ? 100 : percent!, allowingUnserved: allowUnserved)
             }
             print("\(v.productId) \(v.contentVersion): \(v.rolloutPercent.map { "staged for \($0)% of purchases" } ?? "every purchase")")
         } catch {
@@ -312,17 +314,23 @@ struct Rollout: AsyncParsableCommand {
 struct Rollback: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Roll a published version back: from the next grant on, each purchase gets the newest version still served to it.",
-        discussion: "Grants made before stay valid until they expire (--token-ttl). Exit codes: 0 done, 1 unknown version, 3 storage failure.")
+        discussion: """
+            Grants made before stay valid until they expire (--token-ttl). Refused when the version is the last \
+            one served to some purchases (they would get no content), unless --allow-unserved. \
+            Exit codes: 0 done, 1 unknown version or refused, 3 storage failure.
+            """)
 
     @Option(help: "The server's data folder.") var data: String
     @Argument(help: "The product identifier.") var productId: String
     @Argument(help: "The content version.") var contentVersion: String
+    @Flag(name: .customLong("allow-unserved"), help: "Roll it back even if some purchases are then served no version at all.")
+    var allowUnserved = false
     @OptionGroup var storeOptions: StoreOptions
 
     func run() async throws {
         do throws(CatalogError) {
             let v = try await storeOptions.withStore(data: data) { store throws(CatalogError) in
-                try await store.rollBack(productId: productId, contentVersion: contentVersion)
+                try await store.rollBack(productId: productId, contentVersion: contentVersion, allowingUnserved: allowUnserved)
             }
             print("\(v.productId) \(v.contentVersion): rolled back")
         } catch {
@@ -357,7 +365,8 @@ struct Catalog: AsyncParsableCommand {
             }
             if catalog.isEmpty { print("nothing published yet: iap-server publish --data \(data) <archive.zip>") }
             for (product, versions) in catalog {
-                print(product)
+                let served = ContentStore.servedShare(versions)
+                print(product + (served < 100 ? "  (\(100 - served)% of purchases are served no version: rollout --promote one)" : ""))
                 for v in versions {
                     let state =
                         v.rolledBackAt.map { "  rolled back \($0.formatted(.iso8601))" } ?? v.rolloutPercent.map { "  staged: \($0)% of purchases" } ?? ""

@@ -107,6 +107,25 @@ struct CatalogTests {
         #expect(listed.contentVersion == "1.2" && listed.rolloutPercent == 30 && listed.rolledBackAt != nil)
         let missing = try await #require(throws: CatalogError.self) { try await store.rollBack(productId: id.rawValue, contentVersion: "9.9") }
         #expect(missing.code == .notFound)
+
+        // 1.0 is the last version served to every purchase: rolling it back, or staging it
+        // narrower while 1.2 is rolled back, would leave buyers with no content, and is refused
+        // unless asked for on purpose.
+        let last = try await #require(throws: CatalogError.self) { try await store.rollBack(productId: id.rawValue, contentVersion: "1.0") }
+        #expect(last.code == .conflict && last.message.contains("would leave 100% of its purchases with no version"), "\(last.message)")
+        let narrowed = try await #require(throws: CatalogError.self) {
+            try await store.setRollout(productId: id.rawValue, contentVersion: "1.0", percent: 40)
+        }
+        #expect(narrowed.code == .conflict && narrowed.message.contains("would leave 60% of its purchases"), "\(narrowed.message)")
+        let unchanged = try await store.versions(productId: id.rawValue)
+        #expect(unchanged.last?.rolloutPercent == nil, "a refused change changed the row")
+        // With 1.2 served to every purchase again, 1.0 may go.
+        _ = try await store.setRollout(productId: id.rawValue, contentVersion: "1.2", percent: 100)
+        let first = try await store.rollBack(productId: id.rawValue, contentVersion: "1.0")
+        #expect(first.rolledBackAt != nil)
+        let gone = try await store.rollBack(productId: id.rawValue, contentVersion: "1.2", allowingUnserved: true)
+        let remaining = try await store.versions(productId: id.rawValue)
+        #expect(gone.rolledBackAt != nil && ContentStore.servedShare(remaining) == 0)
         await store.database.close()
     }
 

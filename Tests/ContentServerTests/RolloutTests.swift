@@ -64,6 +64,18 @@ extension ServerTests {
         #expect(try admin(["productId": product, "contentVersion": "1.1", "percent": 10, "rollBack": true]).status == 400)
         let unknown = try run(productsDirectory() + "/iap-server", ["rollout", "--data", data, product, "7.0", "--percent", "5"] + storeOptions)
         #expect(unknown.status == 1 && unknown.stderr.contains("is not published"))
+
+        // The last version served to purchases is not rolled back or narrowed by mistake: 1.0
+        // may go while 1.1 serves everyone, then 1.1 may not, unless asked for on purpose.
+        #expect(try run(productsDirectory() + "/iap-server", ["rollback", "--data", data, product, "1.0"] + storeOptions).status == 0)
+        let last = try run(productsDirectory() + "/iap-server", ["rollback", "--data", data, product, "1.1"] + storeOptions)
+        #expect(last.status == 1 && last.stderr.contains("would leave 100% of its purchases with no version") && last.stderr.contains("--allow-unserved"), "\(last.stderr)")
+        let narrowed = try admin(["productId": product, "contentVersion": "1.1", "percent": 20])
+        #expect(narrowed.status == 409 && narrowed.errorCode == "conflict" && narrowed.text.contains("80% of its purchases"), "\(narrowed.text)")
+        #expect(try versions() == Array(repeating: "1.1", count: 40), "a refused change took content away")
+        #expect(try admin(["productId": product, "contentVersion": "1.1", "rollBack": true, "allowUnserved": true]).status == 200)
+        let emptied = try run(productsDirectory() + "/iap-server", ["catalog", "--data", data] + storeOptions)
+        #expect(emptied.stdout.contains("(100% of purchases are served no version"), "\(emptied.stdout)")
         #expect(server.stop() == 0)
     }
 }
