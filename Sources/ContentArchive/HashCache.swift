@@ -59,15 +59,17 @@ struct HashCache: Sendable {
             guard let first = lines.popFirst(), first.elementsEqual("iap-pack-hashes 2".utf8) || first.elementsEqual("iap-pack-hashes 1".utf8)
             else { return cache }
             cache.digests.reserveCapacity(lines.count)
+            // Digests must be hex as written: a damaged one would be written back as text of
+            // another length, which the next read refuses together with the whole cache.
             for line in lines {
                 if line.starts(with: "sample\t".utf8) {
                     let f = line.split(separator: UInt8(ascii: "\t"), maxSplits: 3, omittingEmptySubsequences: false)
-                    guard f.count == 4, isDigest(f[1]), let newest = number(f[2]) else { return HashCache() }
+                    guard f.count == 4, Hex.isSHA256(f[1]), let newest = number(f[2]) else { return HashCache() }
                     cache.samples[String(decoding: f[1], as: UTF8.self)] = (Int64(bitPattern: newest), String(decoding: f[3], as: UTF8.self))
                     continue
                 }
                 let f = line.split(separator: UInt8(ascii: "\t"), maxSplits: 6, omittingEmptySubsequences: false)
-                guard f.count == 7, isDigest(f[0]), let device = number(f[1]), let inode = number(f[2]), let size = number(f[3]),
+                guard f.count == 7, Hex.isSHA256(f[0]), let device = number(f[1]), let inode = number(f[2]), let size = number(f[3]),
                     let modified = number(f[4]), let changed = number(f[5])
                 else { return HashCache() }
                 cache.insert(
@@ -77,14 +79,6 @@ struct HashCache: Sendable {
             }
             return cache
         }
-    }
-
-    /// A SHA-256 as the cache writes it: 64 lowercase hex digits. Anything else means the file
-    /// is damaged (and a digest of other bytes would be written back as text of another length,
-    /// which the next read refuses with the whole cache).
-    private static func isDigest(_ bytes: Slice<UnsafeBufferPointer<UInt8>>) -> Bool {
-        bytes.count == 64
-            && bytes.allSatisfy { ($0 >= UInt8(ascii: "0") && $0 <= UInt8(ascii: "9")) || ($0 >= UInt8(ascii: "a") && $0 <= UInt8(ascii: "f")) }
     }
 
     /// A decimal number, optionally negative (as two's complement: times before 1970).

@@ -1,3 +1,4 @@
+import DurableFiles
 import Foundation
 import IAPProtocol
 
@@ -215,7 +216,7 @@ public struct ArchiveManifest: Codable, Sendable, Equatable {
             for entry in manifest.entries {
                 let expected = Int((entry.compressedSize + size - 1) / size)
                 guard let chunks = entry.chunks, chunks.count == expected,
-                    chunks.allSatisfy({ $0.utf8.count == 64 && $0.utf8.allSatisfy(isLowerHex) })
+                    chunks.allSatisfy({ Hex.isSHA256($0.utf8) })
                 else {
                     throw .corrupt("\(source) lists \(entry.chunks?.count ?? 0) chunk hashes for '\(entry.path)', which needs \(expected): build the archive again with iap-pack")
                 }
@@ -239,8 +240,6 @@ public struct ArchiveManifest: Codable, Sendable, Equatable {
         "\(productId.rawValue)-\(version.string).manifest.json"
     }
 }
-
-private func isLowerHex(_ byte: UInt8) -> Bool { (byte >= 0x30 && byte <= 0x39) || (byte >= 0x61 && byte <= 0x66) }
 
 /// The pieces of `JSONEncoder`'s pretty-printed output: two spaces per level, `"key" : value`,
 /// members separated by `,` and a newline, an empty array as `[`, an empty line and `]`.

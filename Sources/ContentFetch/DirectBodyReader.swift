@@ -365,7 +365,7 @@ final class DirectBodyReader: Sendable {
         let values = headers["content-length"].flatMap { $0.split(separator: ",", omittingEmptySubsequences: false) }
             .map { $0.trimmingCharacters(in: .whitespaces) }
         guard let first = values.first else { return nil }
-        guard values.allSatisfy({ $0 == first }), !first.isEmpty, first.utf8.count <= 18, first.utf8.allSatisfy(isDigit), let length = Int64(first)
+        guard values.allSatisfy({ $0 == first }), !first.isEmpty, first.utf8.allSatisfy(isDigit), let length = Int64(first)
         else {
             throw FetchError(.network, "the server sent a Content-Length that is not one whole number ('\(values.joined(separator: ", ").prefix(80))')")
         }

@@ -185,7 +185,7 @@ final class ContentService: ContentResolver, Sendable {
     private func openFile(sha256: String, manifest: Bool, for eventLoop: ObjectIdentifier) -> ServedFile? {
         let key = FileKey(sha256: sha256, eventLoop: eventLoop, manifest: manifest)
         if let file = openFiles.withLock({ $0[key] }) { return file }
-        guard sha256.utf8.count == 64, sha256.utf8.allSatisfy({ ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x61 && $0 <= 0x66) }) else { return nil }
+        guard Hex.isSHA256(sha256.utf8) else { return nil }
         let path = manifest ? store.manifestPath(sha256: sha256) : store.archivePath(sha256: sha256)
         var info = stat()
         var etag = sha256

@@ -11,4 +11,10 @@ public enum Hex {
         }
         return String(decoding: out, as: UTF8.self)
     }
+
+    /// Whether `bytes` spell a SHA-256 as ``encode(_:)`` writes one: 64 lowercase hex digits.
+    /// Digests read back from files and paths are checked with it before they are trusted.
+    public static func isSHA256<Bytes: Collection<UInt8>>(_ bytes: Bytes) -> Bool {
+        bytes.count == 64 && bytes.allSatisfy { ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x61 && $0 <= 0x66) }
+    }
 }
