@@ -40,8 +40,11 @@ public actor ContentFetcher {
     var stopAll = false
     private var loop: Task<Void, Never>?
     private enum Outcome: Sendable {
-        case finished(String), failed(String, FetchError), paused(String), cancelled(String), interrupted
+        case finished(String), failed(String, FetchError), withoutContent(QueuedTransaction, FetchError), paused(String), cancelled(String)
+        case interrupted
     }
+    /// The server has no hosted content for the transaction's product: nothing to download.
+    struct WithoutContent: Error { let reason: FetchError }
     /// What happened, in order; each `start()` reports what happened while it ran (the first of
     /// several at once also what happened since the last one returned).
     private var outcomes: [Outcome] = []
@@ -117,6 +120,7 @@ public actor ContentFetcher {
             switch outcome {
             case .finished(let id): summary.finished.append(id)
             case .failed(let id, let error): summary.failed.append((id, error))
+            case .withoutContent(let transaction, let reason): summary.withoutContent.append((transaction.transactionId, transaction.productId, reason))
             // Only those still paused: a resumed download reports how it ended.
             case .paused(let id) where parked[id] != nil && !summary.paused.contains(id): summary.paused.append(id)
             case .paused: break
@@ -227,6 +231,8 @@ public actor ContentFetcher {
                 case .cancel:
                     outcomes.append(.cancelled(id))
                 }
+            } catch let without as WithoutContent {
+                outcomes.append(.withoutContent(transaction, without.reason))
             } catch let error as FetchError {
                 outcomes.append(.failed(transaction.transactionId, error))
             } catch {
@@ -275,7 +281,8 @@ public actor ContentFetcher {
     }
 
     /// The grants for `transaction`, retried through network errors; a refusal fails the
-    /// download (before its grant, so observers see it by transaction).
+    /// download (before its grant, so observers see it by transaction). A product without hosted
+    /// content throws ``WithoutContent``: no download exists, so no update says failed.
     private func requestGrant(_ transaction: QueuedTransaction) async throws -> DownloadGrants {
         let id = Self.downloadId(transaction)
         var download = DownloadStateMachine(transactionId: transaction.transactionId, productId: transaction.productId)
@@ -291,6 +298,7 @@ public actor ContentFetcher {
                     return true
                 })
         } catch let error as FetchError {
+            if error.code == .noContent { throw WithoutContent(reason: error) }
             try? apply(.fail(error), to: &download)
             throw error
         }
@@ -380,7 +388,9 @@ public actor ContentFetcher {
                     switch error {
                     case is GrantExpired:
                         // A fresh grant; the bytes on disk stay unless the archive changed meanwhile.
-                        let fresh = try await requestGrant(transaction)
+                        // Unpublished while it downloaded: that fails this download.
+                        let fresh: DownloadGrants
+                        do { fresh = try await requestGrant(transaction) } catch let without as WithoutContent { throw without.reason }
                         guard let same = fresh.downloads.first(where: { $0.productId == granted.productId }) else {
                             throw FetchError(.noContent, "the new grant no longer lists \(granted.productId)")
                         }

@@ -40,6 +40,12 @@ public struct RunSummary: Sendable {
     public var finished: [String] = []
     /// Transactions left unfinished because a download failed, with the reason.
     public var failed: [(transactionId: String, error: FetchError)] = []
+    /// Transactions of products the server has no hosted content for (a consumable, a
+    /// subscription, or content not published yet), with the server's reason: there is nothing
+    /// to download, so they are neither failed nor finished. They stay unfinished for the app,
+    /// which delivers what they bought and finishes them, as StoreKit leaves a purchase without
+    /// downloads to it; a later run asks again, so content published meanwhile is fetched.
+    public var withoutContent: [(transactionId: String, productId: String, reason: FetchError)] = []
     /// Downloads paused with `pause(_:)`; `resume(_:)` continues them.
     public var paused: [String] = []
     /// Downloads cancelled; their transactions stay unfinished.

@@ -86,8 +86,15 @@ struct GrantClient: Sendable {
             return FetchError(.revoked, "transaction \(transaction.transactionId) was refunded or revoked: \(message)")
         case 404 where envelope.code() == .notInReceipt:
             return FetchError(.refused, "the app receipt does not hold transaction \(transaction.transactionId) yet: refresh it (SKReceiptRefreshRequest): \(message)")
+        case 404 where envelope.code() == .noContent:
+            return FetchError(.noContent, message.isEmpty ? "no hosted content is published for product \(transaction.productId)" : message)
         case 404:
-            return FetchError(.noContent, "no content for \(transaction.productId): \(message)")
+            // Not the content server's answer (a proxy's, or another server's at that address):
+            // taking it for "no content" would leave purchases undelivered without a failure.
+            return FetchError(
+                .refused,
+                "the server answered 404 (\(envelope.error.code.isEmpty ? "no error envelope" : envelope.error.code)) to \(Route.downloads): check that --server is the content server's address: \(message)"
+            )
         case 400, 401, 403:
             return FetchError(.refused, "the server refused the purchase (\(status) \(envelope.error.code)): \(message)")
         default:

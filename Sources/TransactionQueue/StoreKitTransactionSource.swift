@@ -6,7 +6,9 @@
     /// Compiles on Apple platforms only (it is not built or tested on Linux). An app creates a
     /// `ContentFetcher` with this source at launch, calls `start()`, and again for every element of
     /// `Transaction.updates`; the content server verifies each transaction's `jwsRepresentation`, so
-    /// the local verification result is not trusted here.
+    /// the local verification result is not trusted here. Purchases of products the server has no
+    /// hosted content for (consumables, subscriptions) come back in `RunSummary.withoutContent`,
+    /// unfinished: the app delivers those and finishes them itself.
     @available(iOS 15.0, macOS 12.0, tvOS 15.0, watchOS 8.0, visionOS 1.0, *)
     public struct StoreKitTransactionSource: TransactionSource {
         public init() {}

@@ -16,8 +16,10 @@ struct IAPFetch: AsyncParsableCommand {
         commandName: "iap-fetch",
         abstract: "Downloads purchased content resumably, verifies and installs it, then finishes the transaction.",
         discussion: """
-            Exit codes: 0 every transaction finished, 1 some failed (they stay unfinished and are retried \
-            by the next run; the reason is printed), 130 interrupted (paused; the next run resumes).
+            Exit codes: 0 every transaction finished, or left to the app because the server has no hosted \
+            content for its product (a consumable, say: `run` says so and leaves it unfinished), 1 some \
+            failed (they stay unfinished and are retried by the next run; the reason is printed; for \
+            `get`, also a product without hosted content), 130 interrupted (paused; the next run resumes).
             """,
         subcommands: [Run.self, Get.self, Status.self, Cancel.self])
 }
@@ -69,8 +71,9 @@ let reporter = Reporter(tool: "iap-fetch")
 
 /// Runs a fetcher over a source, printing its updates, and exits with the documented code.
 /// `emptyQueue`: what to say when the source held nothing to do (a run that prints nothing at
-/// all looks like one that did not start).
-func runFetcher(_ options: Options, source: any TransactionSource, emptyQueue: String? = nil) async throws {
+/// all looks like one that did not start). `withoutContentFails`: a transaction whose product has
+/// no hosted content is a failure (`get`, asked for that one's content) rather than left to the app.
+func runFetcher(_ options: Options, source: any TransactionSource, emptyQueue: String? = nil, withoutContentFails: Bool = false) async throws {
     let fetcher: ContentFetcher
     do { fetcher = try ContentFetcher(configuration: options.configuration(), source: source) } catch {
         throw options.reporter.failure(error)
@@ -81,7 +84,11 @@ func runFetcher(_ options: Options, source: any TransactionSource, emptyQueue: S
     interrupt.setEventHandler { Task { await fetcher.pauseAll() } }
     interrupt.resume()
     let printer = Task { await Printer(json: options.json).print(fetcher.updates) }
-    let summary = await fetcher.start()
+    var summary = await fetcher.start()
+    if withoutContentFails {
+        summary.failed += summary.withoutContent.map { ($0.transactionId, $0.reason) }
+        summary.withoutContent = []
+    }
     await fetcher.shutdown()
     await printer.value
     interrupt.cancel()
@@ -94,11 +101,19 @@ func runFetcher(_ options: Options, source: any TransactionSource, emptyQueue: S
         }
         reporter.note("transaction \(id) failed and stays unfinished: \(error.message)")
     }
+    for (id, product, reason) in summary.withoutContent {
+        if options.json {
+            emitJSON(["event": "transaction-without-content", "transactionId": id, "productId": product, "message": reason.message])
+        }
+        reporter.note("transaction \(id) (\(product)) has nothing to download: \(reason.message); it stays unfinished for the app to deliver and finish")
+    }
     for id in summary.cancelled {
         if options.json { emitJSON(["event": "download-cancelled", "downloadId": id]) }
         reporter.note("download \(id) was cancelled; its transaction stays unfinished")
     }
-    if let emptyQueue, summary.finished.isEmpty, summary.failed.isEmpty, summary.cancelled.isEmpty, summary.paused.isEmpty, !summary.interrupted {
+    if let emptyQueue, summary.finished.isEmpty, summary.failed.isEmpty, summary.withoutContent.isEmpty, summary.cancelled.isEmpty,
+        summary.paused.isEmpty, !summary.interrupted
+    {
         reporter.note(emptyQueue)
     }
     if summary.interrupted {
@@ -219,7 +234,8 @@ struct Get: AsyncParsableCommand {
             throw options.reporter.failure(
                 "invalid-input", "--transaction \(transaction) does not hold a signed transaction (a JWS whose payload has transactionId and productId): pass the JWS the app got from StoreKit")
         }
-        try await runFetcher(options, source: SingleTransaction(transaction: QueuedTransaction(transactionId: id, productId: product, signedTransaction: text)))
+        try await runFetcher(
+            options, source: SingleTransaction(transaction: QueuedTransaction(transactionId: id, productId: product, signedTransaction: text)), withoutContentFails: true)
     }
 }
 

@@ -175,6 +175,11 @@ import TransactionQueue
         #expect(failure(403, #"{"error":{"code":"wrong-bundle-id","message":"no"}}"#).code == .refused)
         #expect(failure(401, #"{"error":{"code":"untrusted-chain","message":"no"}}"#).code == .refused)
         #expect(failure(404, #"{"error":{"code":"no-content","message":"none"}}"#).code == .noContent)
+        // Another 404 is not the content server saying "no content" (a wrong --server, a proxy):
+        // a failure that names the address to check, never purchases quietly left undelivered.
+        let elsewhere = failure(404, "<html>Not Found</html>")
+        #expect(elsewhere.code == .refused && elsewhere.message.contains("check that --server is the content server's address"))
+        #expect(failure(404, #"{"error":{"code":"not-found","message":"no route"}}"#).code == .refused)
         #expect(failure(503, #"{"error":{"code":"storage","message":"later"}}"#).code == .network)
         // Not an envelope (a proxy's page): still a reason a person can read.
         let proxy = failure(502, "<html>Bad Gateway</html>")

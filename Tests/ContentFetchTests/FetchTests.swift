@@ -178,23 +178,55 @@ struct FetchTests {
         #expect(plist.contentVersion.string == "1.1")
     }
 
-    @Test("of several purchases, one failing leaves the others finished and itself unfinished until a later run")
-    func oneFails() throws {
+    @Test("a purchase without hosted content (a consumable) is left unfinished to the app, not failed; content published later is fetched by the next run")
+    func withoutHostedContent() throws {
         let w = try world(products: ["com.example.cosmos.levels1": repositoryContent("com.example.cosmos.levels1")])
         let good = try w.store.purchase(productId: "com.example.cosmos.levels1")
-        let pending = try w.store.purchase(productId: "com.example.magazine.issue42")
+        let coins = try w.store.purchase(productId: "com.example.magazine.issue42")
         let first = try fetch(w)
-        #expect(first.status == 1)
-        #expect(first.stderr.contains("no content"))
+        #expect(first.status == 0, "\(first.stderr)")
+        let coinsId = coins.transaction.transactionId!
+        #expect(first.stderr.contains("transaction \(coinsId) (com.example.magazine.issue42) has nothing to download"))
+        #expect(first.stderr.contains("no hosted content is published for product com.example.magazine.issue42"))
+        #expect(first.stderr.contains("stays unfinished for the app"))
+        let said = events(first.stdout)
+        #expect(said.contains { $0["event"] as? String == "transaction-without-content" && $0["transactionId"] as? String == coinsId })
+        // No download exists for it: nothing says it failed.
+        #expect(!said.contains { $0["transactionId"] as? String == coinsId && ($0["state"] as? String == "failed" || $0["event"] as? String == "transaction-failed") })
         let queue = try FileTransactionQueue(folder: w.queue)
         #expect(try queue.transaction(good.transaction.transactionId!)?.finishedAt != nil)
-        #expect(try queue.transaction(pending.transaction.transactionId!)?.finishedAt == nil)
+        #expect(try queue.transaction(coinsId)?.finishedAt == nil)
+        #expect(!FileManager.default.fileExists(atPath: w.content + "/com.example.magazine.issue42"))
+
+        // `get` asks for that transaction's content: there is none, and it says so with exit 1.
+        try coins.signedTransaction.write(toFile: w.tmp.sub("coins.jws"), atomically: true, encoding: .utf8)
+        let got = try run(productsDirectory() + "/iap-fetch", ["get", "--server", w.server.base, "--transaction", w.tmp.sub("coins.jws"), "--content-dir", w.content])
+        #expect(got.status == 1)
+        #expect(got.stderr.contains("no hosted content is published for product com.example.magazine.issue42"))
 
         // The content is published later; the next run completes the unfinished transaction.
         try w.publish(folder: repositoryContent("com.example.magazine.issue42"), product: "com.example.magazine.issue42", version: "1.0")
         #expect(try fetch(w).status == 0)
-        #expect(try queue.transaction(pending.transaction.transactionId!)?.finishedAt != nil)
+        #expect(try queue.transaction(coinsId)?.finishedAt != nil)
         #expect(try run("diff", ["-r", repositoryContent("com.example.magazine.issue42"), w.content + "/com.example.magazine.issue42/1.0/Contents"]).status == 0)
+    }
+
+    @Test("of several purchases, one failing (refunded) leaves the others finished and itself unfinished, exit 1")
+    func oneFails() throws {
+        let w = try world(products: [
+            "com.example.cosmos.levels1": repositoryContent("com.example.cosmos.levels1"),
+            "com.example.magazine.issue42": repositoryContent("com.example.magazine.issue42"),
+        ])
+        let good = try w.store.purchase(productId: "com.example.cosmos.levels1")
+        let refunded = try w.store.purchase(productId: "com.example.magazine.issue42")
+        let refund = try w.store.refund(transactionId: refunded.transaction.transactionId!)
+        #expect(try postJSON(w.server.base + "/v1/notifications", ["signedPayload": refund.signedPayload], folder: w.tmp).status == 200)
+        let first = try fetch(w)
+        #expect(first.status == 1)
+        #expect(first.stderr.contains("transaction \(refunded.transaction.transactionId!) failed and stays unfinished"))
+        let queue = try FileTransactionQueue(folder: w.queue)
+        #expect(try queue.transaction(good.transaction.transactionId!)?.finishedAt != nil)
+        #expect(try queue.transaction(refunded.transaction.transactionId!)?.finishedAt == nil)
     }
 
     @Test("a refunded purchase fails with the reason and its transaction stays unfinished")
