@@ -25,6 +25,8 @@ public enum SandboxErrorCode: String, ErrorCode {
     case damaged
     /// No such transaction in this store.
     case notFound = "not-found"
+    /// The transaction was refunded already: the App Store refunds a purchase once.
+    case alreadyRefunded = "already-refunded"
 }
 
 /// An error from the sandbox store, naming the problem and the fix.
@@ -231,6 +233,14 @@ public final class SandboxStore: Sendable {
         do { queued = try queue.transaction(transactionId) } catch { throw SandboxError(error, or: .io) }
         guard let queued, var transaction = Self.decodeUnverified(queued.signedTransaction) else {
             throw SandboxError(.notFound, "transaction \(transactionId) was not bought in this sandbox store: list them with iap-sandbox transactions")
+        }
+        // A second REFUND for one purchase is not something the App Store sends; a server that
+        // missed the first gets it from the notification history (iap-server reconcile).
+        if let refunded = try loadState().refunds[transactionId] {
+            throw SandboxError(
+                .alreadyRefunded,
+                "transaction \(transactionId) was already refunded at \(refunded.formatted(.iso8601)); nothing new was signed. A server that missed its REFUND notification gets it with iap-server reconcile (the store's notification history)"
+            )
         }
         transaction.revocationDate = now
         transaction.revocationReason = reason

@@ -69,5 +69,12 @@ struct SandboxToolTests {
         #expect(received[1] == "application/json")
         let body = try JSONSerialization.jsonObject(with: Data(received[2].utf8)) as! [String: String]
         #expect(body["signedPayload"]?.split(separator: ".").count == 3)
+
+        // The App Store refunds a purchase once: a second refund is refused and signs nothing.
+        let again = try run(productsDirectory() + "/iap-sandbox", ["refund", "--dir", dir, purchase.transaction.transactionId!])
+        #expect(again.status == 1)
+        #expect(again.stderr.contains("was already refunded at") && again.stderr.contains("iap-server reconcile"))
+        #expect(again.stdout.isEmpty, "no notification is printed")
+        #expect(try store.notifications().count == 1)
     }
 }
