@@ -47,13 +47,15 @@ step "POST /v1/downloads: the server verifies the purchase and grants a short-li
 curl -s -X POST "$base/v1/downloads" -d "{\"signedTransaction\":\"$signed\"}" | tee "$work/grant.json"; echo
 url=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["downloads"][0]["url"])' "$work/grant.json")
 
-step "buying the two other products too, then running iap-fetch over the device's queue"
+step "buying the two other products too, and 100 coins (a consumable: no hosted content), then running iap-fetch over the device's queue"
 "$bin/iap-sandbox" purchase --dir "$work/sandbox" --product-id com.example.magazine.issue42 > /dev/null
 "$bin/iap-sandbox" purchase --dir "$work/sandbox" --product-id com.example.soundkit.drums > /dev/null
+"$bin/iap-sandbox" purchase --dir "$work/sandbox" --product-id com.example.coins100 --type consumable > /dev/null
 echo "iap-fetch: grant -> resumable download (Range/If-Range) -> SHA-256 -> safe install -> finish transaction"
+echo "(the coins have nothing to download: iap-fetch leaves that transaction unfinished for the app to deliver)"
 "$bin/iap-fetch" run --server "$base" --queue "$work/sandbox/queue" --content-dir "$work/device"
 
-step "the installed contentURL folders, and the transactions now finished (only after installing)"
+step "the installed contentURL folders, and the transactions now finished (only after installing; the coins are the app's to finish)"
 for dir in "$work"/device/*/*/; do echo "${dir#$work/}: $(find "$dir" -type f | wc -l) files"; done
 (cd "$work/device/$product/1.0" && find . -type f | sort | head -6)
 "$bin/iap-sandbox" transactions --dir "$work/sandbox"
