@@ -59,6 +59,9 @@ step "the installed contentURL folders, and the transactions now finished (only 
 for dir in "$work"/device/*/*/; do echo "${dir#$work/}: $(find "$dir" -type f | wc -l) files"; done
 (cd "$work/device/$product/1.0" && find . -type f | sort | head -6)
 "$bin/iap-sandbox" transactions --dir "$work/sandbox"
+coins=$("$bin/iap-sandbox" transactions --dir "$work/sandbox" --json | python3 -c 'import json,sys; print([t for t in json.load(sys.stdin) if t["productId"] == "com.example.coins100"][0]["transactionId"])')
+echo "the app credits the 100 coins, then finishes that transaction itself:"
+"$bin/iap-sandbox" finish --dir "$work/sandbox" "$coins"
 
 step "refunding the purchase: the sandbox signs a REFUND notification V2 and POSTs it to the server"
 id=$("$bin/iap-sandbox" transactions --dir "$work/sandbox" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["transactionId"])')

@@ -21,7 +21,7 @@ struct IAPSandbox: AsyncParsableCommand {
         commandName: "iap-sandbox",
         abstract: "A local App Store for tests and demos: signs StoreKit 2 transactions and notifications with its own test chain.",
         discussion: "Trust its root on a test server with: iap-server serve --trust-root <dir>/root.cer --environment sandbox",
-        subcommands: [Init.self, Purchase.self, Transactions.self, Refund.self, ReceiptCommand.self, APIKeyCommand.self, Serve.self])
+        subcommands: [Init.self, Purchase.self, Transactions.self, Finish.self, Refund.self, ReceiptCommand.self, APIKeyCommand.self, Serve.self])
 }
 
 /// Errors go to stderr and exit 1 (64 for usage, from ArgumentParser).
@@ -142,6 +142,34 @@ struct Transactions: ParsableCommand {
                 print("\(r.transactionId)  \(r.productId)  \(r.environment ?? "-")  bought \(iso(r.purchaseDate))  \(state)\(refund)")
             }
         } catch let error as SandboxError { throw reporter.failure(error) }
+    }
+}
+
+struct Finish: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Finish a transaction as the app does once it has delivered what was bought (100 coins, say).",
+        discussion: """
+            iap-fetch finishes the transactions whose content it installed; a purchase without hosted content is \
+            left unfinished for the app, which this plays. Finishing is one-way: a finished transaction stays finished.
+            """)
+
+    @Option(help: "The store's folder.") var dir: String
+    @Argument(help: "The transaction to finish (see iap-sandbox transactions).") var transactionId: String
+
+    func run() throws {
+        let queue: FileTransactionQueue
+        do { queue = try SandboxStore(folder: dir).queue } catch { throw reporter.failure(error) }
+        do {
+            guard let queued = try queue.transaction(transactionId) else {
+                throw reporter.failure("not-found", "transaction \(transactionId) was not bought in this sandbox store: list them with iap-sandbox transactions --dir \(dir)")
+            }
+            if let at = queued.finishedAt {
+                print("transaction \(transactionId) (\(queued.productId)) was already finished at \(iso(at))")
+                return
+            }
+            let finished = try queue.finishNow(transactionId)
+            print("finished transaction \(transactionId) (\(finished.productId)) at \(iso(finished.finishedAt))")
+        } catch let error as TransactionQueueError { throw reporter.failure(error) }
     }
 }
 

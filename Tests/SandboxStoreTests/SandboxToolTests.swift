@@ -27,6 +27,27 @@ struct SandboxToolTests {
         #expect(UInt64(next.transaction.transactionId!)! > ids.max()!)
     }
 
+    @Test("finish plays the app finishing a purchase it delivered itself: once, by id; an unknown id is named")
+    func finishAsTheApp() throws {
+        let tmp = try TemporaryFolder()
+        let dir = tmp.sub("store")
+        let store = try SandboxStore.initialize(folder: dir, bundleId: "com.example.app")
+        let coins = try store.purchase(productId: "com.example.coins100", type: .consumable)
+        let id = coins.transaction.transactionId!
+        let sandbox = productsDirectory() + "/iap-sandbox"
+        let first = try run(sandbox, ["finish", "--dir", dir, id])
+        #expect(first.status == 0, "\(first.stderr)")
+        #expect(first.stdout.contains("finished transaction \(id) (com.example.coins100)"))
+        let at = try #require(try store.queue.transaction(id)?.finishedAt)
+        let again = try run(sandbox, ["finish", "--dir", dir, id])
+        #expect(again.status == 0 && again.stdout.contains("was already finished"))
+        #expect(try store.queue.transaction(id)?.finishedAt == at, "finishing again kept the first time")
+        let unknown = try run(sandbox, ["finish", "--dir", dir, "2000000000000999"])
+        #expect(unknown.status == 1 && unknown.stderr.contains("was not bought in this sandbox store"))
+        let garbage = try run(sandbox, ["finish", "--dir", dir, "../x"])
+        #expect(garbage.status == 1 && garbage.stderr.contains("is not a transaction id"))
+    }
+
     @Test("refund --notify POSTs {\"signedPayload\"} to a real HTTP endpoint")
     func notifyOverHTTP() throws {
         let tmp = try TemporaryFolder()
