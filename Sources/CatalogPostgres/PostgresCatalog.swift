@@ -17,7 +17,7 @@ public final class PostgresCatalog: CatalogDatabase {
     private let logger: Logger
 
     /// The channel changes are announced on; the payload is `+<transactionId>` (revoked),
-    /// `-<transactionId>` (restored) or `*<sha256>` (a version was published).
+    /// `-<transactionId>` (restored) or `*<sha256>` (a version was published or removed).
     static let channel = "iap_changes"
 
     /// Connects to `url` (`postgres://user:password@host:port/database?sslmode=disable|prefer|require`,
@@ -135,6 +135,7 @@ public final class PostgresCatalog: CatalogDatabase {
             """,
         ],
         ["ALTER TABLE versions ADD COLUMN origin_url TEXT"],
+        ["ALTER TABLE versions ADD COLUMN removed_at TIMESTAMPTZ"],
     ]
 
     private func migrate() async throws(CatalogError) {
@@ -163,20 +164,20 @@ public final class PostgresCatalog: CatalogDatabase {
         }
     }
 
-    private static let versionColumns = "product_id, content_version, sha256, size, content_length, published_at, manifest_sha256, rollout_percent, rolled_back_at, origin_url"
+    private static let versionColumns = "product_id, content_version, sha256, size, content_length, published_at, manifest_sha256, rollout_percent, rolled_back_at, origin_url, removed_at"
 
     private static func versions(productId: String?, on connection: PostgresConnection, logger: Logger) async throws -> [PublishedVersion] {
         var query: PostgresQuery = "SELECT \(unescaped: versionColumns) FROM versions"
         if let productId { query = "SELECT \(unescaped: versionColumns) FROM versions WHERE product_id = \(productId)" }
         var result: [PublishedVersion] = []
         let rows = try await connection.query(query, logger: logger)
-        for try await (product, version, sha, size, length, published, manifest, rollout, rolledBack, origin) in rows.decode(
-            (String, String, String, Int64, Int64, Date, String?, Int?, Date?, String?).self)
+        for try await (product, version, sha, size, length, published, manifest, rollout, rolledBack, origin, removed) in rows.decode(
+            (String, String, String, Int64, Int64, Date, String?, Int?, Date?, String?, Date?).self)
         {
             result.append(
                 PublishedVersion(
                     productId: product, contentVersion: version, sha256: sha, size: size, contentLength: length, publishedAt: published,
-                    manifestSHA256: manifest, rolloutPercent: rollout, rolledBackAt: rolledBack, originURL: origin))
+                    manifestSHA256: manifest, rolloutPercent: rollout, rolledBackAt: rolledBack, originURL: origin, removedAt: removed))
         }
         return result
     }
@@ -213,9 +214,11 @@ public final class PostgresCatalog: CatalogDatabase {
                 change(&version)
                 try await connection.query(
                     """
-                    UPDATE versions SET rollout_percent = \(version.rolloutPercent), rolled_back_at = \(version.rolledBackAt)
+                    UPDATE versions SET rollout_percent = \(version.rolloutPercent), rolled_back_at = \(version.rolledBackAt), removed_at = \(version.removedAt)
                     WHERE product_id = \(productId) AND content_version = \(contentVersion)
                     """, logger: logger)
+                // Replicas read the catalog again at once, to delete the archive and close its handles.
+                if version.removedAt != nil { try await connection.query("SELECT pg_notify(\(Self.channel), \("*" + version.sha256))", logger: logger) }
                 return version
             }
         }

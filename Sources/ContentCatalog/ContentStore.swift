@@ -49,12 +49,16 @@ public struct PublishedVersion: Codable, Sendable, Equatable, FetchableRecord, P
     /// The replica that received the archive (its `--advertise-url`), from which replicas without
     /// a shared archive folder fetch it; nil when archives are shared or there is one server.
     public var originURL: String? = nil
+    /// When the version was removed (after a rollback): its archive is deleted, it is never served
+    /// again, and its number stays taken, so devices and caches never see other bytes under it.
+    public var removedAt: Date? = nil
 
     public init(
         productId: String, contentVersion: String, sha256: String, size: Int64, contentLength: Int64, publishedAt: Date,
-        manifestSHA256: String? = nil, rolloutPercent: Int? = nil, rolledBackAt: Date? = nil, originURL: String? = nil
+        manifestSHA256: String? = nil, rolloutPercent: Int? = nil, rolledBackAt: Date? = nil, originURL: String? = nil, removedAt: Date? = nil
     ) {
         self.originURL = originURL
+        self.removedAt = removedAt
         self.productId = productId
         self.contentVersion = contentVersion
         self.sha256 = sha256
@@ -68,7 +72,7 @@ public struct PublishedVersion: Codable, Sendable, Equatable, FetchableRecord, P
 
     /// Whether a purchase gets this version: not rolled back, and in its rollout.
     public func isServed(toBucket bucket: Int) -> Bool {
-        rolledBackAt == nil && bucket < (rolloutPercent ?? 100)
+        rolledBackAt == nil && removedAt == nil && bucket < (rolloutPercent ?? 100)
     }
 }
 
@@ -144,7 +148,7 @@ public final class ContentStore: Sendable {
         } catch {
             return ["\(database.location) cannot be read: \(error.message)"]
         }
-        let missing = versions.filter { access(archivePath(sha256: $0.sha256), R_OK) != 0 }
+        let missing = versions.filter { $0.removedAt == nil && access(archivePath(sha256: $0.sha256), R_OK) != 0 }
         guard let first = missing.first else { return [] }
         return ["\(missing.count) published archive(s) missing from \(archivesDirectory), \(first.productId) \(first.contentVersion) (\(first.sha256)) first"]
     }
@@ -226,6 +230,12 @@ public final class ContentStore: Sendable {
     /// nil: publish it; a version: already published with these bytes; throws on conflict.
     static func decide(_ record: PublishedVersion, among existing: [PublishedVersion]) throws(CatalogError) -> PublishedVersion? {
         if let same = existing.first(where: { $0.contentVersion == record.contentVersion }) {
+            if let removed = same.removedAt {
+                throw CatalogError(
+                    .conflict,
+                    "\(record.productId) \(record.contentVersion) was removed at \(removed.formatted(.iso8601)), and a removed version is never published again (devices and caches may hold it): raise ContentVersion and pack again"
+                )
+            }
             if same.sha256 == record.sha256 { return same }
             throw CatalogError(
                 .conflict,
@@ -322,13 +332,20 @@ public final class ContentStore: Sendable {
             throw CatalogError(.invalidArchive, "a rollout is 1 to 100 percent of purchases, not \(percent); roll a version back with rollback")
         }
         let change: @Sendable (inout PublishedVersion) -> Void = {
+            // A removed version has no archive left to serve.
+            guard $0.removedAt == nil else { return }
             $0.rolloutPercent = percent == 100 ? nil : percent
             $0.rolledBackAt = nil
         }
         if !allowingUnserved {
             try await refuseUnserving(productId: productId, contentVersion: contentVersion, change, doing: "staging \(productId) \(contentVersion) for \(percent)%")
         }
-        return try await database.update(productId: productId, contentVersion: contentVersion, change)
+        let version = try await database.update(productId: productId, contentVersion: contentVersion, change)
+        if let removed = version.removedAt {
+            throw CatalogError(
+                .conflict, "\(productId) \(contentVersion) was removed at \(removed.formatted(.iso8601)) and its archive deleted: publish a new version instead")
+        }
+        return version
     }
 
     /// Rolls a version back at once: no new grant names it, and each purchase gets the newest
@@ -344,6 +361,92 @@ public final class ContentStore: Sendable {
             try await refuseUnserving(productId: productId, contentVersion: contentVersion, change, doing: "rolling back \(productId) \(contentVersion)")
         }
         return try await database.update(productId: productId, contentVersion: contentVersion, change)
+    }
+
+    /// Removes a rolled-back version: marks it removed (its number stays taken: it is never served
+    /// or published again) and then deletes its archive and manifest from this server's archive
+    /// folder. Replicas with folders of their own delete their copies when they next read the
+    /// catalog. A version still served to some purchases is refused: roll it back first, which
+    /// refuses what would leave buyers with no version. Grants already made for it fail from then
+    /// on with 404 `no-content`, and iap-fetch asks for a new grant on its next run. Removing a
+    /// removed version again only retries deleting its files.
+    public func remove(productId: String, contentVersion: String, now: Date = Date()) async throws(CatalogError) -> Removal {
+        guard let current = try await database.versions(productId: productId).first(where: { $0.contentVersion == contentVersion }) else {
+            throw CatalogError.unpublished(productId, contentVersion)
+        }
+        // Measured around the whole removal: a replica that hears of it (PostgreSQL's NOTIFY)
+        // may delete the files of a shared folder before this call gets to them.
+        let before = fileSizes(sha256: current.sha256)
+        var version = current
+        if current.removedAt == nil {
+            guard current.rolledBackAt != nil else { throw Self.stillServed(current) }
+            // Set only if still rolled back when the update runs: a rollout meanwhile wins.
+            version = try await database.update(productId: productId, contentVersion: contentVersion) {
+                if $0.rolledBackAt != nil, $0.removedAt == nil { $0.removedAt = now }
+            }
+            guard version.removedAt != nil else { throw Self.stillServed(version) }
+        }
+        try await deleteArchiveIfUnused(version)
+        let after = fileSizes(sha256: current.sha256)
+        return Removal(version: version, freedBytes: before.filter { after[$0.key] == nil }.values.reduce(0, +))
+    }
+
+    /// What ``remove(productId:contentVersion:now:)`` did.
+    public struct Removal: Sendable, Equatable {
+        /// The version, with `removedAt`.
+        public let version: PublishedVersion
+        /// Bytes of archive and manifest that left this server's folder during the removal (0 when
+        /// they were gone already).
+        public let freedBytes: Int64
+    }
+
+    private static func stillServed(_ version: PublishedVersion) -> CatalogError {
+        let share = version.rolloutPercent.map { "\($0)% of purchases" } ?? "every purchase"
+        return CatalogError(
+            .conflict,
+            "\(version.productId) \(version.contentVersion) is served to \(share): roll it back first (iap-server rollback), which checks that its buyers keep a version, then remove it"
+        )
+    }
+
+    /// Deletes the files of removed versions that no version still in the catalog uses, from this
+    /// server's archive folder; returns the bytes freed. Only explicit removals delete anything:
+    /// an archive the catalog does not know (a catalog that is not this folder's, say) is kept.
+    public func deleteArchivesOfRemovedVersions(_ versions: [PublishedVersion]) -> Int64 {
+        let live = Set(versions.filter { $0.removedAt == nil }.map(\.sha256))
+        var freed: Int64 = 0
+        for sha256 in Set(versions.filter { $0.removedAt != nil }.map(\.sha256)) where !live.contains(sha256) {
+            freed += deleteFiles(sha256: sha256)
+        }
+        return freed
+    }
+
+    private func deleteArchiveIfUnused(_ removed: PublishedVersion) async throws(CatalogError) {
+        // An archive's bytes name its product and version (ContentInfo.plist), so no other
+        // version can share it; checked anyway, as the rest of the catalog is cheap to read.
+        let others = try await database.versions(productId: nil).filter { $0.sha256 == removed.sha256 && $0.removedAt == nil }
+        guard others.isEmpty else { return }
+        _ = deleteFiles(sha256: removed.sha256)
+    }
+
+    /// The sizes of an archive's file and its manifest's, by path, for those that exist.
+    private func fileSizes(sha256: String) -> [String: Int64] {
+        var sizes: [String: Int64] = [:]
+        for path in [archivePath(sha256: sha256), manifestPath(sha256: sha256)] {
+            var info = stat()
+            if lstat(path, &info) == 0 { sizes[path] = Int64(info.st_size) }
+        }
+        return sizes
+    }
+
+    private func deleteFiles(sha256: String) -> Int64 {
+        var freed: Int64 = 0
+        for path in [archivePath(sha256: sha256), manifestPath(sha256: sha256)] {
+            var info = stat()
+            guard lstat(path, &info) == 0, unlink(path) == 0 else { continue }
+            freed += Int64(info.st_size)
+        }
+        if freed > 0 { try? Directory.sync(archivesDirectory) }
+        return freed
     }
 
     /// The share of purchases (rollout buckets 0..<n) that some version is served to: a

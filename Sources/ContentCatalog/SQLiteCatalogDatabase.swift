@@ -69,6 +69,9 @@ public final class SQLiteCatalogDatabase: CatalogDatabase {
         migrator.registerMigration("v4-origins") { db in
             try db.alter(table: "versions") { t in t.add(column: "originURL", .text) }
         }
+        migrator.registerMigration("v5-removals") { db in
+            try db.alter(table: "versions") { t in t.add(column: "removedAt", .datetime) }
+        }
         return migrator
     }
 

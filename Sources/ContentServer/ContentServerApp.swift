@@ -79,11 +79,11 @@ struct RevocationRefresher: Service {
                     _ = await service.store.database.watchRevocations { change in service.apply(change) }
                 }
                 group.addTask {
-                    await service.peers.catchUp()
+                    await service.catchUpArchives()
                     while !Task.isCancelled {
                         do { try await Task.sleep(for: interval) } catch { return }
                         try? await service.refreshRevocations()
-                        await service.peers.catchUp()
+                        await service.catchUpArchives()
                     }
                 }
                 await group.waitForAll()

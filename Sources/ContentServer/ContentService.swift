@@ -38,7 +38,8 @@ final class ContentService: ContentResolver, Sendable {
         let manifest: Bool
     }
 
-    private let openFiles = Mutex<[FileKey: ServedFile]>([:])
+    /// Each with the loop it was opened for, which alone may close it (see ``forgetFiles(sha256s:)``).
+    private let openFiles = Mutex<[FileKey: (file: ServedFile, loop: any EventLoop)]>([:])
     /// Tokens whose HMAC was checked, with their grants. A download sends the same token with
     /// every range request, and checking it again was a tenth of the server's CPU for 4 KiB
     /// ranges. Only exact tokens that verified are kept, and expiry and revocation are still
@@ -112,11 +113,11 @@ final class ContentService: ContentResolver, Sendable {
         // In the order the database sent them: a refund and its reversal must not swap.
         case .revoked(let id): markRevoked(id, true)
         case .restored(let id): markRevoked(id, false)
-        case .published: Task { await peers.catchUp() }
+        case .published: Task { await catchUpArchives() }
         case .resynchronize:
             Task {
                 try? await refreshRevocations()
-                await peers.catchUp()
+                await catchUpArchives()
             }
         }
     }
@@ -134,7 +135,7 @@ final class ContentService: ContentResolver, Sendable {
         }
         // The manifest is served under the same grant as its archive, for delta updates.
         let manifest = name.hasSuffix(Route.manifestSuffix)
-        guard let file = openFile(sha256: grant.sha256, manifest: manifest, for: ObjectIdentifier(eventLoop)) else {
+        guard let file = openFile(sha256: grant.sha256, manifest: manifest, for: eventLoop) else {
             if let origin = peers.redirect(sha256: grant.sha256) { return .redirect(origin + Route.contentPrefix + token + "/" + name) }
             let what = manifest ? "manifest" : "archive"
             return .refuse(.notFound, APIError(.noContent, "the \(what) for \(grant.productId) \(grant.contentVersion) is not on this server"))
@@ -182,9 +183,9 @@ final class ContentService: ContentResolver, Sendable {
     /// Archives are immutable and named by hash, so each is opened once per event loop and the
     /// handle kept (a handle shared between loops fails with EBUSY under concurrent transfers).
     /// A manifest's ETag is its own SHA-256, computed once when it is opened (it is small).
-    private func openFile(sha256: String, manifest: Bool, for eventLoop: ObjectIdentifier) -> ServedFile? {
-        let key = FileKey(sha256: sha256, eventLoop: eventLoop, manifest: manifest)
-        if let file = openFiles.withLock({ $0[key] }) { return file }
+    private func openFile(sha256: String, manifest: Bool, for eventLoop: any EventLoop) -> ServedFile? {
+        let key = FileKey(sha256: sha256, eventLoop: ObjectIdentifier(eventLoop), manifest: manifest)
+        if let file = openFiles.withLock({ $0[key]?.file }) { return file }
         guard Hex.isSHA256(sha256.utf8) else { return nil }
         let path = manifest ? store.manifestPath(sha256: sha256) : store.archivePath(sha256: sha256)
         var info = stat()
@@ -204,17 +205,41 @@ final class ContentService: ContentResolver, Sendable {
         return openFiles.withLock { files in
             if let existing = files[key] {
                 try? handle.close()
-                return existing
+                return existing.file
             }
-            files[key] = file
+            files[key] = (file, eventLoop)
             return file
         }
+    }
+
+    /// Brings this replica's archive folder in line with the catalog: fetches what it lacks
+    /// from other replicas, deletes removed versions' archives and closes their kept handles.
+    func catchUpArchives() async {
+        await peers.catchUp(removed: { forgetFiles(sha256s: $0) })
+    }
+
+    /// Closes the kept handles of removed archives, so that their disk space is freed and no
+    /// request is served from them again (new requests find no file: 404 `no-content`). Each
+    /// handle is closed on its own event loop: a transfer in flight from it then fails at its
+    /// next write, which checks the handle on that thread, and can never send from another
+    /// file that reused the descriptor, as a close from another thread could make it.
+    func forgetFiles(sha256s: Set<String>) {
+        guard !sha256s.isEmpty else { return }
+        let forgotten = openFiles.withLock { files in
+            let matching = files.filter { sha256s.contains($0.key.sha256) }
+            for key in matching.keys { files[key] = nil }
+            return Array(matching.values)
+        }
+        guard !forgotten.isEmpty else { return }
+        // Connections stop reusing a resolution that names one of these handles.
+        stamp.add(1, ordering: .sequentiallyConsistent)
+        for (file, loop) in forgotten { loop.execute { try? file.handle.close() } }
     }
 
     func closeFiles() {
         stamp.add(1, ordering: .sequentiallyConsistent)
         openFiles.withLock { files in
-            for file in files.values { try? file.handle.close() }
+            for (file, _) in files.values { try? file.handle.close() }
             files.removeAll()
         }
     }

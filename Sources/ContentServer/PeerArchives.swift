@@ -39,10 +39,20 @@ final class PeerArchives: Sendable {
 
     /// Reads the catalog and fetches every archive this replica lacks from its origin. Called
     /// at start and every few seconds (with the revocation reload), and when a request misses.
-    func catchUp() async {
+    /// Removed versions' archives are deleted from this replica's folder (the replica that
+    /// removed one did so already, as does one sharing its folder) and `removed` is told which,
+    /// to close what it keeps open.
+    func catchUp(removed: (Set<String>) -> Void = { _ in }) async {
         guard let versions = try? await store.database.versions(productId: nil) else { return }
+        let live = Set(versions.filter { $0.removedAt == nil }.map(\.sha256))
+        let gone = Set(versions.filter { $0.removedAt != nil }.map(\.sha256)).subtracting(live)
+        if !gone.isEmpty {
+            removed(gone)
+            let freed = store.deleteArchivesOfRemovedVersions(versions)
+            if freed > 0 { logger.notice("deleted the archives of removed versions", metadata: ["bytes": "\(freed)"]) }
+        }
         var missing: [PublishedVersion] = []
-        for version in versions where access(store.archivePath(sha256: version.sha256), R_OK) != 0 {
+        for version in versions where version.removedAt == nil && access(store.archivePath(sha256: version.sha256), R_OK) != 0 {
             guard let origin = version.originURL, origin != ownURL else { continue }
             missing.append(version)
         }

@@ -40,6 +40,9 @@ struct APIRoutes: Sendable {
         on(.post, Route.notifications) { request, _ in await notification(request) }
         on(.put, Route.adminArchives) { request, _ in await upload(request) }
         on(.post, Route.adminRollouts) { request, _ in await rollout(request) }
+        on(.delete, Route.adminVersionPattern) { request, context in
+            await remove(request, productId: try context.parameters.require("productId"), contentVersion: try context.parameters.require("contentVersion"))
+        }
     }
 
     // MARK: Edge
@@ -72,19 +75,12 @@ struct APIRoutes: Sendable {
     func product(_ id: String) async -> Response {
         do throws(CatalogError) {
             let versions = try await service.store.versions(productId: id)
-            guard !versions.isEmpty else {
-                return apiError(.notFound, APIError(.noContent, "no content is published for product \(id)"))
+            guard versions.contains(where: { $0.removedAt == nil }) else {
+                let removed = versions.isEmpty ? "" : " (every version was removed)"
+                return apiError(.notFound, APIError(.noContent, "no content is published for product \(id)\(removed)"))
             }
-            return json(
-                .ok,
-                ProductInfo(
-                    productId: id,
-                    versions: versions.map {
-                        ProductInfo.Version(
-                            contentVersion: $0.contentVersion, contentLength: $0.size, extractedLength: $0.contentLength,
-                            sha256: $0.sha256, publishedAt: $0.publishedAt, rolloutPercent: $0.rolloutPercent,
-                            rolledBackAt: $0.rolledBackAt)
-                    }))
+            // Removed versions stay listed: their numbers are taken.
+            return json(.ok, ProductInfo(productId: id, versions: versions.map(\.info)))
         } catch {
             return apiError(.serviceUnavailable, error.apiError)
         }
@@ -308,11 +304,20 @@ struct APIRoutes: Sendable {
                 } else {
                     try await service.store.rollBack(productId: body.productId, contentVersion: body.contentVersion, allowingUnserved: body.allowUnserved == true)
                 }
-            return json(
-                .ok,
-                ProductInfo.Version(
-                    contentVersion: v.contentVersion, contentLength: v.size, extractedLength: v.contentLength, sha256: v.sha256,
-                    publishedAt: v.publishedAt, rolloutPercent: v.rolloutPercent, rolledBackAt: v.rolledBackAt))
+            return json(.ok, v.info)
+        } catch {
+            return catalogRefusal(error)
+        }
+    }
+
+    /// Removes a rolled-back version and deletes its archive (``ContentStore/remove(productId:contentVersion:now:)``).
+    func remove(_ request: Request, productId: String, contentVersion: String) async -> Response {
+        if let refusal = refuseUnlessAdmin(request) { return refusal }
+        do throws(CatalogError) {
+            let removal = try await service.store.remove(productId: productId, contentVersion: contentVersion)
+            // This server's own kept handles, at once; other replicas' at their next catalog read.
+            service.forgetFiles(sha256s: [removal.version.sha256])
+            return json(.ok, VersionRemoval(productId: productId, version: removal.version.info, freedBytes: removal.freedBytes))
         } catch {
             return catalogRefusal(error)
         }
@@ -488,5 +493,14 @@ struct ErrorFormatMiddleware: RouterMiddleware {
                 .methodNotAllowed,
                 APIError(.methodNotAllowed, "\(path) answers \(names.joined(separator: " and ")), not \(request.method.rawValue)"), headers: headers)
         }
+    }
+}
+
+extension PublishedVersion {
+    /// The version as the API describes it.
+    var info: ProductInfo.Version {
+        ProductInfo.Version(
+            contentVersion: contentVersion, contentLength: size, extractedLength: contentLength, sha256: sha256, publishedAt: publishedAt,
+            rolloutPercent: rolloutPercent, rolledBackAt: rolledBackAt, removedAt: removedAt)
     }
 }

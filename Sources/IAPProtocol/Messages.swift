@@ -112,13 +112,16 @@ public struct ProductInfo: Codable, Sendable, Equatable {
         public var rolloutPercent: Int?
         /// Set when the version was rolled back: no purchase gets it.
         public var rolledBackAt: Date?
+        /// Set when the version was removed: its archive is deleted and its number never used again.
+        public var removedAt: Date?
 
         public init(
             contentVersion: String, contentLength: Int64, extractedLength: Int64, sha256: String, publishedAt: Date,
-            rolloutPercent: Int? = nil, rolledBackAt: Date? = nil
+            rolloutPercent: Int? = nil, rolledBackAt: Date? = nil, removedAt: Date? = nil
         ) {
             self.rolloutPercent = rolloutPercent
             self.rolledBackAt = rolledBackAt
+            self.removedAt = removedAt
             self.contentVersion = contentVersion
             self.contentLength = contentLength
             self.extractedLength = extractedLength
@@ -133,16 +136,33 @@ public struct ProductInfo: Codable, Sendable, Equatable {
     public var sha256: String
     public var versions: [Version]
 
-    /// The top-level fields describe the newest version every purchase gets (staged and
-    /// rolled-back versions are only in `versions`), or the newest at all when there is none.
+    /// The top-level fields describe the newest version every purchase gets (staged, rolled-back
+    /// and removed versions are only in `versions`), or the newest not removed when there is none.
     public init(productId: String, versions: [Version]) {
         precondition(!versions.isEmpty, "a product is listed once a version is published")
         self.productId = productId
-        let current = versions.first { $0.rolloutPercent == nil && $0.rolledBackAt == nil } ?? versions[0]
+        let current =
+            versions.first { $0.rolloutPercent == nil && $0.rolledBackAt == nil && $0.removedAt == nil } ?? versions.first { $0.removedAt == nil } ?? versions[0]
         contentVersion = current.contentVersion
         contentLength = current.contentLength
         sha256 = current.sha256
         self.versions = versions
+    }
+}
+
+/// The answer to `DELETE /v1/admin/archives/{productId}/{contentVersion}`.
+public struct VersionRemoval: Codable, Sendable, Equatable {
+    public var productId: String
+    /// The version, with `removedAt`.
+    public var version: ProductInfo.Version
+    /// Bytes of archive and manifest deleted from the answering server's folder (0 when they
+    /// were gone already); replicas with folders of their own delete their copies within seconds.
+    public var freedBytes: Int64
+
+    public init(productId: String, version: ProductInfo.Version, freedBytes: Int64) {
+        self.productId = productId
+        self.version = version
+        self.freedBytes = freedBytes
     }
 }
 

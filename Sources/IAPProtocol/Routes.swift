@@ -11,6 +11,9 @@ public enum Route {
     /// `POST` with the admin token: stages, promotes or rolls back a version (``RolloutRequest`` →
     /// ``ProductInfo/Version``).
     public static let adminRollouts = "/v1/admin/rollouts"
+    /// `DELETE` with the admin token: removes a rolled-back version and deletes its archive
+    /// (→ ``VersionRemoval``).
+    public static let adminVersionPattern = "/v1/admin/archives/{productId}/{contentVersion}"
     /// `GET`, `HEAD`: `<contentPrefix><grant token>/<productId>-<contentVersion>.zip`, the archive bytes;
     /// `...-<contentVersion>.manifest.json`, its manifest.
     public static let contentPrefix = "/v1/content/"
@@ -29,6 +32,11 @@ public enum Route {
     /// `GET`: 200 when the catalog database answers and every published archive is on disk; 503
     /// naming what is wrong otherwise (for a load balancer's readiness check).
     public static let ready = "/readyz"
+
+    /// The path that removes a version (``adminVersionPattern``).
+    public static func adminVersion(productId: String, contentVersion: String) -> String {
+        adminArchives + "/" + productId + "/" + contentVersion
+    }
 
     /// The path of a product's information.
     public static func product(_ productId: String) -> String { "/v1/products/" + productId }

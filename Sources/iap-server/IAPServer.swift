@@ -18,7 +18,7 @@ struct IAPServer: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "iap-server",
         abstract: "The In-App Purchase content server: catalog, verified download grants, range delivery.",
-        subcommands: [Serve.self, Publish.self, Catalog.self, Rollout.self, Rollback.self, Verify.self, Reconcile.self])
+        subcommands: [Serve.self, Publish.self, Catalog.self, Rollout.self, Rollback.self, Remove.self, Verify.self, Reconcile.self])
 }
 
 /// An environment variable, nil when unset or empty.
@@ -283,7 +283,9 @@ struct Rollout: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Stage a published version for a percentage of purchases, widen it, or promote it to all.",
         discussion: """
-            Which purchases get a staged version is stable by transaction id: widening keeps those             that have it. Takes effect with the next grant, on every replica sharing the data folder.             Exit codes: 0 done, 1 unknown version or invalid percentage, 3 storage failure.
+            Which purchases get a staged version is stable by transaction id: widening keeps those \
+            that have it. Takes effect with the next grant, on every replica sharing the data folder. \
+            Exit codes: 0 done, 1 unknown version or invalid percentage, 3 storage failure.
             """)
 
     @Option(help: "The server's data folder.") var data: String
@@ -339,6 +341,35 @@ struct Rollback: AsyncParsableCommand {
     }
 }
 
+struct Remove: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Remove a rolled-back version: its archive and manifest are deleted, and its number is never served or published again.",
+        discussion: """
+            Roll the version back first (iap-server rollback): a version still served to some purchases is refused. \
+            Grants made before fail from then on (404 no-content); iap-fetch gets a new grant on its next run. A running \
+            server closes the files it kept open within seconds; replicas with archive folders of their own delete their \
+            copies when they next read the catalog. Removing a removed version again only retries deleting its files. \
+            Exit codes: 0 done, 1 unknown version or refused, 3 storage failure.
+            """)
+
+    @Option(help: "The server's data folder.") var data: String
+    @Argument(help: "The product identifier.") var productId: String
+    @Argument(help: "The content version.") var contentVersion: String
+    @OptionGroup var storeOptions: StoreOptions
+
+    func run() async throws {
+        do throws(CatalogError) {
+            let removal = try await storeOptions.withStore(data: data) { store throws(CatalogError) in
+                try await store.remove(productId: productId, contentVersion: contentVersion)
+            }
+            let freed = removal.freedBytes > 0 ? "deleted \(removal.freedBytes) bytes of archive and manifest" : "its files were gone already"
+            print("\(productId) \(contentVersion): removed (\(freed)); the version number stays taken")
+        } catch {
+            throw catalogFailure(error)
+        }
+    }
+}
+
 struct Catalog: AsyncParsableCommand {
     static let configuration = CommandConfiguration(abstract: "List published products and versions.")
 
@@ -369,7 +400,8 @@ struct Catalog: AsyncParsableCommand {
                 print(product + (served < 100 ? "  (\(100 - served)% of purchases are served no version: rollout --promote one)" : ""))
                 for v in versions {
                     let state =
-                        v.rolledBackAt.map { "  rolled back \($0.formatted(.iso8601))" } ?? v.rolloutPercent.map { "  staged: \($0)% of purchases" } ?? ""
+                        v.removedAt.map { "  removed \($0.formatted(.iso8601))" } ?? v.rolledBackAt.map { "  rolled back \($0.formatted(.iso8601))" }
+                        ?? v.rolloutPercent.map { "  staged: \($0)% of purchases" } ?? ""
                     print("  \(v.contentVersion)  \(v.size) bytes  sha256 \(v.sha256.prefix(16))…  published \(v.publishedAt.formatted(.iso8601))\(state)")
                 }
             }

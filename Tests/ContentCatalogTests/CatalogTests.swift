@@ -129,6 +129,74 @@ struct CatalogTests {
         await store.database.close()
     }
 
+    @Test("removing: only a rolled-back version; its files go, its number stays taken; other replicas' copies go on their next read", arguments: Backend.allCases)
+    func removing(backend: Backend) async throws {
+        let dir = FileManager.default.temporaryDirectory.path + "/catalog-" + UUID().uuidString
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let content = dir + "/content"
+        try FileManager.default.createDirectory(atPath: content, withIntermediateDirectories: true)
+        try Data("level data\n".utf8).write(to: URL(fileURLWithPath: content + "/level.json"))
+        let id = try ProductIdentifier("com.example.levels1")
+        func pack(_ version: String) throws -> PackResult {
+            try ArchivePacker.pack(folder: content, options: .init(productId: id, contentVersion: try ContentVersion(version), outputDirectory: dir + "/out"))
+        }
+        let v1 = try pack("1.0"), v2 = try pack("1.1")
+        let url = try await backend.freshURL()
+        let store = try await openStore(dir + "/data", databaseURL: url)
+        _ = try await store.publish(archiveAt: v1.archivePath)
+        _ = try await store.publish(archiveAt: v2.archivePath)
+        let files = [store.archivePath(sha256: v2.manifest.archiveSHA256), store.manifestPath(sha256: v2.manifest.archiveSHA256)]
+        #expect(files.allSatisfy { FileManager.default.fileExists(atPath: $0) })
+
+        // A version served to purchases is refused, and nothing changes.
+        let served = try await #require(throws: CatalogError.self) { try await store.remove(productId: id.rawValue, contentVersion: "1.1") }
+        #expect(served.code == .conflict && served.message.contains("is served to every purchase: roll it back first"), "\(served.message)")
+        #expect(try await store.versions(productId: id.rawValue).allSatisfy { $0.removedAt == nil })
+        #expect(files.allSatisfy { FileManager.default.fileExists(atPath: $0) })
+
+        _ = try await store.rollBack(productId: id.rawValue, contentVersion: "1.1")
+        let removal = try await store.remove(productId: id.rawValue, contentVersion: "1.1")
+        #expect(removal.version.removedAt != nil && removal.freedBytes >= Int64(v2.manifest.archiveSize))
+        #expect(files.allSatisfy { !FileManager.default.fileExists(atPath: $0) })
+        #expect(FileManager.default.fileExists(atPath: store.archivePath(sha256: v1.manifest.archiveSHA256)), "1.0's archive went too")
+        #expect(await store.readinessProblems().isEmpty, "a removed version counts as a missing archive")
+        // Removing again only retries the files; an unknown version is named.
+        #expect(try await store.remove(productId: id.rawValue, contentVersion: "1.1").freedBytes == 0)
+        let unknown = try await #require(throws: CatalogError.self) { try await store.remove(productId: id.rawValue, contentVersion: "9.9") }
+        #expect(unknown.code == .notFound)
+
+        // Its number stays taken: not served again, not published again, with these bytes or others.
+        let promote = try await #require(throws: CatalogError.self) { try await store.setRollout(productId: id.rawValue, contentVersion: "1.1", percent: 100) }
+        #expect(promote.code == .conflict && promote.message.contains("was removed"), "\(promote.message)")
+        let again = try await #require(throws: CatalogError.self) { try await store.publish(archiveAt: v2.archivePath) }
+        #expect(again.code == .conflict && again.message.contains("a removed version is never published again"), "\(again.message)")
+        #expect(ContentStore.version(forTransaction: "2000000000000001", productId: id.rawValue, among: try await store.versions(productId: id.rawValue))?.contentVersion == "1.0")
+        await store.database.close()
+
+        // Reopened (the removal is durable), by a replica whose archive folder holds its own
+        // copies: the removed version's go, the live version's and an archive the catalog does
+        // not know stay.
+        let replica = dir + "/replica-archives"
+        try FileManager.default.createDirectory(atPath: replica, withIntermediateDirectories: true)
+        let stranger = replica + "/" + String(repeating: "ab", count: 32) + ".zip"
+        for (from, to) in [(v1.archivePath, v1.manifest.archiveSHA256 + ".zip"), (v2.archivePath, v2.manifest.archiveSHA256 + ".zip"), (v1.archivePath, String(repeating: "ab", count: 32) + ".zip")] {
+            try FileManager.default.copyItem(atPath: from, toPath: replica + "/" + to)
+        }
+        let other: ContentStore
+        if let url {
+            other = try ContentStore(dataDirectory: dir + "/replica", archivesDirectory: replica, database: try await testCatalog(url))
+        } else {
+            other = try ContentStore(dataDirectory: dir + "/data", archivesDirectory: replica)
+        }
+        let versions = try await other.database.versions(productId: nil)
+        #expect(versions.first { $0.contentVersion == "1.1" }?.removedAt != nil)
+        #expect(other.deleteArchivesOfRemovedVersions(versions) == Int64(v2.manifest.archiveSize))
+        #expect(!FileManager.default.fileExists(atPath: other.archivePath(sha256: v2.manifest.archiveSHA256)))
+        #expect(FileManager.default.fileExists(atPath: other.archivePath(sha256: v1.manifest.archiveSHA256)))
+        #expect(FileManager.default.fileExists(atPath: stranger))
+        await other.database.close()
+    }
+
     @Test("notifications apply once per UUID; REFUND_REVERSED restores access; grants are recorded once per transaction", arguments: Backend.allCases)
     func ledger(backend: Backend) async throws {
         let dir = FileManager.default.temporaryDirectory.path + "/ledger-" + UUID().uuidString

@@ -79,3 +79,89 @@ extension ServerTests {
         #expect(server.stop() == 0)
     }
 }
+
+extension ServerTests {
+    /// Whether the server process still holds a file at `path` open (deleted or not).
+    func holdsOpen(_ server: ServerProcess, _ path: String) -> Bool {
+        let fds = "/proc/\(server.process.processIdentifier)/fd"
+        let links = (try? FileManager.default.contentsOfDirectory(atPath: fds)) ?? []
+        return links.contains { ((try? FileManager.default.destinationOfSymbolicLink(atPath: fds + "/" + $0)) ?? "").hasPrefix(path) }
+    }
+
+    /// Waits, up to `seconds`, for the server to let go of `path`; true once it has.
+    func released(_ server: ServerProcess, _ path: String, within seconds: Double) -> Bool {
+        let deadline = Date().addingTimeInterval(seconds)
+        while holdsOpen(server, path) {
+            guard Date() < deadline else { return false }
+            usleep(20_000)
+        }
+        return true
+    }
+
+    @Test("removing a rolled-back version through the admin API and the CLI: files deleted, kept handles closed, old grants 404, number taken", arguments: Backend.allCases)
+    func removeVersion(backend: Backend) async throws {
+        let tmp = try TemporaryFolder()
+        let database = backend == .postgres ? try await PostgresServer.shared().createDatabase() : nil
+        let (store, server, data) = try start(tmp, database: database)
+        let storeOptions = database.map { ["--database", $0] } ?? []
+        let v10 = try packSample(tmp, version: "1.0"), v11 = try packSample(tmp, version: "1.1"), v12 = try packSample(tmp, version: "1.2")
+        #expect(try upload(v10.archivePath, server: server, tmp: tmp).status == 201)
+        #expect(try upload(v11.archivePath, server: server, tmp: tmp).status == 201)
+        let purchase = try store.purchase(productId: product)
+        func downloadURL() throws -> String {
+            let granted = try grant(purchase.signedTransaction, server: server, tmp: tmp)
+            return try #require((granted.json["downloads"] as? [[String: Any]])?.first?["url"] as? String)
+        }
+        func delete(_ version: String, token: String? = nil) throws -> HTTPResult {
+            try curl(["-X", "DELETE", "-H", "Authorization: Bearer \(token ?? adminToken)", server.base + "/v1/admin/archives/\(product)/\(version)"], folder: tmp)
+        }
+        // Downloaded once, so the server keeps 1.1's archive open.
+        let url11 = try downloadURL()
+        #expect(try curl([url11], folder: tmp).status == 200)
+        let archive11 = data + "/archives/" + v11.manifest.archiveSHA256 + ".zip"
+        #expect(holdsOpen(server, archive11))
+
+        let served = try delete("1.1")
+        #expect(served.status == 409 && served.errorCode == "conflict" && served.text.contains("roll it back first"), "\(served.text)")
+        #expect(try delete("1.1", token: "wrong").status == 401)
+        #expect(try delete("9.9").status == 404)
+        #expect(
+            try postJSON(server.base + "/v1/admin/rollouts", ["productId": product, "contentVersion": "1.1", "rollBack": true], headers: ["Authorization: Bearer \(adminToken)"], folder: tmp).status
+                == 200)
+        let removed = try delete("1.1")
+        #expect(removed.status == 200, "\(removed.text)")
+        #expect((removed.json["version"] as? [String: Any])?["removedAt"] != nil)
+        #expect((removed.json["freedBytes"] as? Int).map { $0 >= v11.manifest.archiveSize } == true)
+        #expect(!FileManager.default.fileExists(atPath: archive11))
+        #expect(released(server, archive11, within: 10), "the server kept the removed archive open")
+        let stale = try curl([url11], folder: tmp)
+        #expect(stale.status == 404 && stale.errorCode == "no-content", "\(stale.text)")
+        let info = try curl([server.base + "/v1/products/\(product)"], folder: tmp)
+        #expect(info.json["contentVersion"] as? String == "1.0")
+        #expect((info.json["versions"] as? [[String: Any]])?.first { $0["contentVersion"] as? String == "1.1" }?["removedAt"] != nil)
+        // The number stays taken.
+        let republished = try upload(v11.archivePath, server: server, tmp: tmp)
+        #expect(republished.status == 409 && republished.text.contains("was removed"), "\(republished.text)")
+
+        // With the command-line tool beside the running server: it learns of the removal when it
+        // next reads the catalog, and lets go of the file.
+        #expect(try upload(v12.archivePath, server: server, tmp: tmp).status == 201)
+        let url12 = try downloadURL()
+        #expect(url12.contains("-1.2.zip"))
+        #expect(try curl([url12], folder: tmp).status == 200)
+        let archive12 = data + "/archives/" + v12.manifest.archiveSHA256 + ".zip"
+        #expect(holdsOpen(server, archive12))
+        let refused = try run(productsDirectory() + "/iap-server", ["remove", "--data", data, product, "1.2"] + storeOptions)
+        #expect(refused.status == 1 && refused.stderr.contains("roll it back first"), "\(refused.stderr)")
+        #expect(try run(productsDirectory() + "/iap-server", ["rollback", "--data", data, product, "1.2"] + storeOptions).status == 0)
+        let cli = try run(productsDirectory() + "/iap-server", ["remove", "--data", data, product, "1.2"] + storeOptions)
+        #expect(cli.status == 0 && cli.stdout.contains("1.2: removed (deleted"), "\(cli.stderr)")
+        #expect(released(server, archive12, within: 20), "the server kept the archive removed by the CLI open")
+        #expect(try curl([url12], folder: tmp).status == 404)
+        #expect(try downloadURL().contains("-1.0.zip"))
+        let catalog = try run(productsDirectory() + "/iap-server", ["catalog", "--data", data] + storeOptions)
+        #expect(catalog.stdout.contains("1.1") && catalog.stdout.contains("removed"), "\(catalog.stdout)")
+        #expect(try curl([server.base + "/readyz"], folder: tmp).status == 200, "removed versions count as missing archives")
+        #expect(server.stop() == 0)
+    }
+}
