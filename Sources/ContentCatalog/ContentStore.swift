@@ -42,7 +42,7 @@ public struct PublishedVersion: Codable, Sendable, Equatable, FetchableRecord, P
     /// which clients fetch for delta updates; nil for versions published before manifests were kept.
     public var manifestSHA256: String? = nil
     /// A staged rollout: the share of purchases (1-99) that get this version; nil when every
-    /// purchase does. Which purchases is stable by transaction id (``ContentStore/rolloutBucket``).
+    /// purchase does. Which purchases is stable by original transaction id (``ContentStore/rolloutBucket``).
     public var rolloutPercent: Int? = nil
     /// When the version was rolled back: no grant names it since, and the version before serves.
     public var rolledBackAt: Date? = nil
@@ -305,7 +305,8 @@ public final class ContentStore: Sendable {
     // MARK: Staged rollouts
 
     /// A purchase's place (0-99) in every rollout of `productId`: the first four bytes of
-    /// SHA-256("<productId>:<transactionId>"). Stable, so a device keeps its version as a rollout
+    /// SHA-256("<productId>:<transactionId>"), given the original transaction id (the server
+    /// does, so renewals stay with their purchase). Stable, so a device keeps its version as a rollout
     /// widens, and spread evenly over transaction ids; per product, so the same purchasers are not
     /// always first.
     public static func rolloutBucket(productId: String, transactionId: String) -> Int {

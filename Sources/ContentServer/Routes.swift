@@ -195,11 +195,14 @@ struct APIRoutes: Sendable {
         do throws(CatalogError) {
             let versions = try await service.store.versions(productId: productId)
             // Staged rollouts and rollbacks decide which version this purchase gets; a pinned
-            // version too must be served to it.
-            let bucket = ContentStore.rolloutBucket(productId: productId, transactionId: transactionId)
+            // version too must be served to it. The bucket is the original purchase's: a
+            // subscription's renewals and a restore's new transactions are the same purchase, and
+            // a device with several of them must not be given two versions.
+            let purchase = transaction.originalTransactionId ?? transactionId
+            let bucket = ContentStore.rolloutBucket(productId: productId, transactionId: purchase)
             let chosen =
                 contentVersion.map { pinned in versions.first { $0.contentVersion == pinned && $0.isServed(toBucket: bucket) } }
-                ?? ContentStore.version(forTransaction: transactionId, productId: productId, among: versions)
+                ?? ContentStore.version(forTransaction: purchase, productId: productId, among: versions)
             guard let version = chosen else {
                 service.metrics.grant("no-content")
                 let what = contentVersion.map { "version \($0) of \(productId) (or it was rolled back, or its staged rollout does not include this purchase yet)" } ?? "product \(productId)"

@@ -283,7 +283,7 @@ struct Rollout: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Stage a published version for a percentage of purchases, widen it, or promote it to all.",
         discussion: """
-            Which purchases get a staged version is stable by transaction id: widening keeps those \
+            Which purchases get a staged version is stable by original transaction id: widening keeps those \
             that have it. Takes effect with the next grant, on every replica sharing the data folder. \
             Exit codes: 0 done, 1 unknown version or invalid percentage, 3 storage failure.
             """)

@@ -41,6 +41,21 @@ extension ServerTests {
         let at60 = try versions()
         #expect(at60 == expected(60))
         #expect(zip(at30, at60).allSatisfy { $0 != "1.1" || $1 == "1.1" })
+        // A renewal (a new transaction id of the same original purchase) stays with its purchase's
+        // version, even where its own id falls on the other side of the rollout.
+        let flipping = purchases.filter { purchase in
+            let renewal = purchase.transaction.transactionId! + "9"
+            return (ContentStore.rolloutBucket(productId: product, transactionId: renewal) < 60)
+                != (ContentStore.rolloutBucket(productId: product, transactionId: purchase.transaction.transactionId!) < 60)
+        }
+        #expect(!flipping.isEmpty, "no renewal id falls on the other side of 60%")
+        for purchase in flipping {
+            var renewal = purchase.transaction
+            renewal.transactionId = purchase.transaction.transactionId! + "9"
+            let granted = try grant(try store.sign(renewal), server: server, tmp: tmp)
+            let version = (granted.json["downloads"] as? [[String: Any]])?.first?["contentVersion"] as? String
+            #expect(version == at60[purchases.firstIndex { $0.transaction.transactionId == purchase.transaction.transactionId }!], "\(granted.text)")
+        }
         // A pinned request gets a staged version only inside its rollout.
         let outside = try #require(purchases.first { ContentStore.rolloutBucket(productId: product, transactionId: $0.transaction.transactionId!) >= 60 })
         #expect(try grant(outside.signedTransaction, server: server, tmp: tmp, version: "1.1").status == 404)
