@@ -4,7 +4,7 @@ import Foundation
 import Synchronization
 
 /// Installs a verified archive as `<content>/<productId>/<contentVersion>/` (the `contentURL`)
-/// with ``SafeExtractor``, atomically, then removes the product's older versions.
+/// with ``SafeExtractor``, atomically, then removes the product's other versions.
 struct ContentInstaller: Sendable {
     let contentDirectory: String
 
@@ -63,7 +63,7 @@ struct ContentInstaller: Sendable {
     }
 
     /// Puts `record`'s version in place with `build` (unless an earlier run did), then removes
-    /// the product's older versions, only once the new one is complete, and records the new one's
+    /// the product's other versions, only once the new one is complete, and records the new one's
     /// files when `manifest` is given. `build` returns the identities it saw of the files it
     /// placed, by entry path, which the record then takes as they are.
     private func install(
@@ -81,15 +81,18 @@ struct ContentInstaller: Sendable {
         if !isInstalled(record) {
             do { known = try build(destination, expected) } catch { throw FetchError(.install, error.message) }
         }
-        // An older version leaves at once, renamed out of sight: an app never finds it half
-        // removed, and a run killed while removing it leaves a hidden folder the next install
-        // removes. Its files then go while the new version's are recorded: on a 5,000-file delta
+        // Every other version leaves at once, newer ones too: the server grants what this
+        // purchase should have, and after a rollback that is an older version, which must not
+        // sit beside the one rolled back (an app looking for the newest would take the bad
+        // one). Each is renamed out of sight: an app never finds it half removed, and a run
+        // killed while removing it leaves a hidden folder the next install removes. Its files then go while the new version's are recorded: on a 5,000-file delta
         // update those were two 50 ms steps, one after the other, between the install and the
         // finish (docs/performance.md).
         var leaving: [String] = []
         for name in (try? FileManager.default.contentsOfDirectory(atPath: parent)) ?? []
         where !name.hasPrefix(".") && name != record.contentVersion {
-            guard let version = try? ContentVersion(name), version < expected.contentVersion else { continue }
+            // Only folders named as versions are ours to remove.
+            guard (try? ContentVersion(name)) != nil else { continue }
             let hidden = parent + "/." + name + Self.removingMarker + String(UInt32.random(in: 0...UInt32.max))
             if rename(parent + "/" + name, hidden) == 0 {
                 leaving.append(hidden)

@@ -178,6 +178,28 @@ struct FetchTests {
         #expect(plist.contentVersion.string == "1.1")
     }
 
+    @Test("after a rollback, the version the server grants replaces a newer one installed: the rolled-back version does not stay beside it")
+    func rollbackReplacesNewer() throws {
+        let w = try world(products: ["com.example.cosmos.levels1": repositoryContent("com.example.cosmos.levels1")])
+        let purchase = try w.store.purchase(productId: "com.example.cosmos.levels1")
+        let updated = w.tmp.sub("updated")
+        try FileManager.default.copyItem(atPath: repositoryContent("com.example.cosmos.levels1"), toPath: updated)
+        try Data("{\"id\": \"ring-11\"}\n".utf8).write(to: URL(fileURLWithPath: updated + "/levels/ring-11.json"))
+        try w.publish(folder: updated, product: "com.example.cosmos.levels1", version: "1.1")
+        #expect(try fetch(w).status == 0)
+        let product = w.content + "/com.example.cosmos.levels1"
+        #expect(FileManager.default.fileExists(atPath: product + "/1.1/Contents/levels/ring-11.json"))
+
+        // 1.1 turns out bad and is rolled back; the app asks again with its transaction.
+        let rollback = try run(productsDirectory() + "/iap-server", ["rollback", "--data", w.tmp.sub("data"), "com.example.cosmos.levels1", "1.1"])
+        #expect(rollback.status == 0, "\(rollback.stderr)")
+        try purchase.signedTransaction.write(toFile: w.tmp.sub("tx.jws"), atomically: true, encoding: .utf8)
+        let got = try run(productsDirectory() + "/iap-fetch", ["get", "--server", w.server.base, "--transaction", w.tmp.sub("tx.jws"), "--content-dir", w.content])
+        #expect(got.status == 0, "\(got.stderr)")
+        #expect(try FileManager.default.contentsOfDirectory(atPath: product).filter { !$0.hasPrefix(".") } == ["1.0"])
+        #expect(try run("diff", ["-r", repositoryContent("com.example.cosmos.levels1"), product + "/1.0/Contents"]).status == 0)
+    }
+
     @Test("a purchase without hosted content (a consumable) is left unfinished to the app, not failed; content published later is fetched by the next run")
     func withoutHostedContent() throws {
         let w = try world(products: ["com.example.cosmos.levels1": repositoryContent("com.example.cosmos.levels1")])
