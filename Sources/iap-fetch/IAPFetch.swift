@@ -21,7 +21,7 @@ struct IAPFetch: AsyncParsableCommand {
             failed (they stay unfinished and are retried by the next run; the reason is printed; for \
             `get`, also a product without hosted content), 130 interrupted (paused; the next run resumes).
             """,
-        subcommands: [Run.self, Get.self, Status.self, Cancel.self])
+        subcommands: [Run.self, Get.self, Status.self, Installed.self, Cancel.self])
 }
 
 /// `--limit-rate`: bytes per second, with an optional K, M or G (binary) suffix.
@@ -273,6 +273,30 @@ struct Status: ParsableCommand {
             )
             if let delta = r.delta { print("    \(delta.summary)") }
         }
+    }
+}
+
+struct Installed: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "List the content installed in a content folder: each product's version and its folder (the contentURL an app reads).")
+    @Option(name: .customLong("content-dir"), help: "The content folder.") var contentDir: String
+    @Flag(help: "Print JSON: [{productId, contentVersion, contentURL}].") var json = false
+
+    func run() throws {
+        var isFolder: ObjCBool = false
+        guard FileManager.default.fileExists(atPath: contentDir, isDirectory: &isFolder), isFolder.boolValue else {
+            throw Reporter(tool: "iap-fetch", json: json).failure(
+                "not-found", "\(contentDir) is not a folder: pass the --content-dir that iap-fetch get or run used")
+        }
+        let installed = InstalledContent.all(in: contentDir)
+        if json {
+            let encoder = JSONEncoder()
+            encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
+            print(String(decoding: try encoder.encode(installed), as: UTF8.self))
+            return
+        }
+        if installed.isEmpty { print("nothing installed in \(contentDir) yet") }
+        for content in installed { print("\(content.productId)  \(content.contentVersion)  \(content.contentURL.path)") }
     }
 }
 

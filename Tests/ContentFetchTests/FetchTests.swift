@@ -178,6 +178,43 @@ struct FetchTests {
         #expect(plist.contentVersion.string == "1.1")
     }
 
+    @Test("installed lists each product's complete install, the newer of two, ignoring hidden, partial and foreign folders")
+    func installedContent() throws {
+        let w = try world(products: [
+            "com.example.cosmos.levels1": repositoryContent("com.example.cosmos.levels1"),
+            "com.example.magazine.issue42": repositoryContent("com.example.magazine.issue42"),
+        ])
+        let listedEmpty = try run(productsDirectory() + "/iap-fetch", ["installed", "--content-dir", w.content])
+        #expect(listedEmpty.status == 1 && listedEmpty.stderr.contains("is not a folder"))
+        _ = try w.store.purchase(productId: "com.example.cosmos.levels1")
+        _ = try w.store.purchase(productId: "com.example.magazine.issue42")
+        #expect(try fetch(w).status == 0)
+        // What a stopped run or a person may leave: none of it is installed content.
+        let levels = w.content + "/com.example.cosmos.levels1"
+        try FileManager.default.createDirectory(atPath: levels + "/.1.1.extracting-123/Contents", withIntermediateDirectories: true)
+        try FileManager.default.createDirectory(atPath: levels + "/2.0/Contents", withIntermediateDirectories: true)  // no plist
+        try FileManager.default.createDirectory(atPath: w.content + "/notes", withIntermediateDirectories: true)
+        // A version folder whose plist names another version is not that version.
+        try FileManager.default.copyItem(atPath: levels + "/1.0", toPath: levels + "/3.0")
+        // Two complete versions (a run stopped between installing one and removing the other): the newest.
+        let magazine = w.content + "/com.example.magazine.issue42"
+        let plist = try String(contentsOfFile: magazine + "/1.0/ContentInfo.plist", encoding: .utf8)
+        try FileManager.default.copyItem(atPath: magazine + "/1.0", toPath: magazine + "/1.2")
+        try FileManager.default.removeItem(atPath: magazine + "/1.2/ContentInfo.plist")
+        try plist.replacingOccurrences(of: "<string>1.0</string>", with: "<string>1.2</string>").write(
+            toFile: magazine + "/1.2/ContentInfo.plist", atomically: true, encoding: .utf8)
+
+        let listed = InstalledContent.all(in: w.content)
+        #expect(listed.map { "\($0.productId) \($0.contentVersion)" } == ["com.example.cosmos.levels1 1.0", "com.example.magazine.issue42 1.2"])
+        #expect(listed.first?.contentURL.path == levels + "/1.0")
+        #expect(InstalledContent.product("com.example.other", in: w.content) == nil)
+        let cli = try run(productsDirectory() + "/iap-fetch", ["installed", "--content-dir", w.content, "--json"])
+        #expect(cli.status == 0, "\(cli.stderr)")
+        let entries = try #require(try JSONSerialization.jsonObject(with: Data(cli.stdout.utf8)) as? [[String: Any]])
+        #expect(entries.map { $0["contentVersion"] as? String } == ["1.0", "1.2"])
+        #expect((entries.first?["contentURL"] as? String)?.hasSuffix("/com.example.cosmos.levels1/1.0/") == true)
+    }
+
     @Test("after a rollback, the version the server grants replaces a newer one installed: the rolled-back version does not stay beside it")
     func rollbackReplacesNewer() throws {
         let w = try world(products: ["com.example.cosmos.levels1": repositoryContent("com.example.cosmos.levels1")])
@@ -197,6 +234,7 @@ struct FetchTests {
         let got = try run(productsDirectory() + "/iap-fetch", ["get", "--server", w.server.base, "--transaction", w.tmp.sub("tx.jws"), "--content-dir", w.content])
         #expect(got.status == 0, "\(got.stderr)")
         #expect(try FileManager.default.contentsOfDirectory(atPath: product).filter { !$0.hasPrefix(".") } == ["1.0"])
+        #expect(InstalledContent.product("com.example.cosmos.levels1", in: w.content)?.contentVersion == "1.0")
         #expect(try run("diff", ["-r", repositoryContent("com.example.cosmos.levels1"), product + "/1.0/Contents"]).status == 0)
     }
 
