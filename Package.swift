@@ -117,7 +117,7 @@ let package = Package(
         ),
         .target(
             name: "TransactionQueue",
-            dependencies: ["DurableFiles", "IAPProtocol", .product(name: "SystemPackage", package: "swift-system")]
+            dependencies: ["Base64URL", "DurableFiles", "IAPProtocol", .product(name: "SystemPackage", package: "swift-system")]
         ),
         .target(
             name: "SandboxStore",

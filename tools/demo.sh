@@ -63,6 +63,15 @@ coins=$("$bin/iap-sandbox" transactions --dir "$work/sandbox" --json | python3 -
 echo "the app credits the 100 coins, then finishes that transaction itself:"
 "$bin/iap-sandbox" finish --dir "$work/sandbox" "$coins"
 
+step "a content update: 1.1 of $product adds a level; run --updates fetches only what changed (a delta update)"
+cp -r "content/$product/Contents" "$work/levels-1.1"
+echo '{"id": "ring-11"}' > "$work/levels-1.1/levels/ring-11.json"
+"$bin/iap-pack" build "$work/levels-1.1" --product-id "$product" --content-version 1.1 --output "$work/archives-1.1" > /dev/null
+"$bin/iap-server" publish --data "$work/data" "$work/archives-1.1/$product-1.1.zip"
+"$bin/iap-fetch" run --server "$base" --queue "$work/sandbox/queue" --content-dir "$work/device" --updates
+echo "installed now (1.0 was replaced only once 1.1 was complete):"
+"$bin/iap-fetch" installed --content-dir "$work/device"
+
 step "refunding the purchase: the sandbox signs a REFUND notification V2 and POSTs it to the server"
 id=$("$bin/iap-sandbox" transactions --dir "$work/sandbox" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["transactionId"])')
 "$bin/iap-sandbox" refund --dir "$work/sandbox" "$id" --notify "$base/v1/notifications" > /dev/null

@@ -31,4 +31,30 @@
             }
         }
     }
+
+    /// StoreKit 2's current entitlements, finished transactions included: the source of a run
+    /// that brings installed content up to date when a new content version is out (see
+    /// ``OwnedTransactions``, the same over a queue folder). Compiles on Apple platforms only.
+    @available(iOS 15.0, macOS 12.0, tvOS 15.0, watchOS 8.0, visionOS 1.0, *)
+    public struct StoreKitEntitlementSource: TransactionSource {
+        public init() {}
+
+        public func unfinishedTransactions() async throws -> [QueuedTransaction] {
+            var result: [QueuedTransaction] = []
+            for await verification in StoreKit.Transaction.currentEntitlements {
+                let transaction = verification.unsafePayloadValue
+                result.append(
+                    QueuedTransaction(
+                        transactionId: String(transaction.id), productId: transaction.productID,
+                        signedTransaction: verification.jwsRepresentation, addedAt: transaction.purchaseDate))
+            }
+            return result.sorted { $0.addedAt < $1.addedAt }
+        }
+
+        public func finish(transactionId: String) async throws {
+            for await verification in StoreKit.Transaction.currentEntitlements where String(verification.unsafePayloadValue.id) == transactionId {
+                await verification.unsafePayloadValue.finish()
+            }
+        }
+    }
 #endif

@@ -73,7 +73,10 @@ let reporter = Reporter(tool: "iap-fetch")
 /// `emptyQueue`: what to say when the source held nothing to do (a run that prints nothing at
 /// all looks like one that did not start). `withoutContentFails`: a transaction whose product has
 /// no hosted content is a failure (`get`, asked for that one's content) rather than left to the app.
-func runFetcher(_ options: Options, source: any TransactionSource, emptyQueue: String? = nil, withoutContentFails: Bool = false) async throws {
+/// `quietlyFinished`: transactions finished before the run (an update check), not said to be finished again.
+func runFetcher(
+    _ options: Options, source: any TransactionSource, emptyQueue: String? = nil, withoutContentFails: Bool = false, quietlyFinished: Set<String> = []
+) async throws {
     let fetcher: ContentFetcher
     do { fetcher = try ContentFetcher(configuration: options.configuration(), source: source) } catch {
         throw options.reporter.failure(error)
@@ -92,7 +95,7 @@ func runFetcher(_ options: Options, source: any TransactionSource, emptyQueue: S
     await fetcher.shutdown()
     await printer.value
     interrupt.cancel()
-    for id in summary.finished {
+    for id in summary.finished where !quietlyFinished.contains(id) {
         if options.json { emitJSON(["event": "transaction-finished", "transactionId": id]) } else { print("finished transaction \(id)") }
     }
     for (id, error) in summary.failed {
@@ -105,7 +108,11 @@ func runFetcher(_ options: Options, source: any TransactionSource, emptyQueue: S
         if options.json {
             emitJSON(["event": "transaction-without-content", "transactionId": id, "productId": product, "message": reason.message])
         }
-        reporter.note("transaction \(id) (\(product)) has nothing to download: \(reason.message); it stays unfinished for the app to deliver and finish")
+        if quietlyFinished.contains(id) {
+            reporter.note("transaction \(id) (\(product)) has nothing to download: \(reason.message)")
+        } else {
+            reporter.note("transaction \(id) (\(product)) has nothing to download: \(reason.message); it stays unfinished for the app to deliver and finish")
+        }
     }
     for id in summary.cancelled {
         if options.json { emitJSON(["event": "download-cancelled", "downloadId": id]) }
@@ -167,6 +174,7 @@ struct Printer {
             "\(u.productId) \(u.contentVersion ?? "") [\(bar)] \(String(format: "%3.0f%%", u.progress * 100)) "
             + "\(mb(u.bytesReceived))/\(u.expectedContentLength < 0 ? "?" : mb(u.expectedContentLength)) "
             + "\(String(format: "%.1f MB/s", u.bytesPerSecond / 1e6)) eta \(eta) \(u.state.rawValue)"
+        if let delta = u.delta, !u.state.isFinal { text += " (\(delta))" }
         if let error = u.error { text += ": \(error.message)" }
         if let url = u.contentURL { text += " -> \(url)" }
         return text
@@ -174,16 +182,54 @@ struct Printer {
 }
 
 struct Run: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Process every unfinished transaction in a queue folder (iap-sandbox's <dir>/queue).")
+    static let configuration = CommandConfiguration(
+        abstract: "Process every unfinished transaction in a queue folder (iap-sandbox's <dir>/queue).",
+        discussion: """
+            With --updates, finished purchases too (consumables aside): each asks the server again, and content is \
+            downloaded only where the version the server grants now is not the one installed (a delta update when \
+            it can), as an app does when a new content version is out. Each product is then said to be updated or \
+            up to date.
+            """)
     @OptionGroup var options: Options
     @Option(help: "The transaction queue folder.") var queue: String
+    @Flag(help: "Also bring the content of finished purchases up to date.") var updates = false
 
     func run() async throws {
-        let source: FileTransactionQueue
-        do { source = try FileTransactionQueue.existing(folder: queue) } catch {
+        let queued: FileTransactionQueue
+        do { queued = try FileTransactionQueue.existing(folder: queue) } catch {
             throw options.reporter.failure(error)
         }
-        try await runFetcher(options, source: source, emptyQueue: "no unfinished transactions in \(queue): nothing to download")
+        guard updates else {
+            try await runFetcher(options, source: queued, emptyQueue: "no unfinished transactions in \(queue): nothing to download")
+            return
+        }
+        let before = Dictionary(InstalledContent.all(in: options.contentDir).map { ($0.productId, $0.contentVersion) }, uniquingKeysWith: { $1 })
+        func report() {
+            for content in InstalledContent.all(in: options.contentDir) {
+                let was = before[content.productId]
+                if options.json {
+                    emitJSON(
+                        was == content.contentVersion
+                            ? ["event": "content-up-to-date", "productId": content.productId, "contentVersion": content.contentVersion]
+                            : ["event": "content-updated", "productId": content.productId, "from": was ?? NSNull(), "to": content.contentVersion])
+                } else if was == content.contentVersion {
+                    print("\(content.productId) \(content.contentVersion) is up to date")
+                } else {
+                    print("\(content.productId): \(was.map { "updated from \($0) to" } ?? "installed") \(content.contentVersion)")
+                }
+            }
+        }
+        do {
+            try await runFetcher(
+                options, source: OwnedTransactions(queue: queued), emptyQueue: "no purchases in \(queue) that own content: nothing to bring up to date",
+                quietlyFinished: Set(try queued.all().filter(\.isFinished).map(\.transactionId)))
+        } catch let exit as ExitCode where exit.rawValue == 130 {
+            throw exit  // paused: what is installed says nothing yet
+        } catch {
+            report()  // a product may be updated while another failed
+            throw error
+        }
+        report()
     }
 }
 

@@ -178,6 +178,52 @@ struct FetchTests {
         #expect(plist.contentVersion.string == "1.1")
     }
 
+    @Test("run --updates brings finished purchases to the version now granted (a delta), says which are up to date, and leaves consumables alone")
+    func updates() throws {
+        let w = try world(products: [
+            "com.example.cosmos.levels1": repositoryContent("com.example.cosmos.levels1"),
+            "com.example.magazine.issue42": repositoryContent("com.example.magazine.issue42"),
+        ])
+        let levels = try w.store.purchase(productId: "com.example.cosmos.levels1")
+        _ = try w.store.purchase(productId: "com.example.magazine.issue42")
+        let coins = try w.store.purchase(productId: "com.example.coins100", type: .consumable)
+        #expect(try fetch(w).status == 0)
+        _ = try FileTransactionQueue(folder: w.queue).finishNow(coins.transaction.transactionId!)
+
+        // 1.1 is out; a plain run has nothing to do, as every purchase is finished.
+        let updated = w.tmp.sub("updated")
+        try FileManager.default.copyItem(atPath: repositoryContent("com.example.cosmos.levels1"), toPath: updated)
+        try Data("{\"id\": \"ring-11\"}\n".utf8).write(to: URL(fileURLWithPath: updated + "/levels/ring-11.json"))
+        try w.publish(folder: updated, product: "com.example.cosmos.levels1", version: "1.1")
+        let plain = try fetch(w)
+        #expect(plain.status == 0 && plain.stderr.contains("no unfinished transactions"))
+        #expect(InstalledContent.product("com.example.cosmos.levels1", in: w.content)?.contentVersion == "1.0")
+
+        let checked = try fetch(w, ["--updates"])
+        #expect(checked.status == 0, "\(checked.stderr)")
+        let said = events(checked.stdout)
+        #expect(
+            said.contains {
+                $0["event"] as? String == "content-updated" && $0["productId"] as? String == "com.example.cosmos.levels1" && $0["from"] as? String == "1.0" && $0["to"] as? String == "1.1"
+            })
+        #expect(said.contains { $0["event"] as? String == "content-up-to-date" && $0["productId"] as? String == "com.example.magazine.issue42" })
+        // Only the changed entries were fetched, and the finished transactions are not said to finish again.
+        // The new level and the plist (which names the version).
+        #expect(said.contains { ($0["delta"] as? String)?.contains("delta: 2 of 16 entries") == true }, "\(checked.stdout)")
+        #expect(!said.contains { $0["event"] as? String == "transaction-finished" })
+        #expect(!checked.stderr.contains("coins100"), "a consumable was asked about")
+        let product = w.content + "/com.example.cosmos.levels1"
+        #expect(try FileManager.default.contentsOfDirectory(atPath: product).filter { !$0.hasPrefix(".") } == ["1.1"])
+        #expect(try run("diff", ["-r", updated, product + "/1.1/Contents"]).status == 0)
+        #expect(try FileTransactionQueue(folder: w.queue).transaction(levels.transaction.transactionId!)?.finishedAt != nil)
+
+        // Checked again: nothing is downloaded, and both are up to date (plain lines without --json).
+        let again = try run(productsDirectory() + "/iap-fetch", ["run", "--server", w.server.base, "--queue", w.queue, "--content-dir", w.content, "--updates"])
+        #expect(again.status == 0, "\(again.stderr)")
+        #expect(again.stdout.contains("com.example.cosmos.levels1 1.1 is up to date") && again.stdout.contains("com.example.magazine.issue42 1.0 is up to date"), "\(again.stdout)")
+        #expect(!again.stdout.contains("active"), "it downloaded again: \(again.stdout)")
+    }
+
     @Test("installed lists each product's complete install, the newer of two, ignoring hidden, partial and foreign folders")
     func installedContent() throws {
         let w = try world(products: [
