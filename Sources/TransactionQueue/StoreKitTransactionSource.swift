@@ -14,21 +14,11 @@
         public init() {}
 
         public func unfinishedTransactions() async throws -> [QueuedTransaction] {
-            var result: [QueuedTransaction] = []
-            for await verification in StoreKit.Transaction.unfinished {
-                let transaction = verification.unsafePayloadValue
-                result.append(
-                    QueuedTransaction(
-                        transactionId: String(transaction.id), productId: transaction.productID,
-                        signedTransaction: verification.jwsRepresentation, addedAt: transaction.purchaseDate))
-            }
-            return result.sorted { $0.addedAt < $1.addedAt }
+            await StoreKitTransactions.queued(StoreKit.Transaction.unfinished)
         }
 
         public func finish(transactionId: String) async throws {
-            for await verification in StoreKit.Transaction.unfinished where String(verification.unsafePayloadValue.id) == transactionId {
-                await verification.unsafePayloadValue.finish()
-            }
+            await StoreKitTransactions.finish(transactionId, in: StoreKit.Transaction.unfinished)
         }
     }
 
@@ -40,8 +30,20 @@
         public init() {}
 
         public func unfinishedTransactions() async throws -> [QueuedTransaction] {
+            await StoreKitTransactions.queued(StoreKit.Transaction.currentEntitlements)
+        }
+
+        public func finish(transactionId: String) async throws {
+            await StoreKitTransactions.finish(transactionId, in: StoreKit.Transaction.currentEntitlements)
+        }
+    }
+
+    /// What both sources do with one of StoreKit's sequences of transactions.
+    @available(iOS 15.0, macOS 12.0, tvOS 15.0, watchOS 8.0, visionOS 1.0, *)
+    enum StoreKitTransactions {
+        static func queued(_ transactions: StoreKit.Transaction.Transactions) async -> [QueuedTransaction] {
             var result: [QueuedTransaction] = []
-            for await verification in StoreKit.Transaction.currentEntitlements {
+            for await verification in transactions {
                 let transaction = verification.unsafePayloadValue
                 result.append(
                     QueuedTransaction(
@@ -51,8 +53,8 @@
             return result.sorted { $0.addedAt < $1.addedAt }
         }
 
-        public func finish(transactionId: String) async throws {
-            for await verification in StoreKit.Transaction.currentEntitlements where String(verification.unsafePayloadValue.id) == transactionId {
+        static func finish(_ transactionId: String, in transactions: StoreKit.Transaction.Transactions) async {
+            for await verification in transactions where String(verification.unsafePayloadValue.id) == transactionId {
                 await verification.unsafePayloadValue.finish()
             }
         }

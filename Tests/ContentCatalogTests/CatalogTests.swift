@@ -20,6 +20,25 @@ enum Backend: String, CaseIterable, CustomTestStringConvertible, Sendable {
     }
 }
 
+/// A product of one file in a folder of its own, packed at any version.
+struct SampleProduct {
+    let dir = FileManager.default.temporaryDirectory.path + "/catalog-" + UUID().uuidString
+    var content: String { dir + "/content" }
+    let id: ProductIdentifier
+
+    init() throws {
+        id = try ProductIdentifier("com.example.levels1")
+        try FileManager.default.createDirectory(atPath: dir + "/content", withIntermediateDirectories: true)
+        try Data("level data\n".utf8).write(to: URL(fileURLWithPath: dir + "/content/level.json"))
+    }
+
+    func pack(_ version: String, into out: String) throws -> PackResult {
+        try ArchivePacker.pack(folder: content, options: .init(productId: id, contentVersion: try ContentVersion(version), outputDirectory: dir + "/" + out))
+    }
+
+    func remove() { try? FileManager.default.removeItem(atPath: dir) }
+}
+
 @Suite("The catalog")
 struct CatalogTests {
     @Test("opening the store removes uploads a stopped run left, and none an upload in progress holds")
@@ -59,15 +78,10 @@ struct CatalogTests {
 
     @Test("publishing: newer versions only, identical bytes are a no-op, anything else conflicts; lies are refused", arguments: Backend.allCases)
     func publishing(backend: Backend) async throws {
-        let dir = FileManager.default.temporaryDirectory.path + "/catalog-" + UUID().uuidString
-        defer { try? FileManager.default.removeItem(atPath: dir) }
-        let content = dir + "/content"
-        try FileManager.default.createDirectory(atPath: content, withIntermediateDirectories: true)
-        try Data("level data\n".utf8).write(to: URL(fileURLWithPath: content + "/level.json"))
-        let id = try ProductIdentifier("com.example.levels1")
-        func pack(_ version: String, _ out: String) throws -> PackResult {
-            try ArchivePacker.pack(folder: content, options: .init(productId: id, contentVersion: try ContentVersion(version), outputDirectory: dir + "/" + out))
-        }
+        let sample = try SampleProduct()
+        defer { sample.remove() }
+        let (dir, content, id) = (sample.dir, sample.content, sample.id)
+        func pack(_ version: String, _ out: String) throws -> PackResult { try sample.pack(version, into: out) }
         let v1 = try pack("1.0", "a"), v2 = try pack("1.2", "a")
         let store = try await openStore(dir + "/data", databaseURL: try await backend.freshURL())
         guard case .published = try await store.publish(archiveAt: v1.archivePath, manifest: v1.manifest) else { Issue.record("not published"); return }
@@ -131,15 +145,10 @@ struct CatalogTests {
 
     @Test("removing: only a rolled-back version; its files go, its number stays taken; other replicas' copies go on their next read", arguments: Backend.allCases)
     func removing(backend: Backend) async throws {
-        let dir = FileManager.default.temporaryDirectory.path + "/catalog-" + UUID().uuidString
-        defer { try? FileManager.default.removeItem(atPath: dir) }
-        let content = dir + "/content"
-        try FileManager.default.createDirectory(atPath: content, withIntermediateDirectories: true)
-        try Data("level data\n".utf8).write(to: URL(fileURLWithPath: content + "/level.json"))
-        let id = try ProductIdentifier("com.example.levels1")
-        func pack(_ version: String) throws -> PackResult {
-            try ArchivePacker.pack(folder: content, options: .init(productId: id, contentVersion: try ContentVersion(version), outputDirectory: dir + "/out"))
-        }
+        let sample = try SampleProduct()
+        defer { sample.remove() }
+        let (dir, id) = (sample.dir, sample.id)
+        func pack(_ version: String) throws -> PackResult { try sample.pack(version, into: "out") }
         let v1 = try pack("1.0"), v2 = try pack("1.1")
         let url = try await backend.freshURL()
         let store = try await openStore(dir + "/data", databaseURL: url)
