@@ -185,5 +185,26 @@ struct ReplicaTests {
         #expect(!tmp.files(in: "b/archives").contains(v11.manifest.archiveSHA256 + ".zip"))
         let ready = try curl([b.base + "/readyz"], folder: tmp)
         #expect(ready.status == 503 && ready.text.contains(v11.manifest.archiveSHA256), "\(ready.text)")
+
+        // The bad upload is rolled back and removed on A: B is ready again. A good 1.2 reaches B;
+        // removed on A, B deletes its own copy when it hears of it.
+        func admin(_ args: [String]) throws -> HTTPResult {
+            try curl(["-H", "Authorization: Bearer \(adminToken)"] + args, folder: tmp)
+        }
+        func rollBackAndRemove(_ version: String) throws {
+            let body = #"{"productId": "\#(product)", "contentVersion": "\#(version)", "rollBack": true}"#
+            #expect(try admin(["-X", "POST", "-H", "Content-Type: application/json", "-d", body, a.base + "/v1/admin/rollouts"]).status == 200)
+            #expect(try admin(["-X", "DELETE", a.base + "/v1/admin/archives/\(product)/\(version)"]).status == 200)
+        }
+        try rollBackAndRemove("1.1")
+        #expect(try await waitUntil(.seconds(20)) { try curl([b.base + "/readyz"], folder: tmp).status == 200 } != nil, "B still waits for the removed archive")
+        let v12 = try packSample(tmp, version: "1.2")
+        #expect(try upload(v12.archivePath, to: a, tmp).status == 201)
+        let copied = try await waitUntil(.seconds(20)) { tmp.files(in: "b/archives").contains(v12.manifest.archiveSHA256 + ".zip") }
+        #expect(copied != nil, "B never fetched 1.2")
+        try rollBackAndRemove("1.2")
+        let deleted = try await waitUntil(.seconds(20)) { !tmp.files(in: "b/archives").contains(v12.manifest.archiveSHA256 + ".zip") }
+        #expect(deleted != nil, "B kept its copy of the removed archive")
+        #expect(tmp.files(in: "b/archives").contains(packed.manifest.archiveSHA256 + ".zip"), "B deleted a live archive")
     }
 }
