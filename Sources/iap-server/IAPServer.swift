@@ -41,7 +41,13 @@ struct StoreOptions: ParsableArguments {
     }
 
     /// Runs `body` on the store and closes its database (PostgreSQL's connections) afterwards.
-    func withStore<T>(data: String, _ body: (ContentStore) async throws(CatalogError) -> T) async throws(CatalogError) -> T {
+    /// `existing`: the catalog must be there already, for a command that changes published
+    /// versions: a mistyped `--data` is said rather than made into an empty catalog.
+    func withStore<T>(data: String, existing: Bool = false, _ body: (ContentStore) async throws(CatalogError) -> T) async throws(CatalogError) -> T {
+        if existing, databaseURL == nil, !FileManager.default.fileExists(atPath: SQLiteCatalogDatabase.path(in: data)) {
+            throw CatalogError(
+                .notFound, "\(data) holds no catalog (\(SQLiteCatalogDatabase.path(in: data))): pass the --data folder the server uses, or --database for PostgreSQL")
+        }
         let store = try await open(data: data)
         do throws(CatalogError) {
             let result = try await body(store)
@@ -303,7 +309,7 @@ struct Rollout: AsyncParsableCommand {
 
     func run() async throws {
         do throws(CatalogError) {
-            let v = try await storeOptions.withStore(data: data) { store throws(CatalogError) in
+            let v = try await storeOptions.withStore(data: data, existing: true) { store throws(CatalogError) in
                 try await store.setRollout(productId: productId, contentVersion: contentVersion, percent: promote ? 100 : percent!, allowingUnserved: allowUnserved)
             }
             print("\(v.productId) \(v.contentVersion): \(v.rolloutPercent.map { "staged for \($0)% of purchases" } ?? "every purchase")")
@@ -331,7 +337,7 @@ struct Rollback: AsyncParsableCommand {
 
     func run() async throws {
         do throws(CatalogError) {
-            let v = try await storeOptions.withStore(data: data) { store throws(CatalogError) in
+            let v = try await storeOptions.withStore(data: data, existing: true) { store throws(CatalogError) in
                 try await store.rollBack(productId: productId, contentVersion: contentVersion, allowingUnserved: allowUnserved)
             }
             print("\(v.productId) \(v.contentVersion): rolled back")
@@ -359,7 +365,7 @@ struct Remove: AsyncParsableCommand {
 
     func run() async throws {
         do throws(CatalogError) {
-            let removal = try await storeOptions.withStore(data: data) { store throws(CatalogError) in
+            let removal = try await storeOptions.withStore(data: data, existing: true) { store throws(CatalogError) in
                 try await store.remove(productId: productId, contentVersion: contentVersion)
             }
             let freed = removal.freedBytes > 0 ? "deleted \(removal.freedBytes) bytes of archive and manifest" : "its files were gone already"

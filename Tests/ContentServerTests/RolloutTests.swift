@@ -177,6 +177,14 @@ extension ServerTests {
         let catalog = try run(productsDirectory() + "/iap-server", ["catalog", "--data", data] + storeOptions)
         #expect(catalog.stdout.contains("1.1") && catalog.stdout.contains("removed"), "\(catalog.stdout)")
         #expect(try curl([server.base + "/readyz"], folder: tmp).status == 200, "removed versions count as missing archives")
+        // A mistyped --data is said, not made into an empty catalog, by the commands that change versions.
+        if database == nil {
+            for command in [["rollout", "--percent", "10"], ["rollback"], ["remove"]] {
+                let typo = try run(productsDirectory() + "/iap-server", [command[0], "--data", tmp.sub("dta"), product, "1.0"] + command.dropFirst())
+                #expect(typo.status == 1 && typo.stderr.contains("holds no catalog"), "\(command): \(typo.stderr)")
+            }
+            #expect(!FileManager.default.fileExists(atPath: tmp.sub("dta")))
+        }
         #expect(server.stop() == 0)
     }
 }
