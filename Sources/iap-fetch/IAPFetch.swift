@@ -98,6 +98,14 @@ func runFetcher(
     for id in summary.finished where !quietlyFinished.contains(id) {
         if options.json { emitJSON(["event": "transaction-finished", "transactionId": id]) } else { print("finished transaction \(id)") }
     }
+    // An update check asks about finished purchases, refunded ones among them (a queue keeps the
+    // signed transaction as bought): those own no content any more, which is not a failure.
+    let refunded = summary.failed.filter { quietlyFinished.contains($0.transactionId) && $0.error.code == .revoked }
+    summary.failed.removeAll { quietlyFinished.contains($0.transactionId) && $0.error.code == .revoked }
+    for (id, error) in refunded {
+        if options.json { emitJSON(["event": "transaction-revoked", "transactionId": id, "message": error.message]) }
+        reporter.note("transaction \(id) is not brought up to date: \(error.message)")
+    }
     for (id, error) in summary.failed {
         if options.json {
             emitJSON(["event": "transaction-failed", "transactionId": id, "code": error.code.rawValue, "message": error.message])

@@ -222,6 +222,15 @@ struct FetchTests {
         #expect(again.status == 0, "\(again.stderr)")
         #expect(again.stdout.contains("com.example.cosmos.levels1 1.1 is up to date") && again.stdout.contains("com.example.magazine.issue42 1.0 is up to date"), "\(again.stdout)")
         #expect(!again.stdout.contains("active"), "it downloaded again: \(again.stdout)")
+
+        // A refunded purchase owns no content any more: said, not a failure, and nothing is removed.
+        let refund = try w.store.refund(transactionId: levels.transaction.transactionId!)
+        #expect(try postJSON(w.server.base + "/v1/notifications", ["signedPayload": refund.signedPayload], folder: w.tmp).status == 200)
+        let afterRefund = try fetch(w, ["--updates"])
+        #expect(afterRefund.status == 0, "\(afterRefund.stderr)")
+        #expect(afterRefund.stderr.contains("transaction \(levels.transaction.transactionId!) is not brought up to date") && afterRefund.stderr.contains("refunded"))
+        #expect(events(afterRefund.stdout).contains { $0["event"] as? String == "transaction-revoked" })
+        #expect(InstalledContent.product("com.example.cosmos.levels1", in: w.content)?.contentVersion == "1.1")
     }
 
     @Test("installed lists each product's complete install, the newer of two, ignoring hidden, partial and foreign folders")
