@@ -405,7 +405,7 @@ public final class ContentStore: Sendable {
         let share = version.rolloutPercent.map { "\($0)% of purchases" } ?? "every purchase"
         return CatalogError(
             .conflict,
-            "\(version.productId) \(version.contentVersion) is served to \(share): roll it back first (iap-server rollback), which checks that its buyers keep a version, then remove it"
+            "\(version.productId) \(version.contentVersion) is not rolled back (it can be granted to \(share)): roll it back first (iap-server rollback), which checks that its buyers keep a version, then remove it"
         )
     }
 

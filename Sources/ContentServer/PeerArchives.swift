@@ -47,9 +47,10 @@ final class PeerArchives: Sendable {
         let live = Set(versions.filter { $0.removedAt == nil }.map(\.sha256))
         let gone = Set(versions.filter { $0.removedAt != nil }.map(\.sha256)).subtracting(live)
         if !gone.isEmpty {
-            removed(gone)
+            // Deleted first: a request between the two could otherwise open a file about to go.
             let freed = store.deleteArchivesOfRemovedVersions(versions)
             if freed > 0 { logger.notice("deleted the archives of removed versions", metadata: ["bytes": "\(freed)"]) }
+            removed(gone)
         }
         var missing: [PublishedVersion] = []
         for version in versions where version.removedAt == nil && access(store.archivePath(sha256: version.sha256), R_OK) != 0 {

@@ -159,7 +159,7 @@ struct CatalogTests {
 
         // A version served to purchases is refused, and nothing changes.
         let served = try await #require(throws: CatalogError.self) { try await store.remove(productId: id.rawValue, contentVersion: "1.1") }
-        #expect(served.code == .conflict && served.message.contains("is served to every purchase: roll it back first"), "\(served.message)")
+        #expect(served.code == .conflict && served.message.contains("is not rolled back (it can be granted to every purchase): roll it back first"), "\(served.message)")
         #expect(try await store.versions(productId: id.rawValue).allSatisfy { $0.removedAt == nil })
         #expect(files.allSatisfy { FileManager.default.fileExists(atPath: $0) })
 
