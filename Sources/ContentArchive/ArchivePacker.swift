@@ -82,14 +82,29 @@ public enum ArchivePacker {
             // beside the last build's manifest, which does not verify it, so publishing refuses
             // the pair until the build runs again.
             let placedArchive = try PlacedFile.move(archiveTemp, to: archivePath)
+            let placedManifest: PlacedFile
             do throws(ArchiveError) {
-                try PlacedFile.move(manifestTemp, to: manifestPath).commit()
+                placedManifest = try PlacedFile.move(manifestTemp, to: manifestPath)
             } catch {
                 placedArchive.rollback()
                 throw error
             }
-            placedArchive.commit()
-            if options.sync { try syncDirectory(options.outputDirectory) }
+            // The files this build replaced (the same version built before) are deleted after the
+            // folder's sync, on a thread of their own. Deleted before it, the sync waited for the
+            // file system to discard their blocks (70 ms for a 569 MB archive on a disk mounted
+            // with `discard`); and deleting frees their page cache (40 ms), meanwhile the hash
+            // cache is written here.
+            if options.sync {
+                do throws(ArchiveError) { try syncDirectory(options.outputDirectory) } catch {
+                    placedArchive.commit()
+                    placedManifest.commit()
+                    throw error
+                }
+            }
+            let replacedRemoved = Background { () throws(ArchiveError) in
+                placedArchive.commit()
+                placedManifest.commit()
+            }
             var result = PackResult(archivePath: archivePath, manifestPath: manifestPath, manifest: manifest)
             result.removedLeftovers = leftovers
             result.leftOut = content.leftOut
@@ -100,6 +115,7 @@ public enum ArchivePacker {
                 }
             }
             HashCache.write(try cacheBytes.value(), besideArchive: archivePath)
+            try replacedRemoved.value()
             return result
         } catch {
             writer.abandon()
