@@ -100,8 +100,11 @@ func runFetcher(
     }
     // An update check asks about finished purchases, refunded ones among them (a queue keeps the
     // signed transaction as bought): those own no content any more, which is not a failure.
-    let refunded = summary.failed.filter { quietlyFinished.contains($0.transactionId) && $0.error.code == .revoked }
-    summary.failed.removeAll { quietlyFinished.contains($0.transactionId) && $0.error.code == .revoked }
+    let ownedNoMore = { (failure: (transactionId: String, error: FetchError)) in
+        quietlyFinished.contains(failure.transactionId) && failure.error.code == .revoked
+    }
+    let refunded = summary.failed.filter(ownedNoMore)
+    summary.failed.removeAll(where: ownedNoMore)
     for (id, error) in refunded {
         if options.json { emitJSON(["event": "transaction-revoked", "transactionId": id, "message": error.message]) }
         reporter.note("transaction \(id) is not brought up to date: \(error.message)")
@@ -116,11 +119,8 @@ func runFetcher(
         if options.json {
             emitJSON(["event": "transaction-without-content", "transactionId": id, "productId": product, "message": reason.message])
         }
-        if quietlyFinished.contains(id) {
-            reporter.note("transaction \(id) (\(product)) has nothing to download: \(reason.message)")
-        } else {
-            reporter.note("transaction \(id) (\(product)) has nothing to download: \(reason.message); it stays unfinished for the app to deliver and finish")
-        }
+        let left = quietlyFinished.contains(id) ? "" : "; it stays unfinished for the app to deliver and finish"
+        reporter.note("transaction \(id) (\(product)) has nothing to download: \(reason.message)\(left)")
     }
     for id in summary.cancelled {
         if options.json { emitJSON(["event": "download-cancelled", "downloadId": id]) }
@@ -227,10 +227,12 @@ struct Run: AsyncParsableCommand {
                 }
             }
         }
+        let finished: Set<String>
+        do { finished = Set(try queued.all().filter(\.isFinished).map(\.transactionId)) } catch { throw options.reporter.failure(error) }
         do {
             try await runFetcher(
                 options, source: OwnedTransactions(queue: queued), emptyQueue: "no purchases in \(queue) that own content: nothing to bring up to date",
-                quietlyFinished: Set(try queued.all().filter(\.isFinished).map(\.transactionId)))
+                quietlyFinished: finished)
         } catch let exit as ExitCode where exit.rawValue == 130 {
             throw exit  // paused: what is installed says nothing yet
         } catch {
