@@ -61,22 +61,29 @@ public enum ArchivePacker {
         archiveClaim.lock()
         var manifestWriter: BufferedFileWriter?
         do throws(ArchiveError) {
-            let (entries, size, digest) = try write(plan: plan, to: writer, options: options, progress: progress)
+            let (entries, size, archiveHash) = try write(plan: plan, to: writer, options: options, progress: progress)
             // The next build's hash cache is made on another core while this one writes the
             // manifest: each took 15-30 ms of the end of an incremental build of 5,000 files, when
             // only one thread was left working.
             let now = options.hashCacheTime ?? Date()
             let cacheBytes = Background { () throws(ArchiveError) in hashCache(plan: plan, entries: entries).encoded(now: now) }
+            // The archive's SHA-256 (one core reading every byte) is what an incremental build
+            // waits for last: the archive is finished and synced, and the manifest rendered with a
+            // stand-in digest, while it completes.
             try writer.finish()
-            let manifest = ArchiveManifest(
+            var manifest = ArchiveManifest(
                 productId: content.info.productIdentifier, contentVersion: content.info.contentVersion,
-                archiveName: archiveName, archiveSize: size, archiveSHA256: digest,
+                archiveName: archiveName, archiveSize: size, archiveSHA256: String(repeating: "0", count: 64),
                 contentLength: entries.reduce(0) { $0 + $1.uncompressedSize },
                 createdAt: options.timestamp.iso8601, entries: entries, encoder: options.chunking.encoder)
+            var json = manifest.canonicalJSON()
+            manifest.archiveSHA256 = try archiveHash.finalize().sha256
+            ArchiveManifest.replaceArchiveDigest(in: &json, with: manifest.archiveSHA256)
+            assert(json == manifest.canonicalJSON(), "the manifest's digest was patched in the wrong place")
             let mw = try BufferedFileWriter(creating: manifestTemp, durable: options.sync)
             manifestClaim.lock()
             manifestWriter = mw
-            try mw.write(Array(manifest.jsonData()))
+            try mw.write(json)
             try mw.finish()
             // The archive goes first: a build killed between the two leaves the new archive
             // beside the last build's manifest, which does not verify it, so publishing refuses
@@ -141,12 +148,12 @@ public enum ArchivePacker {
     }
 
     /// Streams the planned entries through the compressors into `writer`; returns the manifest
-    /// entries and the archive's size and SHA-256. Throws `capExceeded`, with the final size, when
+    /// entries, the archive's size and the hasher that is still finishing its SHA-256. Throws `capExceeded`, with the final size, when
     /// the archive ends over the cap.
     private static func write(
         plan: Plan, to writer: BufferedFileWriter, options: PackOptions,
         progress: (@Sendable (PackProgress) -> Void)?
-    ) throws(ArchiveError) -> ([ArchiveManifest.Entry], UInt64, String) {
+    ) throws(ArchiveError) -> ([ArchiveManifest.Entry], UInt64, BackgroundHasher) {
         let pipeline = OrderedPipeline(
             units: plan.units, entries: plan.entries, level: options.level,
             threads: max(1, options.threads), windowBytes: windowBytes)
@@ -351,7 +358,7 @@ public enum ArchivePacker {
             manifestEntries[index].chunks = chunks[index].chunks
             manifestEntries[index].storedCRC32 = chunks[index].crc32
         }
-        return (manifestEntries, size, try archiveHasher.finalize().sha256)
+        return (manifestEntries, size, archiveHasher)
     }
 
     /// Feeds bytes `start..<end` of a file (to its end when `end` is nil) to `hasher`, 1 MiB at a

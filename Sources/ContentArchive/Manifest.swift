@@ -115,6 +115,20 @@ public struct ArchiveManifest: Codable, Sendable, Equatable {
     /// The manifest's canonical JSON: sorted keys, so the same archive always gives the same bytes.
     public func jsonData() -> Data { Data(canonicalJSON()) }
 
+    /// Puts `digest` (64 hex digits) in place of the `archiveSHA256` of `json`, the canonical JSON
+    /// of a manifest, so the rest can be rendered before the archive's hash is known. The value
+    /// follows the first `"archiveSHA256" : "`: only the top-level key can be spelled so, since
+    /// the strings before it are escaped and cannot hold an unescaped quote.
+    static func replaceArchiveDigest(in json: inout [UInt8], with digest: String) {
+        let key = Array(#""archiveSHA256" : ""#.utf8)
+        let digestBytes = Array(digest.utf8)
+        guard digestBytes.count == 64, json.count >= key.count + 64 else { return }
+        for start in 0...(json.count - key.count - 64) where json[start] == key[0] && json[start..<start + key.count].elementsEqual(key) {
+            json.replaceSubrange(start + key.count..<start + key.count + 64, with: digestBytes)
+            return
+        }
+    }
+
     /// The canonical JSON, byte for byte what `JSONEncoder` writes with `.prettyPrinted`,
     /// `.sortedKeys` and `.withoutEscapingSlashes` (a test holds the two together), plus a newline.
     ///
