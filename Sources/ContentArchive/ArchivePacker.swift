@@ -101,17 +101,17 @@ public enum ArchivePacker {
             // file system to discard their blocks (70 ms for a 569 MB archive on a disk mounted
             // with `discard`); and deleting frees their page cache (40 ms), meanwhile the hash
             // cache is written here.
-            if options.sync {
-                do throws(ArchiveError) { try syncDirectory(options.outputDirectory) } catch {
-                    placedArchive.commit()
-                    placedManifest.commit()
-                    throw error
-                }
-            }
-            let replacedRemoved = Background { () throws(ArchiveError) in
+            let removeReplaced: @Sendable () -> Void = {
                 placedArchive.commit()
                 placedManifest.commit()
             }
+            if options.sync {
+                do throws(ArchiveError) { try syncDirectory(options.outputDirectory) } catch {
+                    removeReplaced()
+                    throw error
+                }
+            }
+            let replacedRemoved = Background { () throws(ArchiveError) in removeReplaced() }
             var result = PackResult(archivePath: archivePath, manifestPath: manifestPath, manifest: manifest)
             result.removedLeftovers = leftovers
             result.leftOut = content.leftOut
@@ -148,8 +148,8 @@ public enum ArchivePacker {
     }
 
     /// Streams the planned entries through the compressors into `writer`; returns the manifest
-    /// entries, the archive's size and the hasher that is still finishing its SHA-256. Throws `capExceeded`, with the final size, when
-    /// the archive ends over the cap.
+    /// entries, the archive's size and the hasher still finishing its SHA-256. Throws
+    /// `capExceeded`, with the final size, when the archive ends over the cap.
     private static func write(
         plan: Plan, to writer: BufferedFileWriter, options: PackOptions,
         progress: (@Sendable (PackProgress) -> Void)?

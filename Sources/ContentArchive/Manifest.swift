@@ -120,13 +120,10 @@ public struct ArchiveManifest: Codable, Sendable, Equatable {
     /// follows the first `"archiveSHA256" : "`: only the top-level key can be spelled so, since
     /// the strings before it are escaped and cannot hold an unescaped quote.
     static func replaceArchiveDigest(in json: inout [UInt8], with digest: String) {
-        let key = Array(#""archiveSHA256" : ""#.utf8)
-        let digestBytes = Array(digest.utf8)
-        guard digestBytes.count == 64, json.count >= key.count + 64 else { return }
-        for start in 0...(json.count - key.count - 64) where json[start] == key[0] && json[start..<start + key.count].elementsEqual(key) {
-            json.replaceSubrange(start + key.count..<start + key.count + 64, with: digestBytes)
-            return
-        }
+        guard digest.utf8.count == 64, let key = json.firstRange(of: Array(#""archiveSHA256" : ""#.utf8)),
+            json.count >= key.upperBound + 64
+        else { return }
+        json.replaceSubrange(key.upperBound..<key.upperBound + 64, with: digest.utf8)
     }
 
     /// The canonical JSON, byte for byte what `JSONEncoder` writes with `.prettyPrinted`,

@@ -409,24 +409,30 @@ public final class ContentStore: Sendable {
         )
     }
 
-    /// Deletes the files of removed versions that no version still in the catalog uses, from this
-    /// server's archive folder; returns the bytes freed. Only explicit removals delete anything:
-    /// an archive the catalog does not know (a catalog that is not this folder's, say) is kept.
-    public func deleteArchivesOfRemovedVersions(_ versions: [PublishedVersion]) -> Int64 {
+    /// The archives (by SHA-256) that only removed versions name: what may be deleted. Only
+    /// explicit removals count; an archive the catalog does not know (a catalog that is not this
+    /// folder's, say) is never among them.
+    public static func removedArchives(_ versions: [PublishedVersion]) -> Set<String> {
         let live = Set(versions.filter { $0.removedAt == nil }.map(\.sha256))
+        return Set(versions.filter { $0.removedAt != nil }.map(\.sha256)).subtracting(live)
+    }
+
+    /// Deletes these archives and their manifests from this server's archive folder; returns the
+    /// bytes freed.
+    public func deleteArchives(_ sha256s: Set<String>) -> Int64 {
         var freed: Int64 = 0
-        for sha256 in Set(versions.filter { $0.removedAt != nil }.map(\.sha256)) where !live.contains(sha256) {
-            freed += deleteFiles(sha256: sha256)
+        for sha256 in sha256s {
+            for (path, size) in fileSizes(sha256: sha256) where unlink(path) == 0 { freed += size }
         }
+        if freed > 0 { try? Directory.sync(archivesDirectory) }
         return freed
     }
 
     private func deleteArchiveIfUnused(_ removed: PublishedVersion) async throws(CatalogError) {
         // An archive's bytes name its product and version (ContentInfo.plist), so no other
         // version can share it; checked anyway, as the rest of the catalog is cheap to read.
-        let others = try await database.versions(productId: nil).filter { $0.sha256 == removed.sha256 && $0.removedAt == nil }
-        guard others.isEmpty else { return }
-        _ = deleteFiles(sha256: removed.sha256)
+        guard Self.removedArchives(try await database.versions(productId: nil)).contains(removed.sha256) else { return }
+        _ = deleteArchives([removed.sha256])
     }
 
     /// The sizes of an archive's file and its manifest's, by path, for those that exist.
@@ -437,17 +443,6 @@ public final class ContentStore: Sendable {
             if lstat(path, &info) == 0 { sizes[path] = Int64(info.st_size) }
         }
         return sizes
-    }
-
-    private func deleteFiles(sha256: String) -> Int64 {
-        var freed: Int64 = 0
-        for path in [archivePath(sha256: sha256), manifestPath(sha256: sha256)] {
-            var info = stat()
-            guard lstat(path, &info) == 0, unlink(path) == 0 else { continue }
-            freed += Int64(info.st_size)
-        }
-        if freed > 0 { try? Directory.sync(archivesDirectory) }
-        return freed
     }
 
     /// The share of purchases (rollout buckets 0..<n) that some version is served to: a

@@ -16,9 +16,7 @@ struct ContentInstaller: Sendable {
     /// record that it had installed it).
     func isInstalled(_ record: DownloadRecord) -> Bool {
         guard let expected = try? expectedInfo(record) else { return false }
-        let plist = destination(productId: record.productId, contentVersion: record.contentVersion) + "/" + ContentInfo.fileName
-        guard let data = FileManager.default.contents(atPath: plist) else { return false }
-        return (try? ContentInfo(plist: data, source: plist)) == expected
+        return InstalledContent.isComplete(destination(productId: record.productId, contentVersion: record.contentVersion), as: expected)
     }
 
     /// Extracts `archive` for `record` and returns the installed folder; with `manifest`, records

@@ -35,14 +35,20 @@ public struct InstalledContent: Sendable, Equatable, Codable {
         let folder = contentDirectory + "/" + productId
         var newest: (version: ContentVersion, content: InstalledContent)?
         for name in (try? FileManager.default.contentsOfDirectory(atPath: folder)) ?? [] where !name.hasPrefix(".") {
-            guard let version = try? ContentVersion(name) else { continue }
-            let plist = folder + "/" + name + "/" + ContentInfo.fileName
-            guard let data = FileManager.default.contents(atPath: plist), let info = try? ContentInfo(plist: data, source: plist),
-                info == ContentInfo(productIdentifier: product, contentVersion: version)
+            guard let version = try? ContentVersion(name),
+                isComplete(folder + "/" + name, as: ContentInfo(productIdentifier: product, contentVersion: version))
             else { continue }
             if let newest, !(newest.version < version) { continue }
             newest = (version, InstalledContent(productId: productId, contentVersion: name, contentURL: URL(fileURLWithPath: folder + "/" + name, isDirectory: true)))
         }
         return newest?.content
+    }
+
+    /// Whether `folder` holds a complete install of `info`: its `ContentInfo.plist` names that
+    /// product and version (a version folder appears by one rename, once extracted and verified).
+    static func isComplete(_ folder: String, as info: ContentInfo) -> Bool {
+        let plist = folder + "/" + ContentInfo.fileName
+        guard let data = FileManager.default.contents(atPath: plist) else { return false }
+        return (try? ContentInfo(plist: data, source: plist)) == info
     }
 }

@@ -44,11 +44,10 @@ final class PeerArchives: Sendable {
     /// to close what it keeps open.
     func catchUp(removed: (Set<String>) -> Void = { _ in }) async {
         guard let versions = try? await store.database.versions(productId: nil) else { return }
-        let live = Set(versions.filter { $0.removedAt == nil }.map(\.sha256))
-        let gone = Set(versions.filter { $0.removedAt != nil }.map(\.sha256)).subtracting(live)
+        let gone = ContentStore.removedArchives(versions)
         if !gone.isEmpty {
             // Deleted first: a request between the two could otherwise open a file about to go.
-            let freed = store.deleteArchivesOfRemovedVersions(versions)
+            let freed = store.deleteArchives(gone)
             if freed > 0 { logger.notice("deleted the archives of removed versions", metadata: ["bytes": "\(freed)"]) }
             removed(gone)
         }

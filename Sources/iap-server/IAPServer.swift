@@ -40,11 +40,17 @@ struct StoreOptions: ParsableArguments {
         try await ContentStore.open(dataDirectory: data, archivesDirectory: archivesDirectory, databaseURL: databaseURL)
     }
 
+    /// Whether there is a catalog to open: PostgreSQL's always is (its schema is made on open),
+    /// a data folder's only once `catalog.sqlite` is there.
+    func hasCatalog(data: String) -> Bool {
+        databaseURL != nil || FileManager.default.fileExists(atPath: SQLiteCatalogDatabase.path(in: data))
+    }
+
     /// Runs `body` on the store and closes its database (PostgreSQL's connections) afterwards.
     /// `existing`: the catalog must be there already, for a command that changes published
     /// versions: a mistyped `--data` is said rather than made into an empty catalog.
     func withStore<T>(data: String, existing: Bool = false, _ body: (ContentStore) async throws(CatalogError) -> T) async throws(CatalogError) -> T {
-        if existing, databaseURL == nil, !FileManager.default.fileExists(atPath: SQLiteCatalogDatabase.path(in: data)) {
+        if existing, !hasCatalog(data: data) {
             throw CatalogError(
                 .notFound, "\(data) holds no catalog (\(SQLiteCatalogDatabase.path(in: data))): pass the --data folder the server uses, or --database for PostgreSQL")
         }
@@ -387,7 +393,7 @@ struct Catalog: AsyncParsableCommand {
         do {
             // Listing only looks: a data folder without a catalog (a mistyped --data) is not made.
             let catalog: [(productId: String, versions: [PublishedVersion])]
-            if storeOptions.databaseURL == nil && !FileManager.default.fileExists(atPath: SQLiteCatalogDatabase.path(in: data)) {
+            if !storeOptions.hasCatalog(data: data) {
                 catalog = []
             } else {
                 catalog = try await storeOptions.withStore(data: data) { store throws(CatalogError) in try await store.catalog() }
