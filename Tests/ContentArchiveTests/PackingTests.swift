@@ -116,6 +116,28 @@ struct PackingTests {
         #expect(dated.manifest.archiveSHA256 != one.manifest.archiveSHA256)
     }
 
+    @Test("an archive's times are Foundation's UTC calendar's, from 1980 to 2107, leap days and centuries included")
+    func timestampFields() {
+        var calendar = Calendar(identifier: .gregorian)
+        calendar.timeZone = TimeZone(identifier: "UTC")!
+        let formatter = ISO8601DateFormatter()
+        formatter.timeZone = TimeZone(identifier: "UTC")!
+        var generator = SystemRandomNumberGenerator()
+        // 1980-01-01, 2000-02-29, 2000-03-01, 2100-02-28 and 2100-03-01 (not a leap year), the
+        // last second of 2107, then random times between.
+        let edges: [Int64] = [315_532_800, 951_782_400, 951_868_800, 4_107_456_000, 4_107_542_400, 4_354_819_198]
+        for seconds in edges + (0..<2_000).map({ _ in Int64.random(in: 315_532_800...4_354_819_198, using: &generator) }) {
+            let stamp = ArchiveTimestamp(secondsSince1970: seconds)
+            let c = calendar.dateComponents([.year, .month, .day, .hour, .minute, .second], from: stamp.date)
+            let expected = (
+                time: UInt16(c.hour! << 11 | c.minute! << 5 | c.second! / 2),
+                date: UInt16((c.year! - 1980) << 9 | c.month! << 5 | c.day!)
+            )
+            #expect(stamp.dos == expected, "\(seconds)")
+            #expect(stamp.iso8601 == formatter.string(from: stamp.date), "\(seconds)")
+        }
+    }
+
     @Test("level 0 stores every entry; every level round-trips through our own verifier")
     func levels() throws {
         let tmp = try TemporaryFolder()
