@@ -40,7 +40,8 @@ public actor ContentFetcher {
     var stopAll = false
     private var loop: Task<Void, Never>?
     private enum Outcome: Sendable {
-        case finished(String), failed(String, FetchError), withoutContent(QueuedTransaction, FetchError), paused(String), cancelled(String)
+        case finished(String), failed(String, FetchError), withoutContent(QueuedTransaction, FetchError), revoked(QueuedTransaction, FetchError)
+        case paused(String), cancelled(String)
         case interrupted
     }
     /// The server has no hosted content for the transaction's product: nothing to download.
@@ -121,6 +122,7 @@ public actor ContentFetcher {
             case .finished(let id): summary.finished.append(id)
             case .failed(let id, let error): summary.failed.append((id, error))
             case .withoutContent(let transaction, let reason): summary.withoutContent.append((transaction.transactionId, transaction.productId, reason))
+            case .revoked(let transaction, let reason): summary.revoked.append((transaction.transactionId, transaction.productId, reason))
             // Only those still paused: a resumed download reports how it ended.
             case .paused(let id) where parked[id] != nil && !summary.paused.contains(id): summary.paused.append(id)
             case .paused: break
@@ -233,6 +235,8 @@ public actor ContentFetcher {
                 }
             } catch let without as WithoutContent {
                 outcomes.append(.withoutContent(transaction, without.reason))
+            } catch let error as FetchError where error.code == .revoked {
+                outcomes.append(.revoked(transaction, error))
             } catch let error as FetchError {
                 outcomes.append(.failed(transaction.transactionId, error))
             } catch {
@@ -299,6 +303,11 @@ public actor ContentFetcher {
                 })
         } catch let error as FetchError {
             if error.code == .noContent { throw WithoutContent(reason: error) }
+            // Refunded after a run that was stopped mid-download: that download ends here, and
+            // its bytes on disk with it.
+            if error.code == .revoked, let saved = journal.load(id), saved.state != .finished {
+                download = DownloadStateMachine(record: saved)
+            }
             try? apply(.fail(error), to: &download)
             throw error
         }
@@ -482,7 +491,10 @@ public actor ContentFetcher {
         case .saveAndEmit(let removePartial):
             try journal.save(download.record)
             // After the save: a kill in between leaves a journal that no longer counts on the file.
-            if removePartial { unlink(journal.partialPath(download.id)) }
+            if removePartial {
+                unlink(journal.partialPath(download.id))
+                unlink(journal.manifestPath(download.id))
+            }
         }
         emit(download.update(received: received, rate: rate))
     }

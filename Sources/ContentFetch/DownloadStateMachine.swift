@@ -52,7 +52,8 @@ struct DownloadStateMachine: Sendable, Equatable {
         /// Tell observers; the journal keeps the previous state (a transient state, or one
         /// whose journal belongs to another process).
         case emit
-        /// Save the journal, remove the partial file when `removePartial`, then tell observers.
+        /// Save the journal, remove the partial file (and the manifest kept beside it) when
+        /// `removePartial`, then tell observers.
         case saveAndEmit(removePartial: Bool)
     }
 
@@ -139,8 +140,12 @@ struct DownloadStateMachine: Sendable, Equatable {
             guard state != .finished, state != .cancelled else { throw refuse() }
             record.state = .failed
             record.error = reason
+            // A refunded purchase is granted nothing more: its bytes on disk (up to 2 GiB) would
+            // only wait for a refund reversal, which starts over.
+            let worthless = reason.code == .revoked
+            if worthless { record.discardBytes() }
             // A busy download's journal belongs to the process that holds it: leave it alone.
-            action = isGranted && reason.code != .busy ? .saveAndEmit(removePartial: false) : .emit
+            action = isGranted && reason.code != .busy ? .saveAndEmit(removePartial: worthless) : .emit
         case .installed(let path):
             guard isGranted, [.waiting, .active].contains(state) else { throw refuse() }
             record.state = .finished

@@ -46,6 +46,11 @@ public struct RunSummary: Sendable {
     /// which delivers what they bought and finishes them, as StoreKit leaves a purchase without
     /// downloads to it; a later run asks again, so content published meanwhile is fetched.
     public var withoutContent: [(transactionId: String, productId: String, reason: FetchError)] = []
+    /// Refunded or revoked purchases, with the server's reason: nothing will be downloaded for
+    /// them (a download under way was stopped and its bytes deleted), which is not a failure of
+    /// the download. They stay unfinished for the app, which withdraws what they bought and
+    /// finishes them; content already installed stays, the app's to remove.
+    public var revoked: [(transactionId: String, productId: String, reason: FetchError)] = []
     /// Downloads paused with `pause(_:)`; `resume(_:)` continues them.
     public var paused: [String] = []
     /// Downloads cancelled; their transactions stay unfinished.

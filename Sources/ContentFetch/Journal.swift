@@ -140,7 +140,7 @@ public struct DownloadJournal: Sendable {
     /// Where the archive of download `id` grows until it is verified.
     public func partialPath(_ id: String) -> String { folder + "/" + id + ".partial" }
     /// The manifest of the version being downloaded, checked against the grant's SHA-256.
-    func manifestPath(_ id: String) -> String { folder + "/" + id + ".manifest.json" }
+    public func manifestPath(_ id: String) -> String { folder + "/" + id + ".manifest.json" }
     /// A file whose presence asks the process downloading `id` to cancel it (see `requestCancel`).
     func cancelRequestPath(_ id: String) -> String { folder + "/" + id + ".cancel" }
     private func recordPath(_ id: String) -> String { folder + "/" + id + ".json" }
@@ -193,6 +193,7 @@ public struct DownloadJournal: Sendable {
     /// its bytes (the next start downloads from zero) and is saved.
     func markCancelled(_ record: inout DownloadRecord) throws(FetchError) {
         unlink(partialPath(record.id))
+        unlink(manifestPath(record.id))
         record.discardBytes()
         record.state = .cancelled
         record.error = nil

@@ -16,10 +16,11 @@ struct IAPFetch: AsyncParsableCommand {
         commandName: "iap-fetch",
         abstract: "Downloads purchased content resumably, verifies and installs it, then finishes the transaction.",
         discussion: """
-            Exit codes: 0 every transaction finished, or left to the app because the server has no hosted \
-            content for its product (a consumable, say: `run` says so and leaves it unfinished), 1 some \
-            failed (they stay unfinished and are retried by the next run; the reason is printed; for \
-            `get`, also a product without hosted content), 130 interrupted (paused; the next run resumes).
+            Exit codes: 0 every transaction finished, or left to the app because there is nothing to \
+            download for it: the server has no hosted content for its product (a consumable, say) or it \
+            was refunded (`run` says which and leaves it unfinished), 1 some failed (they stay unfinished \
+            and are retried by the next run; the reason is printed; for `get`, also a product without \
+            hosted content or a refunded purchase), 130 interrupted (paused; the next run resumes).
             """,
         subcommands: [Run.self, Get.self, Status.self, Installed.self, Cancel.self])
 }
@@ -71,11 +72,12 @@ let reporter = Reporter(tool: "iap-fetch")
 
 /// Runs a fetcher over a source, printing its updates, and exits with the documented code.
 /// `emptyQueue`: what to say when the source held nothing to do (a run that prints nothing at
-/// all looks like one that did not start). `withoutContentFails`: a transaction whose product has
-/// no hosted content is a failure (`get`, asked for that one's content) rather than left to the app.
+/// all looks like one that did not start). `requireContent`: a transaction with nothing to
+/// download (its product has no hosted content, or it was refunded) is a failure (`get`, asked
+/// for that one's content) rather than left to the app.
 /// `quietlyFinished`: transactions finished before the run (an update check), not said to be finished again.
 func runFetcher(
-    _ options: Options, source: any TransactionSource, emptyQueue: String? = nil, withoutContentFails: Bool = false, quietlyFinished: Set<String> = []
+    _ options: Options, source: any TransactionSource, emptyQueue: String? = nil, requireContent: Bool = false, quietlyFinished: Set<String> = []
 ) async throws {
     let fetcher: ContentFetcher
     do { fetcher = try ContentFetcher(configuration: options.configuration(), source: source) } catch {
@@ -88,9 +90,10 @@ func runFetcher(
     interrupt.resume()
     let printer = Task { await Printer(json: options.json).print(fetcher.updates) }
     var summary = await fetcher.start()
-    if withoutContentFails {
-        summary.failed += summary.withoutContent.map { ($0.transactionId, $0.reason) }
+    if requireContent {
+        summary.failed += (summary.withoutContent + summary.revoked).map { ($0.transactionId, $0.reason) }
         summary.withoutContent = []
+        summary.revoked = []
     }
     await fetcher.shutdown()
     await printer.value
@@ -98,16 +101,17 @@ func runFetcher(
     for id in summary.finished where !quietlyFinished.contains(id) {
         if options.json { emitJSON(["event": "transaction-finished", "transactionId": id]) } else { print("finished transaction \(id)") }
     }
-    // An update check asks about finished purchases, refunded ones among them (a queue keeps the
-    // signed transaction as bought): those own no content any more, which is not a failure.
-    let ownedNoMore = { (failure: (transactionId: String, error: FetchError)) in
-        quietlyFinished.contains(failure.transactionId) && failure.error.code == .revoked
-    }
-    let refunded = summary.failed.filter(ownedNoMore)
-    summary.failed.removeAll(where: ownedNoMore)
-    for (id, error) in refunded {
-        if options.json { emitJSON(["event": "transaction-revoked", "transactionId": id, "message": error.message]) }
-        reporter.note("transaction \(id) is not brought up to date: \(error.message)")
+    // Refunded purchases are not failures: nothing will ever be downloaded for them. An update
+    // check asks about finished ones too (a queue keeps the signed transaction as bought).
+    for (id, product, reason) in summary.revoked {
+        if options.json {
+            emitJSON(["event": "transaction-revoked", "transactionId": id, "productId": product, "message": reason.message])
+        }
+        if quietlyFinished.contains(id) {
+            reporter.note("transaction \(id) is not brought up to date: \(reason.message)")
+        } else {
+            reporter.note("transaction \(id) (\(product)) was refunded or revoked, so it gets no content; it stays unfinished for the app to withdraw what it bought and finish")
+        }
     }
     for (id, error) in summary.failed {
         if options.json {
@@ -126,7 +130,7 @@ func runFetcher(
         if options.json { emitJSON(["event": "download-cancelled", "downloadId": id]) }
         reporter.note("download \(id) was cancelled; its transaction stays unfinished")
     }
-    if let emptyQueue, summary.finished.isEmpty, summary.failed.isEmpty, summary.withoutContent.isEmpty, summary.cancelled.isEmpty,
+    if let emptyQueue, summary.finished.isEmpty, summary.failed.isEmpty, summary.withoutContent.isEmpty, summary.revoked.isEmpty, summary.cancelled.isEmpty,
         summary.paused.isEmpty, !summary.interrupted
     {
         reporter.note(emptyQueue)
@@ -291,7 +295,7 @@ struct Get: AsyncParsableCommand {
                 "invalid-input", "--transaction \(transaction) does not hold a signed transaction (a JWS whose payload has transactionId and productId): pass the JWS the app got from StoreKit")
         }
         try await runFetcher(
-            options, source: SingleTransaction(transaction: QueuedTransaction(transactionId: id, productId: product, signedTransaction: text)), withoutContentFails: true)
+            options, source: SingleTransaction(transaction: QueuedTransaction(transactionId: id, productId: product, signedTransaction: text)), requireContent: true)
     }
 }
 

@@ -101,6 +101,13 @@ import TransactionQueue
         #expect(try other.handle(.fail(FetchError(.integrity, "hash")), now: now) == .saveAndEmit(removePartial: false))
     }
 
+    @Test func aRefundDiscardsTheBytesOnDisk() throws {
+        var machine = try granted()
+        machine.updateBytes { $0.recordedLength = 4 << 20 }
+        #expect(try machine.handle(.fail(FetchError(.revoked, "refunded")), now: now) == .saveAndEmit(removePartial: true))
+        #expect(machine.state == .failed && machine.record.recordedLength == 0 && machine.record.error?.code == .revoked)
+    }
+
     @Test func beforeTheGrantNothingIsSavedAndUpdatesHaveNoSize() throws {
         var machine = DownloadStateMachine(transactionId: "1000", productId: "com.example.levels", now: now)
         #expect(throws: DownloadStateMachine.InvalidTransition.self) { try machine.handle(.accepted, now: now) }

@@ -87,16 +87,24 @@ struct FaultTests {
         #expect(try finishedAt(s) != nil)
     }
 
-    @Test("a refund during the download fails it with the reason; nothing is installed and the transaction stays unfinished")
+    @Test("a refund during the download ends it with the reason and deletes its bytes; nothing is installed and the transaction stays unfinished")
     func refundMidDownload() throws {
         let s = try halfDownloaded()
+        let journal = try DownloadJournal(contentDirectory: s.content)
+        #expect(FileManager.default.fileExists(atPath: journal.partialPath(s.downloadId)))
+        #expect(FileManager.default.fileExists(atPath: journal.manifestPath(s.downloadId)))
         let refund = try s.store.refund(transactionId: s.transactionId)
         #expect(try postJSON(s.server.base + "/v1/notifications", ["signedPayload": refund.signedPayload], folder: s.tmp).status == 200)
         let result = try fetch(s)
-        #expect(result.status == 1)
+        #expect(result.status == 0, "\(result.stderr)")
         #expect(result.stderr.contains("refunded or revoked"))
         #expect(installedPayload(s) == nil)
         #expect(try finishedAt(s) == nil)
+        // The 4 MiB and more already fetched would only wait for a refund reversal.
+        let record = try #require(journal.load(s.downloadId))
+        #expect(record.state == .failed && record.error?.code == .revoked && record.recordedLength == 0)
+        #expect(!FileManager.default.fileExists(atPath: journal.partialPath(s.downloadId)))
+        #expect(!FileManager.default.fileExists(atPath: journal.manifestPath(s.downloadId)))
     }
 
     @Test("Ctrl-C pauses: journal saved, state paused, exit 130; the next run resumes")

@@ -326,35 +326,40 @@ struct FetchTests {
         #expect(try run("diff", ["-r", repositoryContent("com.example.magazine.issue42"), w.content + "/com.example.magazine.issue42/1.0/Contents"]).status == 0)
     }
 
-    @Test("of several purchases, one failing (refunded) leaves the others finished and itself unfinished, exit 1")
-    func oneFails() throws {
+    @Test("of several purchases, a refunded one is named and left unfinished for the app, the others finished, exit 0; get fails on it")
+    func refundedAmongOthers() throws {
         let w = try world(products: [
             "com.example.cosmos.levels1": repositoryContent("com.example.cosmos.levels1"),
             "com.example.magazine.issue42": repositoryContent("com.example.magazine.issue42"),
         ])
         let good = try w.store.purchase(productId: "com.example.cosmos.levels1")
         let refunded = try w.store.purchase(productId: "com.example.magazine.issue42")
-        let refund = try w.store.refund(transactionId: refunded.transaction.transactionId!)
+        let refundedId = refunded.transaction.transactionId!
+        let refund = try w.store.refund(transactionId: refundedId)
         #expect(try postJSON(w.server.base + "/v1/notifications", ["signedPayload": refund.signedPayload], folder: w.tmp).status == 200)
         let first = try fetch(w)
-        #expect(first.status == 1)
-        #expect(first.stderr.contains("transaction \(refunded.transaction.transactionId!) failed and stays unfinished"))
+        #expect(first.status == 0, "\(first.stderr)")
+        #expect(first.stderr.contains("transaction \(refundedId) (com.example.magazine.issue42) was refunded or revoked, so it gets no content"), "\(first.stderr)")
+        #expect(first.stderr.contains("it stays unfinished for the app to withdraw what it bought and finish"))
+        #expect(!first.stderr.contains("failed"), "\(first.stderr)")
+        let revoked = events(first.stdout).filter { $0["event"] as? String == "transaction-revoked" }
+        #expect(revoked.count == 1 && revoked.first?["transactionId"] as? String == refundedId)
+        #expect(revoked.first?["productId"] as? String == "com.example.magazine.issue42")
+        #expect(!events(first.stdout).contains { $0["event"] as? String == "transaction-failed" })
+        // Its download, as observers see it, ended failed with the reason's code.
+        #expect(events(first.stdout).contains { $0["state"] as? String == "failed" && ($0["error"] as? [String: Any])?["code"] as? String == "revoked" })
         let queue = try FileTransactionQueue(folder: w.queue)
         #expect(try queue.transaction(good.transaction.transactionId!)?.finishedAt != nil)
-        #expect(try queue.transaction(refunded.transaction.transactionId!)?.finishedAt == nil)
-    }
+        #expect(try queue.transaction(refundedId)?.finishedAt == nil)
+        #expect(!FileManager.default.fileExists(atPath: w.content + "/com.example.magazine.issue42"))
 
-    @Test("a refunded purchase fails with the reason and its transaction stays unfinished")
-    func refunded() throws {
-        let w = try world(products: ["com.example.cosmos.levels1": repositoryContent("com.example.cosmos.levels1")])
-        let purchase = try w.store.purchase(productId: "com.example.cosmos.levels1")
-        let refund = try w.store.refund(transactionId: purchase.transaction.transactionId!)
-        #expect(try postJSON(w.server.base + "/v1/notifications", ["signedPayload": refund.signedPayload], folder: w.tmp).status == 200)
-        let result = try fetch(w)
-        #expect(result.status == 1)
-        #expect(result.stderr.contains("refunded or revoked"))
-        #expect(events(result.stdout).contains { $0["event"] as? String == "transaction-failed" && $0["code"] as? String == "revoked" })
-        #expect(try FileTransactionQueue(folder: w.queue).transaction(purchase.transaction.transactionId!)?.finishedAt == nil)
-        #expect(!FileManager.default.fileExists(atPath: w.content + "/com.example.cosmos.levels1"))
+        // Every later run says the same and still exits 0, until the app finishes it.
+        let second = try fetch(w)
+        #expect(second.status == 0 && second.stderr.contains("gets no content"), "\(second.stderr)")
+        // `get` asks for that purchase's content: there it is a failure.
+        try refunded.signedTransaction.write(toFile: w.tmp.sub("refunded.jws"), atomically: true, encoding: .utf8)
+        let got = try run(productsDirectory() + "/iap-fetch", ["get", "--server", w.server.base, "--transaction", w.tmp.sub("refunded.jws"), "--content-dir", w.content])
+        #expect(got.status == 1)
+        #expect(got.stderr.contains("refunded or revoked"), "\(got.stderr)")
     }
 }
