@@ -76,8 +76,11 @@ let reporter = Reporter(tool: "iap-fetch")
 /// download (its product has no hosted content, or it was refunded) is a failure (`get`, asked
 /// for that one's content) rather than left to the app.
 /// `quietlyFinished`: transactions finished before the run (an update check), not said to be finished again.
+/// `then`: called with what the run did, after it is printed and before the exit code is decided
+/// (not when the run was paused).
 func runFetcher(
-    _ options: Options, source: any TransactionSource, emptyQueue: String? = nil, requireContent: Bool = false, quietlyFinished: Set<String> = []
+    _ options: Options, source: any TransactionSource, emptyQueue: String? = nil, requireContent: Bool = false, quietlyFinished: Set<String> = [],
+    then: (RunSummary) -> Void = { _ in }
 ) async throws {
     let fetcher: ContentFetcher
     do { fetcher = try ContentFetcher(configuration: options.configuration(), source: source) } catch {
@@ -139,6 +142,7 @@ func runFetcher(
         reporter.note("paused; run again to resume")
         throw ExitCode(130)
     }
+    then(summary)
     if !summary.failed.isEmpty || !summary.cancelled.isEmpty { throw ExitCode(1) }
 }
 
@@ -199,8 +203,8 @@ struct Run: AsyncParsableCommand {
         discussion: """
             With --updates, finished purchases too (consumables aside): each asks the server again, and content is \
             downloaded only where the version the server grants now is not the one installed (a delta update when \
-            it can), as an app does when a new content version is out. Each product is then said to be updated or \
-            up to date.
+            it can), as an app does when a new content version is out. Each product is then said to be updated, \
+            up to date, or refunded (its content stays installed: the app decides).
             """)
     @OptionGroup var options: Options
     @Option(help: "The transaction queue folder.") var queue: String
@@ -216,10 +220,24 @@ struct Run: AsyncParsableCommand {
             return
         }
         let before = Dictionary(InstalledContent.all(in: options.contentDir).map { ($0.productId, $0.contentVersion) }, uniquingKeysWith: { $1 })
-        func report() {
+        let all: [QueuedTransaction]
+        do { all = try queued.all() } catch { throw options.reporter.failure(error) }
+        let product = Dictionary(all.map { ($0.transactionId, $0.productId) }, uniquingKeysWith: { $1 })
+        // Said per product once the run is over; a product may be updated while another failed.
+        func report(_ summary: RunSummary) {
+            // A product whose purchases were all refunded is not "up to date": it is owned no more
+            // (its content stays, which is the app's to decide).
+            let owned = Set(summary.finished.compactMap { product[$0] })
+            let refunded = Set(summary.revoked.map(\.productId)).subtracting(owned)
             for content in InstalledContent.all(in: options.contentDir) {
                 let was = before[content.productId]
-                if options.json {
+                if refunded.contains(content.productId) {
+                    if options.json {
+                        emitJSON(["event": "content-refunded", "productId": content.productId, "contentVersion": content.contentVersion])
+                    } else {
+                        print("\(content.productId) \(content.contentVersion) stays installed, but its purchase was refunded: the app decides whether to remove it")
+                    }
+                } else if options.json {
                     emitJSON(
                         was == content.contentVersion
                             ? ["event": "content-up-to-date", "productId": content.productId, "contentVersion": content.contentVersion]
@@ -231,19 +249,9 @@ struct Run: AsyncParsableCommand {
                 }
             }
         }
-        let finished: Set<String>
-        do { finished = Set(try queued.all().filter(\.isFinished).map(\.transactionId)) } catch { throw options.reporter.failure(error) }
-        do {
-            try await runFetcher(
-                options, source: OwnedTransactions(queue: queued), emptyQueue: "no purchases in \(queue) that own content: nothing to bring up to date",
-                quietlyFinished: finished)
-        } catch let exit as ExitCode where exit.rawValue == 130 {
-            throw exit  // paused: what is installed says nothing yet
-        } catch {
-            report()  // a product may be updated while another failed
-            throw error
-        }
-        report()
+        try await runFetcher(
+            options, source: OwnedTransactions(queue: queued), emptyQueue: "no purchases in \(queue) that own content: nothing to bring up to date",
+            quietlyFinished: Set(all.filter(\.isFinished).map(\.transactionId)), then: report)
     }
 }
 

@@ -230,6 +230,11 @@ struct FetchTests {
         #expect(afterRefund.status == 0, "\(afterRefund.stderr)")
         #expect(afterRefund.stderr.contains("transaction \(levels.transaction.transactionId!) is not brought up to date") && afterRefund.stderr.contains("refunded"))
         #expect(events(afterRefund.stdout).contains { $0["event"] as? String == "transaction-revoked" })
+        // The product is said to be refunded, not up to date; the other one is up to date.
+        let saidAfterRefund = Dictionary(
+            events(afterRefund.stdout).compactMap { e in (e["productId"] as? String).map { ($0, e["event"] as? String ?? "") } }.filter { $0.1.hasPrefix("content-") },
+            uniquingKeysWith: { "\($0),\($1)" })
+        #expect(saidAfterRefund == ["com.example.cosmos.levels1": "content-refunded", "com.example.magazine.issue42": "content-up-to-date"], "\(afterRefund.stdout)")
         #expect(InstalledContent.product("com.example.cosmos.levels1", in: w.content)?.contentVersion == "1.1")
     }
 
