@@ -77,6 +77,9 @@ public final class ContentFastPath: ChannelDuplexHandler {
         parser = RequestHeadParser(prefix: prefix)
     }
 
+    /// A flush is due once the event loop has handled the connections ready with this one.
+    private var flushScheduled = false
+
     public func handlerAdded(context: ChannelHandlerContext) {
         writable = context.channel.isWritable
         allocator = context.channel.allocator
@@ -138,7 +141,11 @@ public final class ContentFastPath: ChannelDuplexHandler {
         if !handedOff, event is ChannelShouldQuiesceEvent || (event as? ChannelEvent) == .inputClosed {
             pending = nil
             closing = true
-            if inFlight == 0 { context.close(promise: nil) }
+            if inFlight == 0 {
+                // A small response answered in this pass waits for its flush: send it first.
+                context.flush()
+                context.close(promise: nil)
+            }
             return
         }
         context.fireUserInboundEventTriggered(event)
@@ -155,7 +162,21 @@ public final class ContentFastPath: ChannelDuplexHandler {
         var wrote = false
         var corked = false
         defer {
-            if wrote { context.flush() }
+            if corked {
+                context.flush()
+            } else if wrote && !flushScheduled {
+                // Small responses are flushed once the event loop has read every connection that
+                // was ready, not one by one: each flush wakes a client, which on a machine shared
+                // with the clients could take the core while requests read in the same pass
+                // waited. 4 KiB ranges, 16 connections, 9 alternated rounds twice: p99 1.17 and
+                // 1.29 ms against 1.75 and 1.82 flushed at once, for the same rate
+                // (docs/performance.md).
+                flushScheduled = true
+                context.eventLoop.assumeIsolated().execute { [self] in
+                    flushScheduled = false
+                    context.flush()
+                }
+            }
             // The first write of each response has left by now, its head with it.
             if corked { context.setCork(false) }
         }

@@ -63,7 +63,7 @@ func rawResponse(_ channel: EmbeddedChannel, file: OneFileResolver) throws -> (h
         let file = try OneFileResolver(size: 100_000)
         let observer = RecordingObserver()
         let channel = EmbeddedChannel(handler: ContentFastPath(prefix: "/v1/content/", resolver: file, observer: observer))
-        try channel.writeInbound(ByteBuffer(string: "GET /v1/content/ok/p-1.0.zip HTTP/1.1\r\nRange: bytes=10-19\r\n\r\n"))
+        try channel.writeInboundAndRun(ByteBuffer(string: "GET /v1/content/ok/p-1.0.zip HTTP/1.1\r\nRange: bytes=10-19\r\n\r\n"))
         let first = try #require(try channel.readOutbound(as: IOData.self))
         guard case .byteBuffer(let buffer) = first else { Issue.record("expected one buffer, got \(first)"); return }
         let text = String(decoding: buffer.readableBytesView, as: UTF8.self)
@@ -79,7 +79,7 @@ func rawResponse(_ channel: EmbeddedChannel, file: OneFileResolver) throws -> (h
     @Test func sendsLargeBodiesAsFileRegions() throws {
         let file = try OneFileResolver(size: 300_000)
         let channel = EmbeddedChannel(handler: ContentFastPath(prefix: "/v1/content/", resolver: file))
-        try channel.writeInbound(ByteBuffer(string: "GET /v1/content/ok/p-1.0.zip HTTP/1.1\r\n\r\n"))
+        try channel.writeInboundAndRun(ByteBuffer(string: "GET /v1/content/ok/p-1.0.zip HTTP/1.1\r\n\r\n"))
         _ = try #require(try channel.readOutbound(as: IOData.self))
         guard case .fileRegion(let region) = try #require(try channel.readOutbound(as: IOData.self)) else {
             Issue.record("the body should be a file region (sendfile)")
@@ -92,7 +92,7 @@ func rawResponse(_ channel: EmbeddedChannel, file: OneFileResolver) throws -> (h
     @Test func aRefusalIsTheErrorEnvelope() throws {
         let file = try OneFileResolver(size: 10)
         let channel = EmbeddedChannel(handler: ContentFastPath(prefix: "/v1/content/", resolver: file))
-        try channel.writeInbound(ByteBuffer(string: "GET /v1/content/gone/p-1.0.zip HTTP/1.1\r\n\r\n"))
+        try channel.writeInboundAndRun(ByteBuffer(string: "GET /v1/content/gone/p-1.0.zip HTTP/1.1\r\n\r\n"))
         let response = try rawResponse(channel, file: file)
         #expect(response.head.hasPrefix("HTTP/1.1 403 Forbidden"))
         #expect(ErrorEnvelope.read(response.body).code() == .revoked)
@@ -104,13 +104,13 @@ func rawResponse(_ channel: EmbeddedChannel, file: OneFileResolver) throws -> (h
         let channel = EmbeddedChannel(handler: ContentFastPath(prefix: "/v1/content/", resolver: file))
         let request = "GET /v1/content/ok/x HTTP/1.1\r\nRange: bytes=0-3\r\n\r\n"
         let rest = "POST /v1/downloads HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}" + request
-        try channel.writeInbound(ByteBuffer(string: request + rest))
+        try channel.writeInboundAndRun(ByteBuffer(string: request + rest))
         let answered = try rawResponse(channel, file: file)
         #expect(answered.head.hasPrefix("HTTP/1.1 206") && answered.body == Array(file.bytes[0..<4]))
         // Everything from the POST on, the later content request included, goes to the decoder.
         let passed = try #require(try channel.readInbound(as: ByteBuffer.self))
         #expect(String(buffer: passed) == rest)
-        try channel.writeInbound(ByteBuffer(string: request))
+        try channel.writeInboundAndRun(ByteBuffer(string: request))
         #expect(try channel.readInbound(as: ByteBuffer.self).map { String(buffer: $0) } == request)
         _ = try channel.finish()
     }
@@ -118,9 +118,9 @@ func rawResponse(_ channel: EmbeddedChannel, file: OneFileResolver) throws -> (h
     @Test func aHeadSplitOverReadsIsAnsweredOnceWhole() throws {
         let file = try OneFileResolver(size: 100)
         let channel = EmbeddedChannel(handler: ContentFastPath(prefix: "/v1/content/", resolver: file))
-        try channel.writeInbound(ByteBuffer(string: "GET /v1/content/ok/x HTTP/1.1\r\nRan"))
+        try channel.writeInboundAndRun(ByteBuffer(string: "GET /v1/content/ok/x HTTP/1.1\r\nRan"))
         #expect(try channel.readOutbound(as: IOData.self) == nil)
-        try channel.writeInbound(ByteBuffer(string: "ge: bytes=5-6\r\n\r\n"))
+        try channel.writeInboundAndRun(ByteBuffer(string: "ge: bytes=5-6\r\n\r\n"))
         let response = try rawResponse(channel, file: file)
         #expect(response.head.hasPrefix("HTTP/1.1 206") && response.body == Array(file.bytes[5..<7]))
         _ = try channel.finish()
@@ -131,7 +131,7 @@ func rawResponse(_ channel: EmbeddedChannel, file: OneFileResolver) throws -> (h
         let file = try OneFileResolver(size: 100)
         let channel = EmbeddedChannel(handler: ContentFastPath(prefix: "/v1/content/", resolver: file))
         try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 8080)).wait()
-        try channel.writeInbound(ByteBuffer(string: "GET /v1/content/ok/x HTTP/1.1\r\nRange: bytes=0-3\r\n\r\n"))
+        try channel.writeInboundAndRun(ByteBuffer(string: "GET /v1/content/ok/x HTTP/1.1\r\nRange: bytes=0-3\r\n\r\n"))
         _ = try rawResponse(channel, file: file)
         #expect(channel.isActive)
         channel.pipeline.fireUserInboundEventTriggered(IdleStateHandler.IdleStateEvent.read)
@@ -141,7 +141,7 @@ func rawResponse(_ channel: EmbeddedChannel, file: OneFileResolver) throws -> (h
         let handedOff = EmbeddedChannel(
             handler: ContentFastPath(prefix: "/v1/content/", resolver: file, installDecoder: { _ in installed += 1 }))
         try handedOff.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 8080)).wait()
-        try handedOff.writeInbound(ByteBuffer(string: "POST /v1/downloads HTTP/1.1\r\nContent-Length: 0\r\n\r\n"))
+        try handedOff.writeInboundAndRun(ByteBuffer(string: "POST /v1/downloads HTTP/1.1\r\nContent-Length: 0\r\n\r\n"))
         #expect(installed == 1, "the decoder is installed at the first request the fast path does not take")
         _ = try handedOff.readInbound(as: ByteBuffer.self)
         handedOff.pipeline.fireUserInboundEventTriggered(IdleStateHandler.IdleStateEvent.read)
@@ -153,7 +153,7 @@ func rawResponse(_ channel: EmbeddedChannel, file: OneFileResolver) throws -> (h
         let file = try OneFileResolver(size: 100)
         let channel = EmbeddedChannel(handler: ContentFastPath(prefix: "/v1/content/", resolver: file))
         try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 8080)).wait()
-        try channel.writeInbound(ByteBuffer(string: "HEAD /v1/content/ok/x HTTP/1.1\r\nConnection: close\r\n\r\n"))
+        try channel.writeInboundAndRun(ByteBuffer(string: "HEAD /v1/content/ok/x HTTP/1.1\r\nConnection: close\r\n\r\n"))
         let response = try rawResponse(channel, file: file)
         #expect(response.head.contains("Connection: close") && response.body.isEmpty)
         #expect(!channel.isActive)
@@ -242,7 +242,7 @@ final class StampedResolver: ContentResolver, @unchecked Sendable {
 
 @Suite struct ResolutionReuseTests {
     func get(_ channel: EmbeddedChannel, _ path: String, file: OneFileResolver) throws -> String {
-        try channel.writeInbound(ByteBuffer(string: "GET /v1/content/\(path) HTTP/1.1\r\nRange: bytes=0-9\r\n\r\n"))
+        try channel.writeInboundAndRun(ByteBuffer(string: "GET /v1/content/\(path) HTTP/1.1\r\nRange: bytes=0-9\r\n\r\n"))
         return try rawResponse(channel, file: file).head
     }
 
@@ -295,5 +295,14 @@ final class StampedResolver: ContentResolver, @unchecked Sendable {
         #expect(lines == fields.httpHeaders.map { "\($0.name): \($0.value)" })
         #expect(lines.contains("Content-Range: bytes 0-18446744073709551614/18446744073709551615"))
         #expect(lines.contains("Content-Length: 0") && lines.contains("Cache-Control: private, max-age=1234, immutable, no-transform"))
+    }
+}
+
+extension EmbeddedChannel {
+    /// Writes `buffer` in, then runs what the event loop was given to do after the read: the
+    /// fast path flushes small responses once the loop has read every ready connection.
+    func writeInboundAndRun(_ buffer: ByteBuffer) throws {
+        try writeInbound(buffer)
+        embeddedEventLoop.run()
     }
 }

@@ -87,6 +87,17 @@ extension HardeningTests {
         check('closed after the answer', closed(f))
         s.close()
 
+        # The same with small answers (flushed once the pass over ready connections is done),
+        # two pipelined requests and the close arriving together.
+        s, f = connect()
+        s.sendall((f'GET {path} HTTP/1.1\\r\\nHost: x\\r\\nRange: bytes=0-9\\r\\n\\r\\n'
+                   f'GET {path} HTTP/1.1\\r\\nHost: x\\r\\nRange: bytes=10-19\\r\\n\\r\\n').encode())
+        s.shutdown(socket.SHUT_WR)
+        answers = [response(f), response(f)]
+        check('half-closed client, small answers', [(c, b) for (_, c), _, b in answers] == [('206', archive[0:10]), ('206', archive[10:20])], f'{answers!r}')
+        check('closed after the small answers', closed(f))
+        s.close()
+
         # A head over the limits goes to the decoder, which refuses it.
         s, f = connect()
         s.sendall((f'GET {path} HTTP/1.1\\r\\nHost: x\\r\\nX-Big: ' + 'a' * 20000 + '\\r\\n\\r\\n').encode())
