@@ -79,6 +79,8 @@ id=$("$bin/iap-sandbox" transactions --dir "$work/sandbox" --json | python3 -c '
 step "after the refund: the old download URL and a new grant are both refused"
 curl -s -w "  (HTTP %{http_code})\n" "$url"
 curl -s -w "  (HTTP %{http_code})\n" -X POST "$base/v1/downloads" -d "{\"signedTransaction\":\"$signed\"}"
+echo "the device asks again: the refunded product is named, not failed; what it installed stays (the app decides):"
+"$bin/iap-fetch" run --server "$base" --queue "$work/sandbox/queue" --content-dir "$work/device" --updates 2>&1 | grep -v "is up to date"
 
 step "stopping the server (SIGTERM: graceful drain)"
 kill -TERM "$server_pid"; wait "$server_pid" && echo "server exited cleanly"; server_pid=

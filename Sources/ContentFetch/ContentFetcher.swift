@@ -290,6 +290,7 @@ public actor ContentFetcher {
     private func requestGrant(_ transaction: QueuedTransaction) async throws -> DownloadGrants {
         let id = Self.downloadId(transaction)
         var download = DownloadStateMachine(transactionId: transaction.transactionId, productId: transaction.productId)
+        var announced = false
         do {
             return try await retry.run(
                 { _ in try await grants.request(transaction) },
@@ -298,15 +299,22 @@ public actor ContentFetcher {
                     try checkControl(id)
                     // Said at once (waiting, with the reason): a server that is down takes a
                     // minute of tries, which looked like a hang.
-                    if let error = error as? FetchError { try? apply(.retrying(error), to: &download) }
+                    if let error = error as? FetchError {
+                        try? apply(.retrying(error), to: &download)
+                        announced = true
+                    }
                     return true
                 })
         } catch let error as FetchError {
             if error.code == .noContent { throw WithoutContent(reason: error) }
-            // Refunded after a run that was stopped mid-download: that download ends here, and
-            // its bytes on disk with it.
-            if error.code == .revoked, let saved = journal.load(id), saved.state != .finished {
-                download = DownloadStateMachine(record: saved)
+            if error.code == .revoked {
+                // Refunded: no download will exist, and none is reported but one observers saw
+                // (waiting to retry, or left by a stopped run: it ends here, its bytes with it).
+                if let saved = journal.load(id), saved.state != .finished {
+                    download = DownloadStateMachine(record: saved)
+                } else if !announced {
+                    throw error
+                }
             }
             try? apply(.fail(error), to: &download)
             throw error

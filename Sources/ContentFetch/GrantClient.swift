@@ -83,7 +83,10 @@ struct GrantClient: Sendable {
         let message = envelope.error.message
         switch status {
         case 403 where envelope.code() == .revoked:
-            return FetchError(.revoked, "transaction \(transaction.transactionId) was refunded or revoked: \(message)")
+            // The server's own words name the transaction and why, when it sent any.
+            return FetchError(
+                .revoked,
+                message.contains(transaction.transactionId) ? message : "transaction \(transaction.transactionId) was refunded or revoked: \(message)")
         case 404 where envelope.code() == .notInReceipt:
             return FetchError(.refused, "the app receipt does not hold transaction \(transaction.transactionId) yet: refresh it (SKReceiptRefreshRequest): \(message)")
         case 404 where envelope.code() == .noContent:

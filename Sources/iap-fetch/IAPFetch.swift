@@ -111,7 +111,7 @@ func runFetcher(
             emitJSON(["event": "transaction-revoked", "transactionId": id, "productId": product, "message": reason.message])
         }
         if quietlyFinished.contains(id) {
-            reporter.note("transaction \(id) is not brought up to date: \(reason.message)")
+            reporter.note("transaction \(id) (\(product)) was refunded or revoked, so its content is not brought up to date")
         } else {
             reporter.note("transaction \(id) (\(product)) was refunded or revoked, so it gets no content; it stays unfinished for the app to withdraw what it bought and finish")
         }

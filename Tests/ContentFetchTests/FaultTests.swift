@@ -98,6 +98,9 @@ struct FaultTests {
         let result = try fetch(s)
         #expect(result.status == 0, "\(result.stderr)")
         #expect(result.stderr.contains("refunded or revoked"))
+        // The download observers saw ends, failed with the reason's code.
+        let updates = result.stdout.split(separator: "\n").compactMap { try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any] }
+        #expect(updates.contains { $0["state"] as? String == "failed" && ($0["error"] as? [String: Any])?["code"] as? String == "revoked" }, "\(result.stdout)")
         #expect(installedPayload(s) == nil)
         #expect(try finishedAt(s) == nil)
         // The 4 MiB and more already fetched would only wait for a refund reversal.
