@@ -1,3 +1,4 @@
+import Dispatch
 import DurableFiles
 import SystemPackage
 
@@ -17,6 +18,11 @@ import SystemPackage
 /// (the end of a flush, a patch); those bytes stay in the buffer, and the next direct write of
 /// their block replaces them (the kernel keeps the two paths coherent). File systems without
 /// direct I/O (tmpfs) get buffered writes.
+///
+/// A direct write leaves from a second buffer on a thread of its own while the caller fills the
+/// first: written in turn, the copy into the buffer and the wait for the disk added up (0.36-0.43
+/// s for an incremental build's 569 MB, against 0.31-0.36 overlapped, in C on this machine; the
+/// build's copy and its SHA-256 end about together).
 final class BufferedFileWriter {
     let path: String
     private let fd: FileDescriptor
@@ -24,7 +30,11 @@ final class BufferedFileWriter {
     private var directFD: FileDescriptor?
     private static let alignment = 4096
     private let capacity = 8 << 20
-    private let buffer: UnsafeMutableRawPointer
+    private var buffer: UnsafeMutableRawPointer
+    /// The buffer a direct write is leaving from, or will next (allocated with the first).
+    private var spare: UnsafeMutableRawPointer?
+    /// The direct write under way, if any; its bytes are in `spare`.
+    private var pending: DirectWrite?
     private var filled = 0
     /// File offset of the buffer's first byte: a multiple of `alignment` while writing directly.
     private var bufferStart: UInt64 = 0
@@ -58,6 +68,7 @@ final class BufferedFileWriter {
     deinit {
         close()
         buffer.deallocate()
+        spare?.deallocate()
     }
 
     func write(_ bytes: [UInt8]) throws(ArchiveError) {
@@ -132,10 +143,20 @@ final class BufferedFileWriter {
         if directFD != nil {
             let aligned = filled & ~(Self.alignment - 1)
             if aligned > 0 {
-                try writeDirect(count: aligned)
-                buffer.copyMemory(from: buffer + aligned, byteCount: filled - aligned)
+                // The full buffer leaves behind; the rest of its last block moves to the other,
+                // which is filled meanwhile.
+                try awaitDirectWrite()
+                let next = spare ?? UnsafeMutableRawPointer.allocate(byteCount: capacity, alignment: Self.alignment)
+                next.copyMemory(from: buffer + aligned, byteCount: filled - aligned)
+                spare = buffer
+                buffer = next
+                startDirectWrite(count: aligned)
                 bufferStart += UInt64(aligned)
                 filled -= aligned
+            }
+            if !all {
+                // Flushed: the file must hold every byte when this returns.
+                try awaitDirectWrite()
             }
             if directFD != nil {
                 if !all && filled > 0 {
@@ -151,28 +172,32 @@ final class BufferedFileWriter {
         startWriteback()
     }
 
-    /// Writes the buffer's first `count` bytes (a multiple of the alignment) at `bufferStart` with
-    /// O_DIRECT. Whatever direct I/O will not take (a short write at a size limit, a file system
-    /// that refuses it) goes through the ordinary descriptor, which reports the real error, and
-    /// direct writing stops.
-    private func writeDirect(count: Int) throws(ArchiveError) {
-        guard let direct = directFD else { return }
-        var written = 0
-        while written < count {
-            let n = pwrite(direct.rawValue, buffer + written, count - written, off_t(bufferStart) + off_t(written))
-            if n > 0 && n % Self.alignment == 0 {
-                written += n
-                continue
-            }
-            if n < 0 && errno == EINTR { continue }
-            try? direct.close()
-            directFD = nil
-            try writeBuffered(
-                UnsafeRawBufferPointer(start: buffer + written, count: count - written),
-                at: bufferStart + UInt64(written))
-            return
-        }
+    /// Starts writing `spare`'s first `count` bytes (a multiple of the alignment) at
+    /// `bufferStart` with O_DIRECT, on the writer's thread. Whatever direct I/O will not take (a
+    /// short write at a size limit, a file system that refuses it) goes through the ordinary
+    /// descriptor, which reports the real error, and direct writing stops (at the next wait).
+    private func startDirectWrite(count: Int) {
+        guard let direct = directFD, let bytes = spare else { return }
+        let write = DirectWrite(
+            direct: direct.rawValue, ordinary: fd.rawValue, bytes: bytes, count: count, offset: bufferStart, path: path, alignment: Self.alignment)
+        pending = write
+        Self.writerQueue.async { write.run() }
     }
+
+    /// Waits for the direct write under way, if any, and reports how it went.
+    private func awaitDirectWrite() throws(ArchiveError) {
+        guard let write = pending else { return }
+        pending = nil
+        write.done.wait()
+        if write.directRefused {
+            try? directFD?.close()
+            directFD = nil
+        }
+        if let error = write.error { throw error }
+    }
+
+    /// One thread writes for every writer: a build writes one archive at a time.
+    private static let writerQueue = DispatchQueue(label: "iap-pack.direct-writes")
 
     private func writeBuffered(_ bytes: UnsafeRawBufferPointer, at position: UInt64) throws(ArchiveError) {
         _ = try systemCall("write", path) { try fd.writeAll(toAbsoluteOffset: Int64(position), bytes) }
@@ -200,6 +225,7 @@ final class BufferedFileWriter {
     /// Puts everything written so far in the file.
     func flush() throws(ArchiveError) {
         try writeOut(all: false)
+        try awaitDirectWrite()
     }
 
     /// Flushes, syncs to disk and closes.
@@ -218,9 +244,61 @@ final class BufferedFileWriter {
     private func close() {
         guard !closed else { return }
         closed = true
+        // The writer's thread may still be using the descriptors.
+        pending?.done.wait()
+        pending = nil
         try? directFD?.close()
         directFD = nil
         try? fd.close()
+    }
+}
+
+/// A direct write on the writer's thread. Its fields are read by the thread that started it only
+/// after `done` is signalled.
+private final class DirectWrite: @unchecked Sendable {
+    let direct: CInt
+    let ordinary: CInt
+    let bytes: UnsafeMutableRawPointer
+    let count: Int
+    let offset: UInt64
+    let path: String
+    let alignment: Int
+    let done = DispatchSemaphore(value: 0)
+    var error: ArchiveError?
+    /// Direct I/O did not take it all: the rest went through `ordinary`, as all later writes will.
+    var directRefused = false
+
+    init(direct: CInt, ordinary: CInt, bytes: UnsafeMutableRawPointer, count: Int, offset: UInt64, path: String, alignment: Int) {
+        self.direct = direct
+        self.ordinary = ordinary
+        self.bytes = bytes
+        self.count = count
+        self.offset = offset
+        self.path = path
+        self.alignment = alignment
+    }
+
+    func run() {
+        defer { done.signal() }
+        var written = 0
+        while written < count {
+            let n = pwrite(direct, bytes + written, count - written, off_t(offset) + off_t(written))
+            if n > 0 && n % alignment == 0 {
+                written += n
+                continue
+            }
+            if n < 0 && errno == EINTR { continue }
+            directRefused = true
+            do throws(ArchiveError) {
+                _ = try systemCall("write", path) {
+                    try FileDescriptor(rawValue: ordinary).writeAll(
+                        toAbsoluteOffset: Int64(offset) + Int64(written), UnsafeRawBufferPointer(start: bytes + written, count: count - written))
+                }
+            } catch {
+                self.error = error
+            }
+            return
+        }
     }
 }
 
