@@ -1,3 +1,5 @@
+import IAPProtocol
+
 /// A content version: integers separated by periods (`1.0`, `1.2.3`), as Apple's hosted content used.
 ///
 /// Versions order numerically component by component, missing components counting as zero,
@@ -73,21 +75,8 @@ public struct ProductIdentifier: Sendable, Hashable, Comparable, CustomStringCon
 
     /// Validates an identifier, or explains what is wrong with it.
     public init(_ rawValue: String) throws(ArchiveError) {
-        let allowed = rawValue.utf8.allSatisfy { byte in
-            (byte >= 0x30 && byte <= 0x39) || (byte >= 0x41 && byte <= 0x5A) || (byte >= 0x61 && byte <= 0x7A)
-                || byte == UInt8(ascii: ".") || byte == UInt8(ascii: "-") || byte == UInt8(ascii: "_")
-        }
-        let fix = "use ASCII letters, digits, '.', '-' and '_' in reverse-DNS style, such as com.example.levels.pack1"
-        guard !rawValue.isEmpty, rawValue.utf8.count <= 255 else {
-            throw .invalid("product identifier '\(rawValue)' must be 1 to 255 characters long: \(fix)")
-        }
-        guard allowed else {
-            throw .invalid("product identifier '\(rawValue)' has a character that is not allowed: \(fix)")
-        }
-        guard let first = rawValue.utf8.first, first != UInt8(ascii: "."), first != UInt8(ascii: "-"),
-            rawValue.utf8.last != UInt8(ascii: "."), !rawValue.contains("..")
-        else {
-            throw .invalid("product identifier '\(rawValue)' must not start with '.' or '-', end with '.', or contain '..': \(fix)")
+        if let problem = ProductIdentifierRule.problem(rawValue) {
+            throw .invalid("product identifier '\(rawValue)' \(problem): \(ProductIdentifierRule.fix)")
         }
         self.rawValue = rawValue
     }

@@ -154,8 +154,8 @@ public final class SandboxStore: Sendable {
         productId: String, type: ProductType = .nonConsumable, environment: AppStoreEnvironment = .sandbox,
         expires: Date? = nil, storeKit1: Bool = false, now: Date = Date()
     ) throws(SandboxError) -> Purchase {
-        guard !productId.isEmpty, productId.utf8.count <= 255 else {
-            throw SandboxError(.invalidInput, "'\(productId)' is not a product id: pass the product identifier of the content, such as com.example.levels1")
+        if let problem = ProductIdentifierRule.problem(productId) {
+            throw SandboxError(.invalidInput, "product identifier '\(productId)' \(problem): \(ProductIdentifierRule.fix)")
         }
         if type == .autoRenewable, let expires, expires <= now {
             throw SandboxError(.invalidInput, "--expires \(expires) is in the past: an auto-renewable purchase must expire later")

@@ -27,6 +27,22 @@ struct SandboxToolTests {
         #expect(UInt64(next.transaction.transactionId!)! > ids.max()!)
     }
 
+    @Test("purchase sells only what could be packed: a product id that could leave a folder or split a command line is refused, naming the rule")
+    func productIdentifiers() throws {
+        let tmp = try TemporaryFolder()
+        let dir = tmp.sub("store")
+        let store = try SandboxStore.initialize(folder: dir, bundleId: "com.example.app")
+        let sandbox = productsDirectory() + "/iap-sandbox"
+        for bad in ["", "../etc", "a b", ".hidden", "com.example.é", String(repeating: "a", count: 256)] {
+            let result = try run(sandbox, ["purchase", "--dir", dir, "--product-id", bad])
+            #expect(result.status == 1, "\(bad)")
+            #expect(result.stderr.contains("product identifier '\(bad)'") && result.stderr.contains("reverse-DNS"), "\(result.stderr)")
+        }
+        #expect(try store.queue.all().isEmpty, "a refused purchase was queued")
+        let good = try run(sandbox, ["purchase", "--dir", dir, "--product-id", "com.example.levels_1-a"])
+        #expect(good.status == 0, "\(good.stderr)")
+    }
+
     @Test("finish plays the app finishing a purchase it delivered itself: once, by id; an unknown id is named")
     func finishAsTheApp() throws {
         let tmp = try TemporaryFolder()
