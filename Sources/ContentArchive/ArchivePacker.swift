@@ -35,7 +35,10 @@ public enum ArchivePacker {
         }
         // The previous build's manifest and hash cache are read while the folder is scanned and
         // sampled: decoding a manifest of thousands of entries takes as long as the scan.
-        let previous = options.previous.map { path in Background { () throws(ArchiveError) in try PreviousBuild.load(path) } }
+        let (product, version) = buildTarget(folder: folder, options: options)
+        let previous = options.previous.map { path in
+            Background { () throws(ArchiveError) in try PreviousBuild.load(path, building: product, version: version) }
+        }
         defer { _ = try? previous?.value() }
         let content = try ContentScanner.scan(folder: folder, productId: options.productId, contentVersion: options.contentVersion)
         try ContentScanner.refuseOutput(options.outputDirectory, inside: folder)
@@ -134,6 +137,16 @@ public enum ArchivePacker {
             manifestWriter?.abandon()
             throw error
         }
+    }
+
+    /// The product and version this build makes, as far as they are known before the folder is
+    /// scanned: the flags, else its ContentInfo.plist (the scan checks that the two agree).
+    private static func buildTarget(folder: String, options: PackOptions) -> (ProductIdentifier?, ContentVersion?) {
+        guard options.previous != nil, options.productId == nil || options.contentVersion == nil,
+            let data = FileManager.default.contents(atPath: folder + "/ContentInfo.plist"),
+            let info = try? ContentInfo(plist: data, source: folder + "/ContentInfo.plist")
+        else { return (options.productId, options.contentVersion) }
+        return (options.productId ?? info.productIdentifier, options.contentVersion ?? info.contentVersion)
     }
 
     /// The digests of the content files `plan` packed (as `entries` records them), and the sample

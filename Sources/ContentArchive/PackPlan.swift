@@ -36,10 +36,26 @@ struct PreviousBuild: Sendable {
     let manifest: ArchiveManifest
     let hashCache: HashCache
 
+    /// Of manifest names as iap-pack writes them (`<product>-<version>.manifest.json`), the one
+    /// of `product` with the highest version below `version`.
+    static func newestEarlier(in names: [String], product: ProductIdentifier, version: ContentVersion) -> String? {
+        let prefix = product.rawValue + "-"
+        var best: (name: String, version: ContentVersion)?
+        for name in names where name.hasPrefix(prefix) {
+            // A version holds no '-', so what follows the product's prefix is all version.
+            guard let found = try? ContentVersion(String(name.dropFirst(prefix.count).dropLast(".manifest.json".count))), found < version else {
+                continue
+            }
+            if best.map({ $0.version < found }) ?? true { best = (name, found) }
+        }
+        return best?.name
+    }
+
     /// `path` is the archive (its manifest beside it), the manifest (its archive beside it), or
-    /// the output folder of that build when it holds one manifest (a pipeline keeps the last
-    /// build's folder).
-    static func load(_ path: String) throws(ArchiveError) -> PreviousBuild {
+    /// the output folder of that build (a pipeline keeps the last build's folder). A folder
+    /// holding several builds gives the newest of `product` older than `version`: a pipeline
+    /// that packs every version into one folder names that folder each time.
+    static func load(_ path: String, building product: ProductIdentifier? = nil, version: ContentVersion? = nil) throws(ArchiveError) -> PreviousBuild {
         let manifestPath: String
         let archive: String
         let manifest: ArchiveManifest
@@ -47,12 +63,14 @@ struct PreviousBuild: Sendable {
             throw .invalid("--previous \(path) does not exist: pass the archive (or manifest) of the build this one updates, or build without --previous")
         }
         if ContentScanner.isDirectory(path) {
-            let manifests = try ContentScanner.listDirectory(path).filter { $0.hasSuffix(".manifest.json") && !$0.hasPrefix(".") }
-            guard manifests.count == 1 else {
-                let found = manifests.isEmpty ? "holds no manifest" : "holds \(manifests.count) manifests (\(manifests.joined(separator: ", ")))"
-                throw .invalid("--previous \(path) is a folder that \(found): pass the archive or manifest of the build this one updates")
+            let manifests = try ContentScanner.listDirectory(path).filter { $0.hasSuffix(".manifest.json") && !$0.hasPrefix(".") }.sorted()
+            if manifests.count == 1 { return try load(path + "/" + manifests[0]) }
+            if let product, let version, let newest = newestEarlier(in: manifests, product: product, version: version) {
+                return try load(path + "/" + newest)
             }
-            return try load(path + "/" + manifests[0])
+            let found = manifests.isEmpty ? "holds no manifest" : "holds \(manifests.count) manifests (\(manifests.joined(separator: ", ")))"
+            let wanted = product.flatMap { p in version.map { " and none of \(p) older than \($0)" } } ?? ""
+            throw .invalid("--previous \(path) is a folder that \(found)\(wanted): pass the archive or manifest of the build this one updates")
         }
         if path.hasSuffix(".manifest.json") {
             manifestPath = path

@@ -89,7 +89,7 @@ struct Build: ParsableCommand, Reporting {
 
     @Option(
         help: ArgumentHelp(
-            "A previous build of this product: its archive (with the manifest beside it), its manifest, or its output folder if that holds one manifest.",
+            "A previous build of this product: its archive (with the manifest beside it), its manifest, or its output folder (holding several, the newest older than this version).",
             discussion: "Unchanged files take their compressed bytes from it; the output is byte for byte what a build without it gives."))
     var previous: String?
 

@@ -81,21 +81,55 @@ struct IncrementalPackingTests {
         #expect(try sha256Hex(byManifest.archivePath) == sha256Hex(full.archivePath))
 
         // So does naming the last build's output folder, when it holds one build; a folder with
-        // none or several is refused, naming what it holds.
+        // none, or only later versions, is refused, naming what it holds.
         let byFolder = try ArchivePacker.pack(folder: v2, options: try options("1.1", tmp.sub("by-folder"), previous: tmp.sub("old")))
         #expect(byFolder.reusedEntries == 15)
         #expect(try sha256Hex(byFolder.archivePath) == sha256Hex(full.archivePath))
         try FileManager.default.createDirectory(atPath: tmp.sub("no-build"), withIntermediateDirectories: true)
         _ = try ArchivePacker.pack(folder: v2, options: try options("1.2", tmp.sub("by-folder"), previous: old.archivePath))
-        for (folder, says) in [
-            (tmp.sub("no-build"), "holds no manifest"),
-            (tmp.sub("by-folder"), "holds 2 manifests (com.example.delta-1.1.manifest.json, com.example.delta-1.2.manifest.json)"),
+        for (folder, version, says) in [
+            (tmp.sub("no-build"), "1.3", "holds no manifest"),
+            (
+                tmp.sub("by-folder"), "1.0",
+                "holds 2 manifests (com.example.delta-1.1.manifest.json, com.example.delta-1.2.manifest.json) and none of com.example.delta older than 1.0"
+            ),
         ] {
-            #expect(throws: ArchiveError.self) { try ArchivePacker.pack(folder: v2, options: try options("1.3", tmp.sub("refused"), previous: folder)) }
-            let cli = try iapPack(["build", v2, "--product-id", "com.example.delta", "--content-version", "1.3", "-o", tmp.sub("refused"), "--previous", folder])
+            #expect(throws: ArchiveError.self) { try ArchivePacker.pack(folder: v2, options: try options(version, tmp.sub("refused"), previous: folder)) }
+            let cli = try iapPack(["build", v2, "--product-id", "com.example.delta", "--content-version", version, "-o", tmp.sub("refused"), "--previous", folder])
             #expect(cli.status == 1 && cli.stderr.contains(says), "\(cli.stderr)")
         }
         #expect(tmp.files(in: "refused").isEmpty)
+    }
+
+    @Test("a pipeline packing every version into one folder names that folder: the newest earlier build of the product is taken")
+    func previousFromASeriesFolder() throws {
+        let tmp = try TemporaryFolder()
+        let v1 = try makeVersion1(tmp)
+        let v2 = try makeVersion2(tmp, from: v1)
+        let series = tmp.sub("series")
+        _ = try ArchivePacker.pack(folder: v1, options: try options("1.0", series))
+        _ = try ArchivePacker.pack(folder: v2, options: try options("1.1", series, previous: series))
+        // A build of another product in the same folder is not a candidate.
+        var other = try options("1.5", series)
+        other.productId = try ProductIdentifier("com.example.other")
+        _ = try ArchivePacker.pack(folder: v1, options: other)
+        // 1.1 is taken over 1.0: every file of v2 but ContentInfo.plist is reused (15 from 1.0).
+        let next = try ArchivePacker.pack(folder: v2, options: try options("1.2", series, previous: series))
+        #expect(next.reusedEntries == 17)
+        let full = try ArchivePacker.pack(folder: v2, options: try options("1.2", tmp.sub("full")))
+        #expect(try sha256Hex(next.archivePath) == sha256Hex(full.archivePath))
+
+        // Without flags the product and version come from the folder's ContentInfo.plist.
+        let xcode = tmp.sub("xcode")
+        try FileManager.default.createDirectory(atPath: xcode, withIntermediateDirectories: true)
+        try FileManager.default.copyItem(atPath: v2, toPath: xcode + "/Contents")
+        let info = ContentInfo(productIdentifier: try ProductIdentifier("com.example.delta"), contentVersion: try ContentVersion("1.3"))
+        try info.plistData.write(to: URL(fileURLWithPath: xcode + "/ContentInfo.plist"))
+        var unnamed = try options("1.3", series, previous: series)
+        unnamed.productId = nil
+        unnamed.contentVersion = nil
+        let fromPlist = try ArchivePacker.pack(folder: xcode, options: unnamed)
+        #expect(fromPlist.manifest.contentVersion.string == "1.3" && fromPlist.reusedEntries == 17)
     }
 
     @Test("unchanged files take their SHA-256 from the previous build's hash cache; a file rewritten in place is hashed again")
