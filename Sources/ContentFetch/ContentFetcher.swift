@@ -369,9 +369,9 @@ public actor ContentFetcher {
                 } else {
                     path = try installer.install(archive: journal.partialPath(id), for: download.record, manifest: manifest)
                 }
-                unlink(journal.manifestPath(id))
                 manifests[id] = nil
                 planned[granted.productId] = nil
+                // Its journal saved as installed, the download's partial file and manifest go.
                 try apply(.installed(contentPath: path), to: &download)
                 return
             } catch {
@@ -499,10 +499,7 @@ public actor ContentFetcher {
         case .saveAndEmit(let removePartial):
             try journal.save(download.record)
             // After the save: a kill in between leaves a journal that no longer counts on the file.
-            if removePartial {
-                unlink(journal.partialPath(download.id))
-                unlink(journal.manifestPath(download.id))
-            }
+            if removePartial { journal.removeBytes(download.id) }
         }
         emit(download.update(received: received, rate: rate))
     }

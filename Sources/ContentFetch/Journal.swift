@@ -192,13 +192,19 @@ public struct DownloadJournal: Sendable {
     /// The one way a download becomes `cancelled`: its partial file goes, the record forgets
     /// its bytes (the next start downloads from zero) and is saved.
     func markCancelled(_ record: inout DownloadRecord) throws(FetchError) {
-        unlink(partialPath(record.id))
-        unlink(manifestPath(record.id))
+        removeBytes(record.id)
         record.discardBytes()
         record.state = .cancelled
         record.error = nil
         record.updatedAt = Date()
         try save(record)
+    }
+
+    /// Deletes what download `id` fetched (its partial archive and the manifest kept beside it),
+    /// once its record no longer counts on them.
+    func removeBytes(_ id: String) {
+        unlink(partialPath(id))
+        unlink(manifestPath(id))
     }
 
     /// Whether another process asked to cancel `id`; the request is consumed.
