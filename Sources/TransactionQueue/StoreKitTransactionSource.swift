@@ -8,7 +8,8 @@
     /// `Transaction.updates`; the content server verifies each transaction's `jwsRepresentation`, so
     /// the local verification result is not trusted here. Purchases of products the server has no
     /// hosted content for (consumables, subscriptions) come back in `RunSummary.withoutContent`,
-    /// unfinished: the app delivers those and finishes them itself.
+    /// and refunded ones in `RunSummary.revoked`, both unfinished: the app delivers (or withdraws)
+    /// what they bought and finishes them itself.
     @available(iOS 15.0, macOS 12.0, tvOS 15.0, watchOS 8.0, visionOS 1.0, *)
     public struct StoreKitTransactionSource: TransactionSource {
         public init() {}
