@@ -6,16 +6,18 @@
 # 16 and 64 connections. iap-server
 # checks a grant token (HMAC + revocation) on every request; nginx serves a plain file.
 # Range measures alternate the servers over several rounds (default 7) and report the ratio of
-# medians, each median with its spread (min-max): what a user sees on a typical run.
-# Whole downloads take well under a second each and vary most from round to round, so they get
-# three times as many rounds (DOWNLOAD_ROUNDS to choose). IAP_EVENT_LOOPS=n runs iap-server with n
+# medians, each median with its spread (min-max): what a user sees on a typical run, and a 95%
+# interval for the ratio (tools/lib.sh, ratio_interval): a ratio whose interval holds 1 is no
+# difference these rounds can tell.
+# Whole downloads take well under a second each and vary most from round to round (2:1), so they get
+# five times as many rounds (DOWNLOAD_ROUNDS to choose). IAP_EVENT_LOOPS=n runs iap-server with n
 # event loops (`--event-loops`) instead of one per core; nginx keeps its two workers.
 # Usage: [DOWNLOAD_ROUNDS=n] [IAP_EVENT_LOOPS=n] tools/bench-serve.sh [seconds-per-wrk-run] [rounds]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-5}
 rounds=${2:-7}
-download_rounds=${DOWNLOAD_ROUNDS:-$((3 * rounds))}
+download_rounds=${DOWNLOAD_ROUNDS:-$((5 * rounds))}
 tools/install-deps.sh
 command -v nginx >/dev/null && command -v wrk >/dev/null || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light wrk >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx wrk >/dev/null; }
 . tools/lib.sh
@@ -61,17 +63,19 @@ nginx_pids() { echo "$(cat "$work/nginx.pid") $(pgrep -P "$(cat "$work/nginx.pid
 cpu_ns() { local t=0 f; for p in "$@"; do for f in /proc/"$p"/task/*/schedstat; do t=$((t + $(cut -d' ' -f1 "$f"))); done; done; echo $t; }
 
 # CPU the whole machine was busy (every core, every process, interrupts included), in clock
-# ticks: on loopback the receiver's TCP work often runs in the sender's softirq and is charged to
-# whichever task ran, so the server's own share moves from round to round; this total does not
-# depend on who was charged (curl's part is the same for both servers).
+# ticks. On loopback one connection's work is charged to whichever task runs it: when the server
+# has queued more than curl's window takes, curl's window updates run the server's transmissions
+# in curl's context, and curl then never sleeps; the server's share and the speed move together,
+# from round to round, while their sum stays (docs/performance.md, ninth stop). This total does
+# not depend on who was charged; "rest of machine" is it less the server's share.
 machine_ticks() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 }' /proc/stat; }  # user nice system irq softirq
-download() { # url pids... -> "MB/s cpu-seconds-per-GiB machine-cpu-seconds-per-GiB" of one curl download
+download() { # url pids... -> "MB/s, server, machine and rest-of-machine CPU seconds per GiB" of one curl download
   local url=$1; shift
   local before=$(cpu_ns "$@") machine_before=$(machine_ticks)
   local speed=$(curl -s -o /dev/null -w '%{speed_download}' "$url")
   local after=$(cpu_ns "$@") machine_after=$(machine_ticks)
   awk -v s="$speed" -v a="$after" -v b="$before" -v z="$size" -v ma="$machine_after" -v mb="$machine_before" -v hz="$(getconf CLK_TCK)" \
-    'BEGIN { g = z / 1073741824; printf "%.1f %.4f %.4f\n", s / 1e6, (a - b) / 1e9 / g, (ma - mb) / hz / g }'
+    'BEGIN { g = z / 1073741824; sv = (a - b) / 1e9 / g; m = (ma - mb) / hz / g; printf "%.1f %.4f %.4f %.4f\n", s / 1e6, sv, m, m - sv }'
 }
 echo "archive: $size bytes; $(nproc) cores; iap-server event loops: ${IAP_EVENT_LOOPS:-one per core}, nginx workers: 2; wrk ${secs}s per run, median of $rounds rounds; downloads: median of $download_rounds rounds" >&2
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
@@ -86,7 +90,7 @@ nginx_download() { download "$nginx_url" $(nginx_pids) >> "$work/nginx.dl"; }
 : > "$work/ours.dl"; : > "$work/nginx.dl"
 for round in $(seq "$download_rounds"); do
   in_turn "$round" ours_download nginx_download
-  echo "  1 GiB download, round $round: iap-server $(tail -1 "$work/ours.dl"), nginx $(tail -1 "$work/nginx.dl") (MB/s, server and machine CPU-s/GiB)" >&2
+  echo "  1 GiB download, round $round: iap-server $(tail -1 "$work/ours.dl"), nginx $(tail -1 "$work/nginx.dl") (MB/s; server, machine and rest-of-machine CPU-s/GiB)" >&2
 done
 
 wrk_run() { # url range connections -> "req/s p99ms"
@@ -98,12 +102,16 @@ wrk_run() { # url range connections -> "req/s p99ms"
 # One wrk run of the current $range and $c against each server, appended to its runs.
 ours_wrk() { wrk_run "$ours_url" "$range" "$c" >> "$work/ours.runs"; echo >> "$work/ours.runs"; }
 nginx_wrk() { wrk_run "$nginx_url" "$range" "$c" >> "$work/nginx.runs"; echo >> "$work/nginx.runs"; }
-printf '\n%-34s %24s %24s %8s\n' "measure" "iap-server" "nginx" "ratio"
-for column in 1 2 3; do
+printf '\n%-34s %24s %24s %8s %11s\n' "measure" "iap-server" "nginx" "ratio" "95% interval"
+# The interval column: where the ratio of medians of these rounds could lie (ratio_interval).
+for column in 1 2 3 4; do
   om=$(cut -d' ' -f$column "$work/ours.dl" | median); nm=$(cut -d' ' -f$column "$work/nginx.dl" | median)
   os=$(cut -d' ' -f$column "$work/ours.dl" | spread); ns=$(cut -d' ' -f$column "$work/nginx.dl" | spread)
+  cut -d' ' -f$column "$work/ours.dl" > "$work/ours.col"; cut -d' ' -f$column "$work/nginx.dl" > "$work/nginx.col"
+  ci=$(ratio_interval "$work/ours.col" "$work/nginx.col")
   label="1 GiB download, MB/s (curl)"; [ $column = 2 ] && label="server CPU seconds per GiB"; [ $column = 3 ] && label="machine CPU seconds per GiB"
-  awk -v l="$label" -v o="$om" -v n="$nm" -v a="$os" -v b="$ns" 'BEGIN { printf "%-34s %24s %24s %8.2f\n", l, o " (" a ")", n " (" b ")", (n > 0 ? o/n : 0) }'
+  [ $column = 4 ] && label="  rest of machine (client, etc.)"
+  awk -v l="$label" -v o="$om" -v n="$nm" -v a="$os" -v b="$ns" -v ci="$ci" 'BEGIN { printf "%-34s %24s %24s %8.2f %11s\n", l, o " (" a ")", n " (" b ")", (n > 0 ? o/n : 0), ci }'
 done
 # Each range measure alternates the two servers $rounds times and compares medians: single runs on
 # a shared 2-core machine vary by about 10%, more than the differences being measured.
@@ -123,8 +131,10 @@ for range in "0-4095" "0-1048575" "$multi"; do
     opr=$(cut -d' ' -f2 "$work/ours.runs" | spread); npr=$(cut -d' ' -f2 "$work/nginx.runs" | spread)
     label="range $range, $c conns"
     [ "$range" = "$multi" ] && label="16 x 64 KiB ranges, $c conns"
-    awk -v l="$label" -v o="$ors" -v n="$nrs" -v a="$orr" -v b="$nrr" 'BEGIN { printf "%-34s %24s %24s %8.2f\n", l " req/s", sprintf("%.0f (%s)", o, a), sprintf("%.0f (%s)", n, b), o/n }'
-    awk -v l="$label" -v o="$op" -v n="$np" -v a="$opr" -v b="$npr" 'BEGIN { printf "%-34s %24s %24s %8.2f\n", l " p99 ms", sprintf("%.2f (%s)", o, a), sprintf("%.2f (%s)", n, b), (n > 0 ? o/n : 0) }'
+    for column in 1 2; do cut -d' ' -f$column "$work/ours.runs" > "$work/ours.col$column"; cut -d' ' -f$column "$work/nginx.runs" > "$work/nginx.col$column"; done
+    rci=$(ratio_interval "$work/ours.col1" "$work/nginx.col1"); pci=$(ratio_interval "$work/ours.col2" "$work/nginx.col2")
+    awk -v l="$label" -v o="$ors" -v n="$nrs" -v a="$orr" -v b="$nrr" -v ci="$rci" 'BEGIN { printf "%-34s %24s %24s %8.2f %11s\n", l " req/s", sprintf("%.0f (%s)", o, a), sprintf("%.0f (%s)", n, b), o/n, ci }'
+    awk -v l="$label" -v o="$op" -v n="$np" -v a="$opr" -v b="$npr" -v ci="$pci" 'BEGIN { printf "%-34s %24s %24s %8.2f %11s\n", l " p99 ms", sprintf("%.2f (%s)", o, a), sprintf("%.2f (%s)", n, b), (n > 0 ? o/n : 0), ci }'
   done
 done
 echo; echo "server RSS after the run: $(awk '/VmHWM/ {print $2/1024 " MiB peak"}' /proc/$ours_pid/status)"

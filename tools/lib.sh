@@ -61,3 +61,24 @@ bench_corpus() { # dir scale
 
 # A port free on 127.0.0.1 now (the kernel's pick), for a peer server that takes a port number.
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# How far a ratio of medians can be trusted: a 95% bootstrap interval of median(<a>)/median(<b>),
+# files of one number per round, line n of each from the same alternated round (resampled as
+# pairs, 4,000 times, fixed seed). With a few rounds whose spread is 2:1, a ratio of 0.96 and one
+# of 1.04 can be the same two servers: the interval says when a difference is real (it excludes 1).
+ratio_interval() { # a b -> "lo-hi"
+  python3 - "$1" "$2" <<'PY'
+import random, statistics, sys
+a = [float(x) for x in open(sys.argv[1]) if x.strip()]
+b = [float(x) for x in open(sys.argv[2]) if x.strip()]
+n = min(len(a), len(b))
+rng = random.Random(1)
+ratios = []
+for _ in range(4000):
+    picks = [rng.randrange(n) for _ in range(n)]
+    mb = statistics.median(b[i] for i in picks)
+    if mb > 0: ratios.append(statistics.median(a[i] for i in picks) / mb)
+ratios.sort()
+print(f"{ratios[int(0.025 * len(ratios))]:.2f}-{ratios[int(0.975 * len(ratios)) - 1]:.2f}" if ratios else "-")
+PY
+}
