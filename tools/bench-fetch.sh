@@ -9,7 +9,8 @@
 #   had recorded; the journal records every 1 MiB).
 # Each round runs every measure once, each pair back to back in an order flipped every round, every
 # measure after the same clean-up (outputs deleted, sync); the headline is the ratio of medians
-# over RUNS rounds (default 7) with each median's spread (min-max); best-of is a secondary line.
+# over RUNS rounds (default 7) with each median's spread (min-max) and the ratio's 95% interval;
+# best-of is a secondary line.
 # Usage: [RUNS=n] [SIZE=bytes] tools/bench-fetch.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -128,12 +129,14 @@ row "curl -o + sha256sum + unzip -q" "${all_pipeline[@]}"
 row "curl -o (transfer only)" "${all_curl[@]}"
 row "iap-fetch transfer only (bytes on disk + SHA-256), 1 conn" "${all_t1[@]}"
 row "iap-fetch transfer only, --connections 4" "${all_t4[@]}"
-awk -v a="$(median "${all_t1[@]}")" -v b="$(median "${all_curl[@]}")" \
-  'BEGIN { printf "transfer ratio, one connection, curl time / iap-fetch time (medians): %.2f (goal >= 0.95)\n", b / a }'
-awk -v a="$(median "${all_t4[@]}")" -v b="$(median "${all_curl[@]}")" \
-  'BEGIN { printf "transfer ratio, 4 connections (medians): %.2f\n", b / a }'
-awk -v a="$(median "${all_fetch[@]}")" -v b="$(median "${all_pipeline[@]}")" \
-  'BEGIN { printf "end-to-end ratio, curl pipeline time / iap-fetch time (medians): %.2f (above 1: iap-fetch faster)\n", b / a }'
+# Each ratio with its 95% interval (ratio_interval, tools/lib.sh): round n of each side is a pair.
+interval() { printf '%s\n' "${@:2:$1}" > "$work/a.col"; printf '%s\n' "${@:$(($1 + 2))}" > "$work/b.col"; ratio_interval "$work/a.col" "$work/b.col"; }
+awk -v a="$(median "${all_t1[@]}")" -v b="$(median "${all_curl[@]}")" -v ci="$(interval "${#all_curl[@]}" "${all_curl[@]}" "${all_t1[@]}")" \
+  'BEGIN { printf "transfer ratio, one connection, curl time / iap-fetch time (medians): %.2f, 95%% interval %s (goal >= 0.95)\n", b / a, ci }'
+awk -v a="$(median "${all_t4[@]}")" -v b="$(median "${all_curl[@]}")" -v ci="$(interval "${#all_curl[@]}" "${all_curl[@]}" "${all_t4[@]}")" \
+  'BEGIN { printf "transfer ratio, 4 connections (medians): %.2f, 95%% interval %s\n", b / a, ci }'
+awk -v a="$(median "${all_fetch[@]}")" -v b="$(median "${all_pipeline[@]}")" -v ci="$(interval "${#all_pipeline[@]}" "${all_pipeline[@]}" "${all_fetch[@]}")" \
+  'BEGIN { printf "end-to-end ratio, curl pipeline time / iap-fetch time (medians): %.2f, 95%% interval %s (above 1: iap-fetch faster)\n", b / a, ci }'
 awk -v a="$best_t1" -v b="$best_curl" -v k="$fetch_kb" -v c="$curl_kb" \
   'BEGIN { printf "best of the rounds: one connection %.2f; peak memory iap-fetch %.1f MiB, curl %.1f MiB\n", b / a, k / 1024, c / 1024 }'
 awk -v d="$on_disk" -v s="$synced" -v z="$size" 'BEGIN { printf "SIGKILL at %.0f%%: %d bytes on disk, %d synced in the journal: %.2f MiB fetched again\n", d * 100 / z, d, s, (d - s) / 1048576 }'
