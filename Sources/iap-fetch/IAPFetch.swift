@@ -160,12 +160,15 @@ struct Printer {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
         var lastPlain: [String: (DownloadState, Date)] = [:]
+        var seen = Set<String>()
         for await update in updates {
             if json {
                 if let data = try? encoder.encode(update) { Console.out(data + Data("\n".utf8)) }
                 continue
             }
-            let line = describe(update)
+            // Finished before this run said anything of it: nothing was fetched, and a full bar
+            // at 0.0 MB/s read as a download done again.
+            let line = seen.insert(update.id).inserted && update.state == .finished ? alreadyInstalled(update) : describe(update)
             if terminal {
                 let end = update.state == .active ? "" : "\n"
                 Console.out("\r\u{1B}[K\(line)\(end)")
@@ -180,16 +183,22 @@ struct Printer {
         }
     }
 
+    func alreadyInstalled(_ u: DownloadUpdate) -> String {
+        "\(u.productId) \(u.contentVersion ?? "") already installed" + (u.contentURL.map { " -> \($0)" } ?? "")
+    }
+
     func describe(_ u: DownloadUpdate) -> String {
         let width = 24
         let filled = Int(u.progress * Double(width))
         let bar = String(repeating: "#", count: filled) + String(repeating: ".", count: width - filled)
         let mb = { (b: Int64) in b < 1_000_000 ? String(format: "%.1f KB", Double(b) / 1e3) : String(format: "%.1f MB", Double(b) / 1e6) }
         let eta = u.timeRemaining < 0 ? "--" : String(format: "%.0fs", u.timeRemaining)
+        // A rate and time remaining say nothing once it is over (and a download shorter than the
+        // rate's first sample showed 0.0 MB/s).
+        let pace = u.state.isFinal ? "" : "\(String(format: "%.1f MB/s", u.bytesPerSecond / 1e6)) eta \(eta) "
         var text =
             "\(u.productId) \(u.contentVersion ?? "") [\(bar)] \(String(format: "%3.0f%%", u.progress * 100)) "
-            + "\(mb(u.bytesReceived))/\(u.expectedContentLength < 0 ? "?" : mb(u.expectedContentLength)) "
-            + "\(String(format: "%.1f MB/s", u.bytesPerSecond / 1e6)) eta \(eta) \(u.state.rawValue)"
+            + "\(mb(u.bytesReceived))/\(u.expectedContentLength < 0 ? "?" : mb(u.expectedContentLength)) \(pace)\(u.state.rawValue)"
         if let delta = u.delta, !u.state.isFinal { text += " (\(delta))" }
         if let error = u.error { text += ": \(error.message)" }
         if let url = u.contentURL { text += " -> \(url)" }

@@ -222,6 +222,8 @@ struct FetchTests {
         #expect(again.status == 0, "\(again.stderr)")
         #expect(again.stdout.contains("com.example.cosmos.levels1 1.1 is up to date") && again.stdout.contains("com.example.magazine.issue42 1.0 is up to date"), "\(again.stdout)")
         #expect(!again.stdout.contains("active"), "it downloaded again: \(again.stdout)")
+        #expect(again.stdout.contains("com.example.magazine.issue42 1.0 already installed -> \(w.content)/com.example.magazine.issue42/1.0"), "\(again.stdout)")
+        #expect(!again.stdout.contains("finished"), "an installed version read as a download done again: \(again.stdout)")
 
         // A refunded purchase owns no content any more: said, not a failure, and nothing is removed.
         let refund = try w.store.refund(transactionId: levels.transaction.transactionId!)
