@@ -22,10 +22,12 @@ public enum ContentServerApp {
         // HEAD on every GET route, as RFC 9110 asks of a general-purpose server (a load
         // balancer's check may use it).
         let router = Router(context: BasicRequestContext.self, options: .autoGenerateHeadEndpoints)
-        router.add(middleware: LogRequestsMiddleware(.info))
+        // Each request's method and path at debug: the decisions worth a line at info (a grant,
+        // a refusal and why, a notification, a catalog change) are logged with their outcome.
+        router.add(middleware: LogRequestsMiddleware(.debug))
         let methods = RouteMethods()
         router.add(middleware: ErrorFormatMiddleware(methods: methods))
-        APIRoutes(service: service).register(on: router, methods: methods)
+        APIRoutes(service: service, log: DecisionLog(logger: logger)).register(on: router, methods: methods)
 
         // NIO's shared group (one loop per core) unless asked otherwise; a group of our own is
         // shut down once the server has stopped.

@@ -16,6 +16,7 @@ import SystemPackage
 /// The JSON API. Errors are `{"error": {"code": "...", "message": "..."}}` everywhere.
 struct APIRoutes: Sendable {
     let service: ContentService
+    let log: DecisionLog
 
     /// Registers every route, and records in `methods` which methods each path answers.
     func register(on router: Router<BasicRequestContext>, methods: RouteMethods) {
@@ -118,9 +119,10 @@ struct APIRoutes: Sendable {
             service.metrics.verificationDuration.record(ContinuousClock.now - started)
         } catch {
             service.metrics.grant(error.code.rawValue)
+            log.refused(code: error.code.rawValue, reason: error.message, transaction: nil, proof: .signedTransaction)
             return apiError(status(for: error.code), error.apiError)
         }
-        switch await grant(transaction, contentVersion: contentVersion) {
+        switch await grant(transaction, contentVersion: contentVersion, proof: .signedTransaction) {
         case .failure(let refusal): return apiError(refusal.status, refusal.error)
         case .success(let download): return json(.ok, DownloadGrants(transactionId: transaction.transactionId ?? "", downloads: [download]))
         }
@@ -136,6 +138,7 @@ struct APIRoutes: Sendable {
             service.metrics.verificationDuration.record(ContinuousClock.now - started)
         } catch {
             service.metrics.grant(error.code.rawValue)
+            log.refused(code: error.code.rawValue, reason: error.message, transaction: nil, proof: .receipt)
             return apiError(status(for: error.code), error.apiError)
         }
         // Newest first, so a product bought (or renewed) more than once is granted for its latest purchase.
@@ -148,11 +151,13 @@ struct APIRoutes: Sendable {
             guard let first = matching.first else {
                 service.metrics.grant("not-in-receipt")
                 let what = [body.transactionId.map { "transaction \($0)" }, body.productId.map { "product \($0)" }].compactMap { $0 }.joined(separator: " and ")
-                return apiError(.notFound, APIError(.notInReceipt, "the receipt holds no purchase of \(what): refresh the receipt (SKReceiptRefreshRequest) or restore"))
+                let error = APIError(.notInReceipt, "the receipt holds no purchase of \(what): refresh the receipt (SKReceiptRefreshRequest) or restore")
+                log.refused(code: error.code.rawValue, reason: error.message, transaction: nil, proof: .receipt)
+                return apiError(.notFound, error)
             }
             // Among several purchases of the product, the first that entitles (a renewal after an expired one).
             let chosen = matching.first { entitlement(for: $0, configuration: service.verifier.configuration).isGranted } ?? first
-            switch await grant(chosen, contentVersion: body.contentVersion) {
+            switch await grant(chosen, contentVersion: body.contentVersion, proof: .receipt) {
             case .failure(let refusal): return apiError(refusal.status, refusal.error)
             case .success(let download): return json(.ok, DownloadGrants(transactionId: chosen.transactionId, downloads: [download]))
             }
@@ -162,7 +167,7 @@ struct APIRoutes: Sendable {
         for transaction in transactions {
             let product = transaction.productId ?? ""
             guard !done.contains(product) else { continue }
-            switch await grant(transaction, contentVersion: nil) {
+            switch await grant(transaction, contentVersion: nil, proof: .receipt) {
             case .success(let download):
                 downloads.append(download)
                 done.insert(product)
@@ -177,9 +182,19 @@ struct APIRoutes: Sendable {
         return json(.ok, DownloadGrants(transactionId: nil, downloads: downloads, skipped: skipped))
     }
 
-    /// The one grant decision: entitlement, the revocation ledger, published content; then the
-    /// ledger row and a signed URL.
-    func grant(_ transaction: Transaction, contentVersion: String?) async -> Result<GrantedDownload, Refusal> {
+    /// The one grant decision, logged (``DecisionLog``).
+    func grant(_ transaction: Transaction, contentVersion: String?, proof: DecisionLog.Proof) async -> Result<GrantedDownload, Refusal> {
+        let decision = await decideGrant(transaction, contentVersion: contentVersion)
+        switch decision {
+        case .success(let download): log.granted(transaction, contentVersion: download.contentVersion, proof: proof)
+        case .failure(let refusal): log.refused(code: refusal.error.code.rawValue, reason: refusal.error.message, transaction: transaction, proof: proof)
+        }
+        return decision
+    }
+
+    /// Entitlement, the revocation ledger, published content; then the ledger row and a signed
+    /// URL.
+    private func decideGrant(_ transaction: Transaction, contentVersion: String?) async -> Result<GrantedDownload, Refusal> {
         let transactionId = transaction.transactionId ?? ""
         if case .denied(let reason) = entitlement(for: transaction, configuration: service.verifier.configuration) {
             service.metrics.grant(reason.code)
@@ -253,6 +268,7 @@ struct APIRoutes: Sendable {
             (notification, transaction) = try await service.verifier.verifyNotification(body.signedPayload)
         } catch {
             service.metrics.notification("unverified", error.code.rawValue)
+            log.notificationRefused(code: error.code.rawValue, reason: error.message)
             return apiError(status(for: error.code), error.apiError)
         }
         let type = notification.notificationType ?? NotificationType(rawValue: "UNKNOWN")
@@ -262,6 +278,7 @@ struct APIRoutes: Sendable {
             // The ledger is durable now; the in-memory set makes the content path refuse at once.
             if outcome == .applied, let id = transaction?.transactionId, let revoke { service.markRevoked(id, revoke) }
             service.metrics.notification(type.rawValue, outcome == .applied ? "applied" : "duplicate")
+            log.notification(notification, transaction: transaction, outcome: outcome == .applied ? (revoke == nil ? "recorded" : "applied: access revoked") : "duplicate")
             return json(
                 .ok,
                 NotificationReceipt(
@@ -269,6 +286,7 @@ struct APIRoutes: Sendable {
                     notificationUUID: notification.notificationUUID ?? ""))
         } catch {
             // Not acknowledged, so Apple retries.
+            log.logger.error("notification not recorded; Apple will send it again", metadata: ["reason": .string(DecisionLog.safe(error.message))])
             return apiError(.serviceUnavailable, error.apiError)
         }
     }
@@ -279,10 +297,12 @@ struct APIRoutes: Sendable {
     func refuseUnlessAdmin(_ request: Request) -> Response? {
         // An empty token would match a request that sends none: it disables the API like nil.
         guard let expected = service.configuration.adminToken, !expected.isEmpty else {
+            log.adminRefused("the admin API is off", path: request.uri.path)
             return apiError(.forbidden, APIError(.adminDisabled, "the admin API is off: start the server with --admin-token-file"))
         }
         let presented = request.headers[.authorization].flatMap { $0.hasPrefix("Bearer ") ? String($0.dropFirst(7)) : nil } ?? ""
         guard constantTimeEqual(presented, expected) else {
+            log.adminRefused(presented.isEmpty ? "no bearer token" : "wrong bearer token", path: request.uri.path)
             return apiError(.unauthorized, APIError(.unauthorized, "send the admin token as Authorization: Bearer <token>"))
         }
         return nil
@@ -307,6 +327,11 @@ struct APIRoutes: Sendable {
                 } else {
                     try await service.store.rollBack(productId: body.productId, contentVersion: body.contentVersion, allowingUnserved: body.allowUnserved == true)
                 }
+            if let percent = body.percent {
+                log.catalogChanged("rollout set", productId: v.productId, contentVersion: v.contentVersion, ["percent": "\(percent)"])
+            } else {
+                log.catalogChanged("version rolled back", productId: v.productId, contentVersion: v.contentVersion)
+            }
             return json(.ok, v.info)
         } catch {
             return catalogRefusal(error)
@@ -320,6 +345,7 @@ struct APIRoutes: Sendable {
             let removal = try await service.store.remove(productId: productId, contentVersion: contentVersion)
             // This server's own kept handles, at once; other replicas' at their next catalog read.
             service.forgetFiles(sha256s: [removal.version.sha256])
+            log.catalogChanged("version removed", productId: productId, contentVersion: contentVersion, ["freedBytes": "\(removal.freedBytes)"])
             return json(.ok, VersionRemoval(productId: productId, version: removal.version.info, freedBytes: removal.freedBytes))
         } catch {
             return catalogRefusal(error)
@@ -385,6 +411,9 @@ struct APIRoutes: Sendable {
                 archiveAt: path, manifest: manifest, moveFile: true, originURL: service.configuration.advertiseURL)
             {
             case .published(let version):
+                log.catalogChanged(
+                    "version published", productId: version.productId, contentVersion: version.contentVersion,
+                    ["sha256": .string(version.sha256), "bytes": "\(version.size)"])
                 return json(.created, PublishReceipt(status: .published, productId: version.productId, contentVersion: version.contentVersion, sha256: version.sha256))
             case .unchanged(let version):
                 return json(.ok, PublishReceipt(status: .unchanged, productId: version.productId, contentVersion: version.contentVersion, sha256: version.sha256))

@@ -169,6 +169,47 @@ struct ServerTests {
         #expect(server.stop() == 0)
     }
 
+    @Test("each grant, refusal, notification and catalog change is one log line with its reason; request text cannot forge a line, and no proof or token is logged")
+    func decisionLog() throws {
+        let tmp = try TemporaryFolder()
+        let (store, server, _) = try start(tmp)
+        let packed = try packSample(tmp)
+        #expect(try upload(packed.archivePath, server: server, tmp: tmp).status == 201)
+        let purchase = try store.purchase(productId: product)
+        let id = try #require(purchase.transaction.transactionId)
+        let granted = try grant(purchase.signedTransaction, server: server, tmp: tmp)
+        let url = try #require((granted.json["downloads"] as? [[String: Any]])?.first?["url"] as? String)
+        // The pinned version is the client's own text, and the refusal's reason quotes it.
+        let forged = "9.9\n2026-01-01T00:00:00+0000 info iap-server: forged [ContentServer] download granted"
+        #expect(try grant(purchase.signedTransaction, server: server, tmp: tmp, version: forged).status == 404)
+        #expect(try postJSON(server.base + "/v1/downloads", ["signedTransaction": "abc"], folder: tmp).status == 400)
+        let refund = try store.refund(transactionId: id)
+        #expect(try postJSON(server.base + "/v1/notifications", ["signedPayload": refund.signedPayload], folder: tmp).status == 200)
+        #expect(try postJSON(server.base + "/v1/notifications", ["signedPayload": refund.signedPayload], folder: tmp).status == 200)
+        #expect(try grant(purchase.signedTransaction, server: server, tmp: tmp).status == 403)
+        #expect(try upload(packed.archivePath, server: server, tmp: tmp, token: "not-the-admin-token").status == 401)
+        #expect(server.stop() == 0)
+
+        let lines = try String(contentsOfFile: server.log, encoding: .utf8).split(separator: "\n").map(String.init)
+        func line(_ message: String, _ fields: String...) -> String? {
+            lines.first { $0.hasSuffix("] " + message) && fields.allSatisfy($0.contains) }
+        }
+        #expect(line("version published", "productId=\(product)", "contentVersion=1.0", "sha256=\(packed.manifest.archiveSHA256)") != nil, "\(lines)")
+        #expect(line("download granted", "transactionId=\(id)", "productId=\(product)", "contentVersion=1.0", "environment=Sandbox", "proof=signed-transaction") != nil)
+        let refusedVersion = try #require(line("download refused", "code=no-content", "transactionId=\(id)"))
+        #expect(refusedVersion.contains("version 9.9\\n2026-01-01"), "\(refusedVersion)")
+        #expect(!lines.contains { $0.hasPrefix("2026-01-01T00:00:00+0000") }, "a client's text made a line of its own")
+        #expect(line("download refused", "code=malformed", "proof=signed-transaction") != nil)
+        #expect(line("App Store notification", "type=REFUND", "transactionId=\(id)", "notificationUUID=\(refund.notification.notificationUUID ?? "")", "outcome=applied: access revoked") != nil)
+        #expect(line("App Store notification", "type=REFUND", "outcome=duplicate") != nil)
+        #expect(line("download refused", "code=revoked", "transactionId=\(id)") != nil)
+        #expect(lines.contains { $0.contains(" warning ") && $0.contains("reason=wrong bearer token") && $0.hasSuffix("admin request refused") })
+        // Nothing to replay or to download with.
+        let token = try #require(url.split(separator: "/").first { $0.hasPrefix("k1.") })
+        let log = lines.joined(separator: "\n")
+        #expect(!log.contains(purchase.signedTransaction) && !log.contains(refund.signedPayload) && !log.contains(token) && !log.contains(adminToken))
+    }
+
     @Test("bad input gets the right status and a clear error; the server stays up and keeps its state")
     func badInput() throws {
         let tmp = try TemporaryFolder()
