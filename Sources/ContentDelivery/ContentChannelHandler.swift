@@ -188,8 +188,8 @@ public final class ContentChannelHandler: ChannelDuplexHandler, RemovableChannel
             request, prefix: prefix, maxRanges: maxRanges, resolver: resolver, memory: &memory,
             eventLoop: context.eventLoop, allocator: context.channel.allocator)
         let headers = response.fields.httpHeaders
+        // Corked until all of it has left (see `setCork`).
         let corked = !response.body.isEmpty
-        let corkedThrough = corked && response.corkedThrough
         if corked { context.setCork(true) }
         context.write(wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: response.status, headers: headers))), promise: nil)
         for piece in response.body { context.write(wrapOutboundOut(.body(piece)), promise: nil) }
@@ -197,9 +197,8 @@ public final class ContentChannelHandler: ChannelDuplexHandler, RemovableChannel
         let keepAlive = response.keepAlive
         let promise = context.eventLoop.makePromise(of: Void.self)
         context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: promise)
-        if corked && !corkedThrough { context.setCork(false) }
         promise.futureResult.assumeIsolated().whenComplete { [self] result in
-            if corkedThrough { context.setCork(false) }
+            if corked { context.setCork(false) }
             let succeeded = report.finished(result, observer: observer)
             state = .idle
             if !keepAlive || !succeeded { context.close(promise: nil) }

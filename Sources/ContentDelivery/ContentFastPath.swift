@@ -165,13 +165,10 @@ public final class ContentFastPath: ChannelDuplexHandler {
 
     private func answerPending(context: ChannelHandlerContext) {
         var wrote = false
-        var corked = false
         defer {
-            if corked {
-                context.flush()
-            } else if wrote && !flushScheduled {
-                // Small responses are flushed once the event loop has read every connection that
-                // was ready, not one by one: each flush wakes a client, which on a machine shared
+            if wrote && !flushScheduled {
+                // Responses are flushed once the event loop has read every connection that was
+                // ready, not one by one: each flush wakes a client, which on a machine shared
                 // with the clients could take the core while requests read in the same pass
                 // waited. 4 KiB ranges, 16 connections, 9 alternated rounds twice: p99 1.17 and
                 // 1.29 ms against 1.75 and 1.82 flushed at once, for the same rate
@@ -183,8 +180,6 @@ public final class ContentFastPath: ChannelDuplexHandler {
                     PassYield.afterFlushes(on: context.eventLoop)
                 }
             }
-            // The first write of each response has left by now, its head with it.
-            if corked { context.setCork(false) }
         }
         while !closing, writable, let buffer = pending, buffer.readableBytes > 0 {
             switch parser.parse(buffer, knownURI: memory.resolved?.uri) {
@@ -200,7 +195,7 @@ public final class ContentFastPath: ChannelDuplexHandler {
                     pending!.moveReaderIndex(forwardBy: length)
                 }
                 heads?.requestHeadReceived()
-                if answer(request, context: context) { corked = true }
+                answer(request, context: context)
                 wrote = true
             }
         }
@@ -229,9 +224,8 @@ public final class ContentFastPath: ChannelDuplexHandler {
         }
     }
 
-    /// Returns whether it corked the connection for the response and the caller uncorks after the
-    /// flush (a response corked through uncorks itself once sent).
-    private func answer(_ request: RequestHeadParser.Head, context: ChannelHandlerContext) -> Bool {
+    /// Writes the answer to one request; the caller flushes.
+    private func answer(_ request: RequestHeadParser.Head, context: ChannelHandlerContext) {
         var response = ContentResponse.make(
             request.content, prefix: prefix, maxRanges: maxRanges, resolver: resolver, memory: &memory,
             eventLoop: context.eventLoop, allocator: allocator)
@@ -282,13 +276,11 @@ public final class ContentFastPath: ChannelDuplexHandler {
             context.write(wrapOutboundOut(.byteBuffer(head)), promise: nil)
             _ = report.finished(.success(()), observer: observer)
             heads?.responseSent()
-            return false
+            return
         }
         inFlight += 1
-        // A head followed by a file: corked until flushed, so the head leaves with the first
-        // bytes of the file; a whole archive until all of it has left.
+        // A head followed by a file: corked until all of it has left (see `setCork`).
         let corked = !pieces.isEmpty
-        let corkedThrough = corked && response.corkedThrough
         if corked { context.setCork(true) }
         let sent = context.eventLoop.makePromise(of: Void.self)
         if pieces.isEmpty {
@@ -299,7 +291,7 @@ public final class ContentFastPath: ChannelDuplexHandler {
             context.write(wrapOutboundOut(pieces.last!), promise: sent)
         }
         sent.futureResult.assumeIsolated().whenComplete { [self] result in
-            if corkedThrough { context.setCork(false) }
+            if corked { context.setCork(false) }
             inFlight -= 1
             if !report.finished(result, observer: observer) {
                 context.close(promise: nil)
@@ -309,7 +301,6 @@ public final class ContentFastPath: ChannelDuplexHandler {
                 heads?.responseSent()
             }
         }
-        return corked && !corkedThrough
     }
 }
 
@@ -328,7 +319,7 @@ enum PassYield {
     private final class State: @unchecked Sendable {
         var scheduled = false
     }
-    nonisolated(unsafe) private static let state = ThreadSpecificVariable<State>()
+    private static let state = ThreadSpecificVariable<State>()
 
     /// Called by each flush of a pass; the yield runs after the pass's other flushes, which were
     /// queued before it.
@@ -356,13 +347,15 @@ extension ChannelHandlerContext {
     /// segments. A response head written before a file region (sendfile) otherwise leaves in a
     /// segment of its own, and the client wakes up, reads and parses it alone: 1 MiB ranges ran
     /// at 0.80x nginx's rate, which corks the same way (`tcp_nopush`), and at 0.92-0.95x corked
-    /// (docs/performance.md). A range is uncorked right after the flush that sent its head. A
-    /// response over ``ContentResponse/corkedThroughBytes`` (a whole archive) stays corked until
-    /// it has left, as nginx's does: in six runs of 18-42 alternated 1 GiB downloads that took
-    /// 0.5-13% less server CPU per GiB (median of runs 6%) and ran 5-20% slower on loopback
-    /// (median 8%), landing at 0.96-1.15x nginx's CPU and 0.96-1.11x its speed. Two system calls
-    /// per response that carries a file; small ranges leave with their head in one write and are
-    /// not corked.
+    /// (docs/performance.md). Every response that carries a file stays corked until all of it has
+    /// left, as nginx's does; otherwise each `sendfile` that fills the socket ends in a short
+    /// segment, one more to send and acknowledge. A whole archive corked through took 0.5-13%
+    /// less server CPU per GiB than one uncorked after its head (six runs of 18-42 alternated 1 GiB
+    /// downloads; 5-20% slower on loopback, at 0.96-1.11x nginx's speed), and ranges of 256 KiB
+    /// and 1 MiB corked through ran at 1.01-1.06x nginx's rate with a p99 0.60-1.07x nginx's,
+    /// against 0.97-1.05x and 0.85-1.21x uncorked after the head (three servers rotated, 7-9
+    /// rounds). Two system calls per response that carries a file; small ranges leave with their
+    /// head in one write and are not corked.
     func setCork(_ on: Bool) {
         #if os(Linux)
             let tcpCork: CInt = 3  // <netinet/tcp.h>; not imported into Swift

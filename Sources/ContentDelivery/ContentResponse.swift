@@ -60,15 +60,6 @@ struct ContentResponse {
     /// Ranges up to this size are read into the response buffer instead of sent with sendfile.
     static let smallRange: UInt64 = 64 << 10
 
-    /// A response carrying more archive bytes than this stays corked until all of it has left
-    /// (``ChannelHandlerContext/setCork(_:)``), as nginx's `tcp_nopush` keeps a file's response
-    /// corked. Otherwise each `sendfile` that fills the socket ends in a short segment, one more
-    /// to send and acknowledge. Smaller ones (ranges) are uncorked as soon as their head has left.
-    static let corkedThroughBytes: UInt64 = 8 << 20
-
-    /// Whether the connection stays corked until this response has left.
-    var corkedThrough: Bool { servedBytes > Self.corkedThroughBytes }
-
     /// Free bytes left in front of a small range's buffer, for the response head: the fast path
     /// writes the head there, so head and body leave in one buffer without a copy of the body.
     static let headroom = 1024

@@ -17,7 +17,7 @@ import Testing
     }
 
     @Test(
-        "a response with a file region is corked until its head has left with the file's first bytes; a whole archive until all of it has left",
+        "a response with a file region, a range or a whole archive, is corked until all of it has left, and uncorked then",
         arguments: [
             (300_000, "Range: bytes=1000-200999\r\n", 1000..<201_000),
             (9_500_000, "", 0..<9_500_000),
