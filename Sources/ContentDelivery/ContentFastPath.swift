@@ -351,10 +351,10 @@ extension ChannelHandlerContext {
     /// left, as nginx's does; otherwise each `sendfile` that fills the socket ends in a short
     /// segment, one more to send and acknowledge. A whole archive corked through took 0.5-13%
     /// less server CPU per GiB than one uncorked after its head (six runs of 18-42 alternated 1 GiB
-    /// downloads; 5-20% slower on loopback, at 0.96-1.11x nginx's speed), and ranges of 256 KiB
-    /// and 1 MiB corked through ran at 1.01-1.06x nginx's rate with a p99 0.60-1.07x nginx's,
-    /// against 0.97-1.05x and 0.85-1.21x uncorked after the head (three servers rotated, 7-9
-    /// rounds). Two system calls per response that carries a file; small ranges leave with their
+    /// downloads; 5-20% slower on loopback, at 0.96-1.11x nginx's speed). Ranges of 64 KiB to
+    /// 1 MiB corked through had a lower p99 than uncorked after their head in all seven rotated
+    /// comparisons (1-29% lower), at the same rate within the noise (docs/performance.md, ninth
+    /// stop). Two system calls per response that carries a file; small ranges leave with their
     /// head in one write and are not corked.
     func setCork(_ on: Bool) {
         #if os(Linux)
