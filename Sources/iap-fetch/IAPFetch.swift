@@ -161,14 +161,18 @@ struct Printer {
         encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
         var lastPlain: [String: (DownloadState, Date)] = [:]
         var seen = Set<String>()
+        // When each download first moved bytes in this run, and how many it had then.
+        var transferStart: [String: (ContinuousClock.Instant, Int64)] = [:]
         for await update in updates {
             if json {
                 if let data = try? encoder.encode(update) { Console.out(data + Data("\n".utf8)) }
                 continue
             }
+            if update.state == .active, transferStart[update.id] == nil { transferStart[update.id] = (.now, update.bytesReceived) }
             // Finished before this run said anything of it: nothing was fetched, and a full bar
             // at 0.0 MB/s read as a download done again.
-            let line = seen.insert(update.id).inserted && update.state == .finished ? alreadyInstalled(update) : describe(update)
+            let took = update.state == .finished ? transferStart[update.id].map { Self.took(.now - $0.0, bytes: update.bytesReceived - $0.1) } : nil
+            let line = seen.insert(update.id).inserted && update.state == .finished ? alreadyInstalled(update) : describe(update, took: took)
             if terminal {
                 let end = update.state == .active ? "" : "\n"
                 Console.out("\r\u{1B}[K\(line)\(end)")
@@ -183,11 +187,21 @@ struct Printer {
         }
     }
 
+    /// "12.3 MB in 1.4 s, 8.8 MB/s": what this run fetched, from its first bytes to the install.
+    static func took(_ elapsed: Duration, bytes: Int64) -> String {
+        let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        let size = bytes < 1_000_000 ? String(format: "%.1f KB", Double(bytes) / 1e3) : String(format: "%.1f MB", Double(bytes) / 1e6)
+        // A rate over a few milliseconds says nothing.
+        guard seconds >= 0.05 else { return "\(size) in \(String(format: "%.2f", seconds)) s" }
+        return "\(size) in \(String(format: "%.1f", seconds)) s, \(String(format: "%.1f", Double(bytes) / seconds / 1e6)) MB/s"
+    }
+
     func alreadyInstalled(_ u: DownloadUpdate) -> String {
         "\(u.productId) \(u.contentVersion ?? "") already installed" + (u.contentURL.map { " -> \($0)" } ?? "")
     }
 
-    func describe(_ u: DownloadUpdate) -> String {
+    /// `took`: for a finished download, what this run fetched and how long it took.
+    func describe(_ u: DownloadUpdate, took: String? = nil) -> String {
         let width = 24
         let filled = Int(u.progress * Double(width))
         let bar = String(repeating: "#", count: filled) + String(repeating: ".", count: width - filled)
@@ -200,6 +214,7 @@ struct Printer {
             "\(u.productId) \(u.contentVersion ?? "") [\(bar)] \(String(format: "%3.0f%%", u.progress * 100)) "
             + "\(mb(u.bytesReceived))/\(u.expectedContentLength < 0 ? "?" : mb(u.expectedContentLength)) \(pace)\(u.state.rawValue)"
         if let delta = u.delta, !u.state.isFinal { text += " (\(delta))" }
+        if let took { text += " (\(took))" }
         if let error = u.error { text += ": \(error.message)" }
         if let url = u.contentURL { text += " -> \(url)" }
         return text

@@ -187,7 +187,11 @@ struct FetchTests {
         let levels = try w.store.purchase(productId: "com.example.cosmos.levels1")
         _ = try w.store.purchase(productId: "com.example.magazine.issue42")
         let coins = try w.store.purchase(productId: "com.example.coins100", type: .consumable)
-        #expect(try fetch(w).status == 0)
+        // In plain lines: each finished download says what this run fetched and how long it took.
+        let first = try run(productsDirectory() + "/iap-fetch", ["run", "--server", w.server.base, "--queue", w.queue, "--content-dir", w.content])
+        #expect(first.status == 0, "\(first.stderr)")
+        let levelsLine = first.stdout.split(separator: "\n").first { $0.hasPrefix("com.example.cosmos.levels1 1.0 [") && $0.contains(" finished ") }
+        #expect(levelsLine?.contains(#/ finished \(\d+\.\d KB in \d+\.\d+ s(, \d+\.\d MB/s)?\) -> /#) == true, "\(first.stdout)")
         _ = try FileTransactionQueue(folder: w.queue).finishNow(coins.transaction.transactionId!)
 
         // 1.1 is out; a plain run has nothing to do, as every purchase is finished.
