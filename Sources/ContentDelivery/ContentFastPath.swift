@@ -352,7 +352,7 @@ extension ChannelHandlerContext {
     /// segment, one more to send and acknowledge. A whole archive corked through took 0.5-13%
     /// less server CPU per GiB than one uncorked after its head (six runs of 18-42 alternated 1 GiB
     /// downloads; 5-20% slower on loopback, at 0.96-1.11x nginx's speed). Ranges of 64 KiB to
-    /// 1 MiB corked through had a lower p99 than uncorked after their head in all seven rotated
+    /// 1 MiB corked through had a lower p99 than uncorked after their head in all eight rotated
     /// comparisons (1-29% lower), at the same rate within the noise (docs/performance.md, ninth
     /// stop). Two system calls per response that carries a file; small ranges leave with their
     /// head in one write and are not corked.
