@@ -105,9 +105,8 @@ nginx_wrk() { wrk_run "$nginx_url" "$range" "$c" >> "$work/nginx.runs"; echo >> 
 printf '\n%-34s %24s %24s %8s %11s\n' "measure" "iap-server" "nginx" "ratio" "95% interval"
 # The interval column: where the ratio of medians of these rounds could lie (ratio_interval).
 for column in 1 2 3 4; do
-  om=$(cut -d' ' -f$column "$work/ours.dl" | median); nm=$(cut -d' ' -f$column "$work/nginx.dl" | median)
-  os=$(cut -d' ' -f$column "$work/ours.dl" | spread); ns=$(cut -d' ' -f$column "$work/nginx.dl" | spread)
   cut -d' ' -f$column "$work/ours.dl" > "$work/ours.col"; cut -d' ' -f$column "$work/nginx.dl" > "$work/nginx.col"
+  om=$(median < "$work/ours.col"); nm=$(median < "$work/nginx.col"); os=$(spread < "$work/ours.col"); ns=$(spread < "$work/nginx.col")
   ci=$(ratio_interval "$work/ours.col" "$work/nginx.col")
   label="1 GiB download, MB/s (curl)"; [ $column = 2 ] && label="server CPU seconds per GiB"; [ $column = 3 ] && label="machine CPU seconds per GiB"
   [ $column = 4 ] && label="  rest of machine (client, etc.)"
@@ -125,13 +124,13 @@ for range in "0-4095" "0-1048575" "$multi"; do
       in_turn "$round" ours_wrk nginx_wrk
       echo "  range ${range:0:20}, $c conns, round $round: iap-server $(tail -1 "$work/ours.runs"), nginx $(tail -1 "$work/nginx.runs") (req/s p99-ms)" >&2
     done
-    ors=$(cut -d' ' -f1 "$work/ours.runs" | median); op=$(cut -d' ' -f2 "$work/ours.runs" | median)
-    nrs=$(cut -d' ' -f1 "$work/nginx.runs" | median); np=$(cut -d' ' -f2 "$work/nginx.runs" | median)
-    orr=$(cut -d' ' -f1 "$work/ours.runs" | awk '{ printf "%.0f\n", $1 }' | spread); nrr=$(cut -d' ' -f1 "$work/nginx.runs" | awk '{ printf "%.0f\n", $1 }' | spread)
-    opr=$(cut -d' ' -f2 "$work/ours.runs" | spread); npr=$(cut -d' ' -f2 "$work/nginx.runs" | spread)
+    # Column 1 req/s, column 2 p99 ms, one file per server and column.
+    for column in 1 2; do cut -d' ' -f$column "$work/ours.runs" > "$work/ours.col$column"; cut -d' ' -f$column "$work/nginx.runs" > "$work/nginx.col$column"; done
+    ors=$(median < "$work/ours.col1"); op=$(median < "$work/ours.col2"); nrs=$(median < "$work/nginx.col1"); np=$(median < "$work/nginx.col2")
+    orr=$(awk '{ printf "%.0f\n", $1 }' "$work/ours.col1" | spread); nrr=$(awk '{ printf "%.0f\n", $1 }' "$work/nginx.col1" | spread)
+    opr=$(spread < "$work/ours.col2"); npr=$(spread < "$work/nginx.col2")
     label="range $range, $c conns"
     [ "$range" = "$multi" ] && label="16 x 64 KiB ranges, $c conns"
-    for column in 1 2; do cut -d' ' -f$column "$work/ours.runs" > "$work/ours.col$column"; cut -d' ' -f$column "$work/nginx.runs" > "$work/nginx.col$column"; done
     rci=$(ratio_interval "$work/ours.col1" "$work/nginx.col1"); pci=$(ratio_interval "$work/ours.col2" "$work/nginx.col2")
     awk -v l="$label" -v o="$ors" -v n="$nrs" -v a="$orr" -v b="$nrr" -v ci="$rci" 'BEGIN { printf "%-34s %24s %24s %8.2f %11s\n", l " req/s", sprintf("%.0f (%s)", o, a), sprintf("%.0f (%s)", n, b), o/n, ci }'
     awk -v l="$label" -v o="$op" -v n="$np" -v a="$opr" -v b="$npr" -v ci="$pci" 'BEGIN { printf "%-34s %24s %24s %8.2f %11s\n", l " p99 ms", sprintf("%.2f (%s)", o, a), sprintf("%.2f (%s)", n, b), (n > 0 ? o/n : 0), ci }'

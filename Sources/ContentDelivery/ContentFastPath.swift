@@ -304,7 +304,7 @@ public final class ContentFastPath: ChannelDuplexHandler {
     }
 }
 
-/// Once per pass of an event loop that flushed small responses, the loop offers its core to
+/// Once per pass of an event loop that flushed responses, the loop offers its core to
 /// whatever else is ready to run there (`sched_yield`), then goes on; with nothing else ready, the
 /// call returns at once.
 ///

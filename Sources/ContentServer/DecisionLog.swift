@@ -34,7 +34,10 @@ struct DecisionLog: Sendable {
         logger.info("download refused", metadata: metadata)
     }
 
-    func notification(_ payload: NotificationPayload, transaction: Transaction?, outcome: String) {
+    /// A verified notification the ledger took: `applied` (new) or a duplicate; `revokes`: it cut
+    /// access.
+    func notification(_ payload: NotificationPayload, transaction: Transaction?, applied: Bool, revokes: Bool) {
+        let outcome = applied ? (revokes ? "applied: access revoked" : "recorded") : "duplicate"
         var metadata: Logger.Metadata = [
             "type": .string(Self.safe(payload.notificationType?.rawValue ?? "UNKNOWN")),
             "notificationUUID": .string(Self.safe(payload.notificationUUID ?? "")),
@@ -51,6 +54,11 @@ struct DecisionLog: Sendable {
         logger.warning(
             "notification refused: it did not verify (if it came from Apple, which sends it again, check --bundle-id, --environment and the trust roots)",
             metadata: ["code": .string(Self.safe(code)), "reason": .string(Self.safe(reason))])
+    }
+
+    /// The ledger could not record a verified notification; it is not acknowledged.
+    func notificationNotRecorded(reason: String) {
+        logger.error("notification not recorded; Apple will send it again", metadata: ["reason": .string(Self.safe(reason))])
     }
 
     func catalogChanged(_ change: String, productId: String, contentVersion: String, _ extra: Logger.Metadata = [:]) {
@@ -74,7 +82,7 @@ struct DecisionLog: Sendable {
     }
 
     /// `text` with control characters escaped (`\n`, `\u{1B}`), cut to 300 characters.
-    static func safe(_ text: String) -> String {
+    private static func safe(_ text: String) -> String {
         var out = ""
         for scalar in text.unicodeScalars.prefix(300) {
             if scalar.properties.generalCategory == .control || scalar == "\u{2028}" || scalar == "\u{2029}" {

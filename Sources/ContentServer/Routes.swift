@@ -278,7 +278,7 @@ struct APIRoutes: Sendable {
             // The ledger is durable now; the in-memory set makes the content path refuse at once.
             if outcome == .applied, let id = transaction?.transactionId, let revoke { service.markRevoked(id, revoke) }
             service.metrics.notification(type.rawValue, outcome == .applied ? "applied" : "duplicate")
-            log.notification(notification, transaction: transaction, outcome: outcome == .applied ? (revoke == nil ? "recorded" : "applied: access revoked") : "duplicate")
+            log.notification(notification, transaction: transaction, applied: outcome == .applied, revokes: revoke != nil)
             return json(
                 .ok,
                 NotificationReceipt(
@@ -286,7 +286,7 @@ struct APIRoutes: Sendable {
                     notificationUUID: notification.notificationUUID ?? ""))
         } catch {
             // Not acknowledged, so Apple retries.
-            log.logger.error("notification not recorded; Apple will send it again", metadata: ["reason": .string(DecisionLog.safe(error.message))])
+            log.notificationNotRecorded(reason: error.message)
             return apiError(.serviceUnavailable, error.apiError)
         }
     }

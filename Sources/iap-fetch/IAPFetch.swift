@@ -169,9 +169,9 @@ struct Printer {
                 continue
             }
             if update.state == .active, transferStart[update.id] == nil { transferStart[update.id] = (.now, update.bytesReceived) }
+            let took = update.state == .finished ? transferStart[update.id].map { Self.took(.now - $0.0, bytes: update.bytesReceived - $0.1) } : nil
             // Finished before this run said anything of it: nothing was fetched, and a full bar
             // at 0.0 MB/s read as a download done again.
-            let took = update.state == .finished ? transferStart[update.id].map { Self.took(.now - $0.0, bytes: update.bytesReceived - $0.1) } : nil
             let line = seen.insert(update.id).inserted && update.state == .finished ? alreadyInstalled(update) : describe(update, took: took)
             if terminal {
                 let end = update.state == .active ? "" : "\n"
@@ -190,10 +190,15 @@ struct Printer {
     /// "12.3 MB in 1.4 s, 8.8 MB/s": what this run fetched, from its first bytes to the install.
     static func took(_ elapsed: Duration, bytes: Int64) -> String {
         let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
-        let size = bytes < 1_000_000 ? String(format: "%.1f KB", Double(bytes) / 1e3) : String(format: "%.1f MB", Double(bytes) / 1e6)
+        let size = megabytes(bytes)
         // A rate over a few milliseconds says nothing.
         guard seconds >= 0.05 else { return "\(size) in \(String(format: "%.2f", seconds)) s" }
         return "\(size) in \(String(format: "%.1f", seconds)) s, \(String(format: "%.1f", Double(bytes) / seconds / 1e6)) MB/s"
+    }
+
+    /// "41.8 KB" or "12.3 MB".
+    static func megabytes(_ bytes: Int64) -> String {
+        bytes < 1_000_000 ? String(format: "%.1f KB", Double(bytes) / 1e3) : String(format: "%.1f MB", Double(bytes) / 1e6)
     }
 
     func alreadyInstalled(_ u: DownloadUpdate) -> String {
@@ -205,14 +210,13 @@ struct Printer {
         let width = 24
         let filled = Int(u.progress * Double(width))
         let bar = String(repeating: "#", count: filled) + String(repeating: ".", count: width - filled)
-        let mb = { (b: Int64) in b < 1_000_000 ? String(format: "%.1f KB", Double(b) / 1e3) : String(format: "%.1f MB", Double(b) / 1e6) }
         let eta = u.timeRemaining < 0 ? "--" : String(format: "%.0fs", u.timeRemaining)
         // A rate and time remaining say nothing once it is over (and a download shorter than the
         // rate's first sample showed 0.0 MB/s).
         let pace = u.state.isFinal ? "" : "\(String(format: "%.1f MB/s", u.bytesPerSecond / 1e6)) eta \(eta) "
         var text =
             "\(u.productId) \(u.contentVersion ?? "") [\(bar)] \(String(format: "%3.0f%%", u.progress * 100)) "
-            + "\(mb(u.bytesReceived))/\(u.expectedContentLength < 0 ? "?" : mb(u.expectedContentLength)) \(pace)\(u.state.rawValue)"
+            + "\(Self.megabytes(u.bytesReceived))/\(u.expectedContentLength < 0 ? "?" : Self.megabytes(u.expectedContentLength)) \(pace)\(u.state.rawValue)"
         if let delta = u.delta, !u.state.isFinal { text += " (\(delta))" }
         if let took { text += " (\(took))" }
         if let error = u.error { text += ": \(error.message)" }
