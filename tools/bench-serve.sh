@@ -10,14 +10,16 @@
 # interval for the ratio (tools/lib.sh, ratio_interval): a ratio whose interval holds 1 is no
 # difference these rounds can tell.
 # Whole downloads take well under a second each and vary most from round to round (2:1), so they get
-# five times as many rounds (DOWNLOAD_ROUNDS to choose). IAP_EVENT_LOOPS=n runs iap-server with n
-# event loops (`--event-loops`) instead of one per core; nginx keeps its two workers.
+# fifteen times as many rounds (DOWNLOAD_ROUNDS to choose): with 35, the 95% interval of a ratio
+# was about +-15%; 200 rounds narrowed it to about +-4% (docs/performance.md, tenth stop).
+# IAP_EVENT_LOOPS=n runs iap-server with n event loops (`--event-loops`) instead of one per core;
+# nginx keeps its two workers.
 # Usage: [DOWNLOAD_ROUNDS=n] [IAP_EVENT_LOOPS=n] tools/bench-serve.sh [seconds-per-wrk-run] [rounds]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-5}
 rounds=${2:-7}
-download_rounds=${DOWNLOAD_ROUNDS:-$((5 * rounds))}
+download_rounds=${DOWNLOAD_ROUNDS:-$((15 * rounds))}
 tools/install-deps.sh
 command -v nginx >/dev/null && command -v wrk >/dev/null || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light wrk >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx wrk >/dev/null; }
 . tools/lib.sh
@@ -60,7 +62,9 @@ done
 nginx_pids() { echo "$(cat "$work/nginx.pid") $(pgrep -P "$(cat "$work/nginx.pid")" | tr '\n' ' ')"; }
 # Nanoseconds on CPU of every thread of the processes (schedstat): clock ticks are 10 ms, and a
 # 1 GiB download takes 15-20 of them, too coarse for a ratio.
-cpu_ns() { local t=0 f; for p in "$@"; do for f in /proc/"$p"/task/*/schedstat; do t=$((t + $(cut -d' ' -f1 "$f"))); done; done; echo $t; }
+# Read with builtins: a process forked per thread would be charged to the machine's total, and
+# iap-server has more threads than nginx has processes.
+cpu_ns() { local t=0 f v; for p in "$@"; do for f in /proc/"$p"/task/*/schedstat; do read -r v _ < "$f"; t=$((t + v)); done; done; echo $t; }
 
 # CPU the whole machine was busy (every core, every process, interrupts included), in clock
 # ticks. On loopback one connection's work is charged to whichever task runs it: when the server
@@ -73,7 +77,7 @@ download() { # url pids... -> "MB/s, server, machine and rest-of-machine CPU sec
   local url=$1; shift
   local before=$(cpu_ns "$@") machine_before=$(machine_ticks)
   local speed=$(curl -s -o /dev/null -w '%{speed_download}' "$url")
-  local after=$(cpu_ns "$@") machine_after=$(machine_ticks)
+  local machine_after=$(machine_ticks) after=$(cpu_ns "$@")  # the machine's window holds curl only
   awk -v s="$speed" -v a="$after" -v b="$before" -v z="$size" -v ma="$machine_after" -v mb="$machine_before" -v hz="$(getconf CLK_TCK)" \
     'BEGIN { g = z / 1073741824; sv = (a - b) / 1e9 / g; m = (ma - mb) / hz / g; printf "%.1f %.4f %.4f %.4f\n", s / 1e6, sv, m, m - sv }'
 }

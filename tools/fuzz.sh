@@ -30,7 +30,12 @@ libfuzzer=$(ls "$libfuzzer"/*/lib/linux/libclang_rt.fuzzer_no_main-x86_64.a | he
 flags=(--package-path tools/fuzz --scratch-path "$work" -Xswiftc -sanitize=address
   -Xswiftc -sanitize-coverage=edge,inline-8bit-counters,pc-table,trace-cmp -Xlinker "$libfuzzer")
 echo "building the fuzzer (libFuzzer + AddressSanitizer)..." >&2
-build_log=$(swift build "${flags[@]}" 2>&1) || { echo "$build_log" | grep -v "Cannot export local symbol" | tail -20 >&2; exit 1; }
+# SwiftPM keeps the build plan of the project (a path dependency here) in the scratch folder, and
+# did not notice a source file added to one of its modules since the last fuzzing build: "cannot
+# find 'ProductIdentifierRule' in scope". A failed build drops the plan and is tried once more.
+build_log=$(swift build "${flags[@]}" 2>&1) ||
+  { rm -f "$work/build.db" "$work/debug.yaml" "$work/plugin-tools.yaml"; build_log=$(swift build "${flags[@]}" 2>&1); } ||
+  { echo "$build_log" | grep -v "Cannot export local symbol" | tail -20 >&2; exit 1; }
 fuzzer=$(swift build "${flags[@]}" --show-bin-path)/iap-fuzz
 
 make_seeds() {

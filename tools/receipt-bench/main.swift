@@ -49,7 +49,8 @@ func rate(_ n: Int, _ body: @Sendable @escaping (Int) throws -> Void, tasks: Int
 func report(_ label: String, _ samples: [Double]) {
     let sorted = samples.sorted()
     let median = sorted[sorted.count / 2]
-    print(String(format: "%-36@ median %8.0f /s  (min %8.0f, max %8.0f)", label as NSString, median, sorted.first!, sorted.last!))
+    let figures = String(format: "median %8.0f /s  (min %8.0f, max %8.0f)", median, sorted.first!, sorted.last!)
+    print(label.padding(toLength: 36, withPad: " ", startingAt: 0) + figures)
 }
 
 let roots = [authority.root]
