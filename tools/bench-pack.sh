@@ -61,9 +61,13 @@ for tool in "${tools[@]}"; do
 done
 z6=$(awk '$1=="zip-r-6"{print $2" "$3}' "$out/results")
 echo "corpus: $input_bytes bytes in $(find "$corpus/Contents" -type f | wc -l) files; $(nproc) cores; medians of $runs rounds"
-printf '%-18s %9s %15s %14s %10s %14s %12s\n' tool seconds "(spread)" "output bytes" "peak MiB" "time/zip-6" "size/zip-6"
+printf '%-18s %9s %15s %14s %10s %14s %12s %12s\n' tool seconds "(spread)" "output bytes" "peak MiB" "time/zip-6" "95% interval" "size/zip-6"
+# The interval of each time ratio: the rounds resampled as pairs with zip -6's (tools/lib.sh).
+cut -d' ' -f1 "$out/runs-zip-r-6" > "$out/zip6.col"
 while read -r name secs bytes kb range; do
   read -r zs zb <<< "$z6"
-  awk -v n="$name" -v s="$secs" -v r="$range" -v b="$bytes" -v k="$kb" -v zs="$zs" -v zb="$zb" \
-    'BEGIN { printf "%-18s %9.2f %15s %14d %10.1f %14.3f %12.3f\n", n, s, "(" r ")", b, k / 1024, s / zs, b / zb }'
+  cut -d' ' -f1 "$out/runs-$name" > "$out/tool.col"
+  ci=$(ratio_interval "$out/tool.col" "$out/zip6.col")
+  awk -v n="$name" -v s="$secs" -v r="$range" -v b="$bytes" -v k="$kb" -v zs="$zs" -v zb="$zb" -v ci="$ci" \
+    'BEGIN { printf "%-18s %9.2f %15s %14d %10.1f %14.3f %12s %12.3f\n", n, s, "(" r ")", b, k / 1024, s / zs, ci, b / zb }'
 done < "$out/results"

@@ -50,7 +50,7 @@ func report(_ label: String, _ samples: [Double]) {
     let sorted = samples.sorted()
     let median = sorted[sorted.count / 2]
     let figures = String(format: "median %8.0f /s  (min %8.0f, max %8.0f)", median, sorted.first!, sorted.last!)
-    print(label.padding(toLength: 36, withPad: " ", startingAt: 0) + figures)
+    print(label.padding(toLength: 36, withPad: " ", startingAt: 0) + " " + figures)
 }
 
 let roots = [authority.root]
