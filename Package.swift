@@ -238,14 +238,15 @@ let package = Package(
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
+        .target(name: "BenchSupport", path: "tools/bench-support"),
         .executableTarget(
             name: "verify-bench",
-            dependencies: ["PurchaseVerification", "SandboxStore"],
+            dependencies: ["BenchSupport", "PurchaseVerification", "SandboxStore"],
             path: "tools/verify-bench"
         ),
         .executableTarget(
             name: "receipt-bench",
-            dependencies: ["PurchaseVerification", "ReceiptVerification", "SandboxStore"],
+            dependencies: ["BenchSupport", "PurchaseVerification", "ReceiptVerification", "SandboxStore"],
             path: "tools/receipt-bench"
         ),
         .testTarget(name: "IAPProtocolTests", dependencies: ["IAPProtocol"]),

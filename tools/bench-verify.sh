@@ -8,7 +8,7 @@
 #   cold:   a new verifier per token, so every chain is built and validated;
 #   warm-1: one verifier, one task (Python: one process);
 #   warm-N: one verifier per core's worth of work (ours: N tasks on one verifier; Python: N
-#           processes, as a Python server scales past its lock);
+#           processes, as a Python server scales past the GIL);
 # the two sides alternate over ROUNDS rounds (default 7), who goes first flipping every round;
 # medians with spread (min-max), the ratio of medians and its 95% interval (tools/lib.sh).
 # Usage: [ROUNDS=n] [TOKENS=n] tools/bench-verify.sh

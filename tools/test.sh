@@ -4,5 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/install-deps.sh
-swift format lint --strict --recursive Sources Tests tools/verify-bench tools/receipt-bench Package.swift
+swift format lint --strict --recursive Sources Tests tools/bench-support tools/verify-bench tools/receipt-bench Package.swift
 exec swift test "$@"

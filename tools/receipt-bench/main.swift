@@ -3,6 +3,7 @@
 // by libcrypto) and a warm one (one verifier: one RSA signature check and the payload parse
 // per receipt), on one task and on every core. The goal (issue 15) is ≥ 2,000/s warm on 2 cores.
 // Run: swift run -c release receipt-bench [receipts] [rounds]
+import BenchSupport
 import Foundation
 import PurchaseVerification
 import ReceiptVerification
@@ -29,30 +30,6 @@ for r in 0..<200 {
 }
 print("receipt: \(receipts[0].count) bytes, 50 purchases, RSA-2048, SHA-256; \(count) verifications per run, \(rounds) rounds")
 
-func rate(_ n: Int, _ body: @Sendable @escaping (Int) throws -> Void, tasks: Int) async throws -> Double {
-    let start = ContinuousClock.now
-    try await withThrowingTaskGroup(of: Void.self) { group in
-        for worker in 0..<tasks {
-            group.addTask {
-                var i = worker
-                while i < n {
-                    try body(i)
-                    i += tasks
-                }
-            }
-        }
-        try await group.waitForAll()
-    }
-    return Double(n) / ((ContinuousClock.now - start) / .seconds(1))
-}
-
-func report(_ label: String, _ samples: [Double]) {
-    let sorted = samples.sorted()
-    let median = sorted[sorted.count / 2]
-    let figures = String(format: "median %8.0f /s  (min %8.0f, max %8.0f)", median, sorted.first!, sorted.last!)
-    print(label.padding(toLength: 36, withPad: " ", startingAt: 0) + " " + figures)
-}
-
 let roots = [authority.root]
 let warm = try ReceiptVerifier(bundleId: "com.example.app", trustRoots: roots, environments: .sandbox)
 _ = try warm.verify(receipts[0])
@@ -61,10 +38,11 @@ var cold: [Double] = [], one: [Double] = [], all: [Double] = []
 let snapshot = receipts
 for _ in 0..<rounds {
     cold.append(
-        try await rate(max(200, count / 10), { i in _ = try ReceiptVerifier(bundleId: "com.example.app", trustRoots: roots, environments: .sandbox).verify(snapshot[i % snapshot.count]) }, tasks: 1))
-    one.append(try await rate(count, { i in _ = try warm.verify(snapshot[i % snapshot.count]) }, tasks: 1))
-    all.append(try await rate(count, { i in _ = try warm.verify(snapshot[i % snapshot.count]) }, tasks: cores))
+        try await rate(max(200, count / 10), tasks: 1) { i in _ = try ReceiptVerifier(bundleId: "com.example.app", trustRoots: roots, environments: .sandbox).verify(snapshot[i % snapshot.count]) })
+    one.append(try await rate(count, tasks: 1) { i in _ = try warm.verify(snapshot[i % snapshot.count]) })
+    all.append(try await rate(count, tasks: cores) { i in _ = try warm.verify(snapshot[i % snapshot.count]) })
 }
-report("cold (new verifier, chain validated)", cold)
-report("warm, 1 task", one)
-report("warm, \(cores) tasks", all)
+print("verifications per second, median (min-max) of the rounds")
+print(medianLine("cold (new verifier, chain validated)", cold))
+print(medianLine("warm, 1 task", one))
+print(medianLine("warm, \(cores) tasks", all))

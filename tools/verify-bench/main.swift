@@ -9,6 +9,7 @@
 //
 // The last two are for tools/bench-verify.sh, which runs Apple's own verifier (the Python
 // app-store-server-library) over the same tokens in turn with this one.
+import BenchSupport
 import Foundation
 import PurchaseVerification
 import SandboxStore
@@ -56,24 +57,6 @@ let rounds = arguments.first.flatMap { Int($0) } ?? (importFrom == nil ? 7 : 1)
 let configuration = VerifierConfiguration(bundleId: bundleId, trustRoots: [root], environments: .sandbox)
 let snapshot = tokens
 
-/// Verifications per second of `body` over `n` tokens, split over `tasks` tasks.
-func rate(_ n: Int, tasks: Int, _ body: @Sendable @escaping (Int) async throws -> Void) async throws -> Double {
-    let start = ContinuousClock.now
-    try await withThrowingTaskGroup(of: Void.self) { group in
-        for worker in 0..<tasks {
-            group.addTask {
-                var i = worker
-                while i < n {
-                    try await body(i)
-                    i += tasks
-                }
-            }
-        }
-        try await group.waitForAll()
-    }
-    return Double(n) / ((ContinuousClock.now - start) / .seconds(1))
-}
-
 let warm = SignedDataVerifier(configuration: configuration)
 let first = try await warm.verifyTransaction(snapshot[0])
 guard first.bundleId == bundleId else { fatalError("the first token did not decode to \(bundleId)") }
@@ -96,9 +79,5 @@ for _ in 0..<rounds {
 if importFrom == nil {
     print("\(snapshot.count) tokens (ES256, x5c chain of 3), \(rounds) rounds; verifications per second, median (min-max)")
     let labels = ["cold (new verifier, chain validated)", "warm (cached chain), 1 task", "warm (cached chain), \(cores) tasks"]
-    for (label, values) in zip(labels, samples) {
-        let sorted = values.sorted()
-        let figures = String(format: "%9.0f (%.0f-%.0f)", sorted[sorted.count / 2], sorted.first!, sorted.last!)
-        print(label.padding(toLength: 36, withPad: " ", startingAt: 0) + figures)
-    }
+    for (label, values) in zip(labels, samples) { print(medianLine(label, values)) }
 }
