@@ -139,7 +139,11 @@ for r in range(rounds):
 print(f"grants/s, {grants} grants from {clients} clients per round, {rounds} alternated rounds, medians (min-max):")
 print(f"  SQLite      {spread(lite)}")
 print(f"  PostgreSQL  {spread(pg)}")
-print(f"  ratio of medians PostgreSQL/SQLite: {statistics.median(pg)/statistics.median(lite):.2f}x")
+for name, xs in (("pg", pg), ("sqlite", lite)):
+    open(f"{work}/grants-{name}.col", "w").write("".join(f"{x}\n" for x in xs))
+interval = subprocess.run(["bash", "-c", '. tools/lib.sh && ratio_interval "$1" "$2"', "_", f"{work}/grants-pg.col", f"{work}/grants-sqlite.col"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+print(f"  ratio of medians PostgreSQL/SQLite: {statistics.median(pg)/statistics.median(lite):.2f}x, 95% interval {interval}")
 
 # Propagation: grant on C, refund posted to A, until C refuses the URL.
 samples = []
