@@ -34,10 +34,17 @@ struct DecisionLog: Sendable {
         logger.info("download refused", metadata: metadata)
     }
 
-    /// A verified notification the ledger took: `applied` (new) or a duplicate; `revokes`: it cut
-    /// access.
-    func notification(_ payload: NotificationPayload, transaction: Transaction?, applied: Bool, revokes: Bool) {
-        let outcome = applied ? (revokes ? "applied: access revoked" : "recorded") : "duplicate"
+    /// A verified notification the ledger took: `applied` (new) or a duplicate. `revokes` is the
+    /// ledger's reading of its type (``NotificationLedger/revokes(_:)``): true cuts access, false
+    /// restores it (REFUND_REVERSED), nil changes nothing.
+    func notification(_ payload: NotificationPayload, transaction: Transaction?, applied: Bool, revokes: Bool?) {
+        let outcome =
+            switch (applied, revokes) {
+            case (false, _): "duplicate"
+            case (true, true?): "applied: access revoked"
+            case (true, false?): "applied: access restored"
+            case (true, nil): "recorded"
+            }
         var metadata: Logger.Metadata = [
             "type": .string(Self.safe(payload.notificationType?.rawValue ?? "UNKNOWN")),
             "notificationUUID": .string(Self.safe(payload.notificationUUID ?? "")),

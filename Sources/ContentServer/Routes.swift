@@ -278,7 +278,7 @@ struct APIRoutes: Sendable {
             // The ledger is durable now; the in-memory set makes the content path refuse at once.
             if outcome == .applied, let id = transaction?.transactionId, let revoke { service.markRevoked(id, revoke) }
             service.metrics.notification(type.rawValue, outcome == .applied ? "applied" : "duplicate")
-            log.notification(notification, transaction: transaction, applied: outcome == .applied, revokes: revoke != nil)
+            log.notification(notification, transaction: transaction, applied: outcome == .applied, revokes: revoke)
             return json(
                 .ok,
                 NotificationReceipt(

@@ -187,6 +187,11 @@ struct ServerTests {
         #expect(try postJSON(server.base + "/v1/notifications", ["signedPayload": refund.signedPayload], folder: tmp).status == 200)
         #expect(try postJSON(server.base + "/v1/notifications", ["signedPayload": refund.signedPayload], folder: tmp).status == 200)
         #expect(try grant(purchase.signedTransaction, server: server, tmp: tmp).status == 403)
+        // The refund reversed: access comes back, and the log says so (not "revoked").
+        var reversal = refund.notification
+        reversal.notificationType = .refundReversed
+        reversal.notificationUUID = UUID().uuidString.lowercased()
+        #expect(try postJSON(server.base + "/v1/notifications", ["signedPayload": try store.sign(reversal)], folder: tmp).status == 200)
         #expect(try upload(packed.archivePath, server: server, tmp: tmp, token: "not-the-admin-token").status == 401)
         #expect(server.stop() == 0)
 
@@ -202,6 +207,7 @@ struct ServerTests {
         #expect(line("download refused", "code=malformed", "proof=signed-transaction") != nil)
         #expect(line("App Store notification", "type=REFUND", "transactionId=\(id)", "notificationUUID=\(refund.notification.notificationUUID ?? "")", "outcome=applied: access revoked") != nil)
         #expect(line("App Store notification", "type=REFUND", "outcome=duplicate") != nil)
+        #expect(line("App Store notification", "type=REFUND_REVERSED", "transactionId=\(id)", "outcome=applied: access restored") != nil)
         #expect(line("download refused", "code=revoked", "transactionId=\(id)") != nil)
         #expect(lines.contains { $0.contains(" warning ") && $0.contains("reason=wrong bearer token") && $0.hasSuffix("admin request refused") })
         // Nothing to replay or to download with.
