@@ -24,6 +24,11 @@ if ! python3 -c 'import asn1crypto' 2>/dev/null; then
   echo "installing: asn1crypto (PyPI)" >&2
   python3 -m pip install -q asn1crypto
 fi
+# The HTTP lint test (and tools/http-lint.py) judges the server's responses with REDbot and httplint.
+if ! python3 -c 'import redbot, httplint' 2>/dev/null; then
+  echo "installing: redbot (PyPI)" >&2
+  python3 -m pip install -q redbot
+fi
 if ! python3 -c 'import appstoreserverlibrary' 2>/dev/null; then
   echo "installing: app-store-server-library (PyPI)" >&2
   python3 -m pip install -q app-store-server-library

@@ -23,6 +23,8 @@ public enum RangeDecision: Sendable, Equatable {
     case unsatisfiable
     /// 304: the client's `If-None-Match` matches.
     case notModified
+    /// 412: the client's `If-Match` or `If-Unmodified-Since` does not hold.
+    case preconditionFailed
 }
 
 /// RFC 9110 §13–14 for a static representation with a strong ETag: conditional requests and
@@ -40,12 +42,23 @@ public enum RangeEvaluator {
     ///   - size: the representation's length in bytes.
     ///   - etag: the strong entity tag, quotes included (`"abc"`).
     ///   - lastModified: the `Last-Modified` value as sent.
-    ///   - range, ifRange, ifNoneMatch, ifModifiedSince: the request's header values, if present.
+    ///   - modifiedAt: the same date in seconds since 1970, for `If-Unmodified-Since`.
+    ///   - range, ifRange, ifNoneMatch, ifModifiedSince, ifMatch, ifUnmodifiedSince: the
+    ///     request's header values, if present.
     public static func evaluate(
-        size: UInt64, etag: String, lastModified: String?,
+        size: UInt64, etag: String, lastModified: String?, modifiedAt: Int64? = nil,
         range: String?, ifRange: String?, ifNoneMatch: String?, ifModifiedSince: String? = nil,
+        ifMatch: String? = nil, ifUnmodifiedSince: String? = nil,
         maxRanges: Int = defaultMaxRanges
     ) -> RangeDecision {
+        // RFC 9110 §13.2.2's order: the preconditions that can fail a request come first.
+        if let ifMatch {
+            if !matchMatches(ifMatch, etag: etag) { return .preconditionFailed }
+        } else if let ifUnmodifiedSince, let modifiedAt, let since = HTTPDate.parse(ifUnmodifiedSince.trimmingWhitespace), modifiedAt > since {
+            // Only without If-Match; a value that is no HTTP date is ignored (§13.1.4), where
+            // nginx answers 412.
+            return .preconditionFailed
+        }
         if let ifNoneMatch {
             if noneMatchMatches(ifNoneMatch, etag: etag) { return .notModified }
         } else if let ifModifiedSince, let lastModified, ifModifiedSince.trimmingWhitespace == lastModified {
@@ -156,6 +169,16 @@ public enum RangeEvaluator {
             }
         }
         return merged
+    }
+
+    /// `If-Match` uses strong comparison: `W/"x"` never matches; `*` matches the representation,
+    /// which exists (§13.1.1).
+    private static func matchMatches(_ header: String, etag: String) -> Bool {
+        for candidate in header.split(separator: ",") {
+            let tag = candidate.trimmingWhitespace
+            if tag == "*" || tag == etag { return true }
+        }
+        return false
     }
 
     /// `If-None-Match` uses weak comparison: `W/"x"` matches `"x"`; `*` matches anything.

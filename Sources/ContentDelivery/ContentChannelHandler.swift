@@ -13,6 +13,8 @@ public final class ServedFile: Sendable {
     public let etag: String
     /// `Last-Modified`, as HTTP writes dates.
     public let lastModified: String
+    /// The same date in seconds since 1970, for `If-Unmodified-Since`.
+    public let modifiedAt: Int64
     public let contentType: String
     /// `Repr-Digest` (RFC 9530), `sha-256=:<base64>:`, when the ETag is a quoted SHA-256 in hex:
     /// caches and clients can check what they hold without a byte of the body.
@@ -26,6 +28,7 @@ public final class ServedFile: Sendable {
         self.etag = etag
         let lastModified = HTTPDate.format(modified)
         self.lastModified = lastModified
+        modifiedAt = Int64(modified.timeIntervalSince1970.rounded(.down))
         self.contentType = contentType
         let hex = Array(etag.utf8.dropFirst().dropLast())
         var bytes: [UInt8] = []
@@ -179,11 +182,18 @@ public final class ContentChannelHandler: ChannelDuplexHandler, RemovableChannel
         }
     }
 
+    /// A list-valued field (entity tags) sent on several lines is one list (RFC 9110 §5.3).
+    private static func list(_ headers: HTTPHeaders, _ name: String) -> String? {
+        let values = headers[name]
+        return values.isEmpty ? nil : values.joined(separator: ", ")
+    }
+
     private func respond(context: ChannelHandlerContext, head: HTTPRequestHead) {
         let request = ContentRequest(
             method: head.method, uri: head.uri, keepAlive: head.isKeepAlive,
             range: head.headers.first(name: "range"), ifRange: head.headers.first(name: "if-range"),
-            ifNoneMatch: head.headers.first(name: "if-none-match"), ifModifiedSince: head.headers.first(name: "if-modified-since"))
+            ifNoneMatch: Self.list(head.headers, "if-none-match"), ifModifiedSince: head.headers.first(name: "if-modified-since"),
+            ifMatch: Self.list(head.headers, "if-match"), ifUnmodifiedSince: head.headers.first(name: "if-unmodified-since"))
         let response = ContentResponse.make(
             request, prefix: prefix, maxRanges: maxRanges, resolver: resolver, memory: &memory,
             eventLoop: context.eventLoop, allocator: context.channel.allocator)
@@ -203,21 +213,5 @@ public final class ContentChannelHandler: ChannelDuplexHandler, RemovableChannel
             state = .idle
             if !keepAlive || !succeeded { context.close(promise: nil) }
         }
-    }
-}
-
-/// IMF-fixdate strings (RFC 9110 §5.6.7). Not cached here: a response's `Date` comes from its
-/// connection's ``ResponseMemory`` (formatted once per second per connection), and a file's
-/// `Last-Modified` is formatted once when the file is opened.
-enum HTTPDate {
-    static func format(_ date: Date) -> String {
-        var time = time_t(Int(date.timeIntervalSince1970))
-        var parts = tm()
-        gmtime_r(&time, &parts)
-        let days = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"]
-        let months = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
-        func two(_ n: Int32) -> String { n < 10 ? "0\(n)" : "\(n)" }
-        return "\(days[Int(parts.tm_wday)]), \(two(parts.tm_mday)) \(months[Int(parts.tm_mon)]) \(parts.tm_year + 1900) "
-            + "\(two(parts.tm_hour)):\(two(parts.tm_min)):\(two(parts.tm_sec)) GMT"
     }
 }

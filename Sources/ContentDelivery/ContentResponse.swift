@@ -12,6 +12,8 @@ struct ContentRequest: Sendable, Equatable {
     var ifRange: String?
     var ifNoneMatch: String?
     var ifModifiedSince: String? = nil
+    var ifMatch: String? = nil
+    var ifUnmodifiedSince: String? = nil
 }
 
 /// What a connection remembers from one response to the next: its last resolution, and the
@@ -124,12 +126,19 @@ struct ContentResponse {
         var fields = base
         fields.validators = file
         let decision = RangeEvaluator.evaluate(
-            size: file.size, etag: file.etag, lastModified: file.lastModified,
+            size: file.size, etag: file.etag, lastModified: file.lastModified, modifiedAt: file.modifiedAt,
             range: request.range, ifRange: request.ifRange, ifNoneMatch: request.ifNoneMatch, ifModifiedSince: request.ifModifiedSince,
-            maxRanges: maxRanges)
+            ifMatch: request.ifMatch, ifUnmodifiedSince: request.ifUnmodifiedSince, maxRanges: maxRanges)
         var status = HTTPResponseStatus.ok
         var pieces: [IOData] = []
         switch decision {
+        case .preconditionFailed:
+            return error(
+                .preconditionFailed,
+                APIError(
+                    .preconditionFailed,
+                    "the file at this URL does not match the request's If-Match or If-Unmodified-Since: drop the condition, or ask POST /v1/downloads for the current version"),
+                fields: base, method: method, keepAlive: request.keepAlive, allocator: allocator)
         case .notModified:
             status = .notModified
         case .unsatisfiable:

@@ -146,6 +146,12 @@ struct RequestHeadParser: Sendable {
             case .ifModifiedSince:
                 guard request.ifModifiedSince == nil else { return .handOff }
                 request.ifModifiedSince = String(decoding: value, as: UTF8.self)
+            case .ifMatch:
+                guard request.ifMatch == nil else { return .handOff }
+                request.ifMatch = String(decoding: value, as: UTF8.self)
+            case .ifUnmodifiedSince:
+                guard request.ifUnmodifiedSince == nil else { return .handOff }
+                request.ifUnmodifiedSince = String(decoding: value, as: UTF8.self)
             case .connection:
                 for token in value.split(separator: UInt8(ascii: ",")) {
                     let option = token.drop { $0 == 0x20 || $0 == 0x09 }.reversed().drop { $0 == 0x20 || $0 == 0x09 }.reversed()
@@ -172,7 +178,7 @@ struct RequestHeadParser: Sendable {
     }
 
     private enum Field {
-        case range, ifRange, ifNoneMatch, ifModifiedSince, connection, contentLength, handOff, other
+        case range, ifRange, ifNoneMatch, ifModifiedSince, ifMatch, ifUnmodifiedSince, connection, contentLength, handOff, other
     }
 
     private static func field(_ name: UnsafeBufferPointer<UInt8>) -> Field {
@@ -181,6 +187,8 @@ struct RequestHeadParser: Sendable {
         case 8 where equalsIgnoringCase(name, "if-range"): .ifRange
         case 13 where equalsIgnoringCase(name, "if-none-match"): .ifNoneMatch
         case 17 where equalsIgnoringCase(name, "if-modified-since"): .ifModifiedSince
+        case 8 where equalsIgnoringCase(name, "if-match"): .ifMatch
+        case 19 where equalsIgnoringCase(name, "if-unmodified-since"): .ifUnmodifiedSince
         case 10 where equalsIgnoringCase(name, "connection"): .connection
         case 14 where equalsIgnoringCase(name, "content-length"): .contentLength
         case 17 where equalsIgnoringCase(name, "transfer-encoding"): .handOff

@@ -33,6 +33,8 @@ struct APIRoutes: Sendable {
         on(.get, Route.metrics) { _, _ in
             var headers = HTTPFields()
             headers[.contentType] = "text/plain; version=0.0.4"
+            // A scrape is a reading of now: no cache may answer the next one with it.
+            headers[.cacheControl] = "no-store"
             return Response(status: .ok, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: service.metrics.registry.emitToBuffer())))
         }
         on(.get, Route.grantCheck) { request, _ in grantCheck(request) }
@@ -303,7 +305,10 @@ struct APIRoutes: Sendable {
         let presented = request.headers[.authorization].flatMap { $0.hasPrefix("Bearer ") ? String($0.dropFirst(7)) : nil } ?? ""
         guard constantTimeEqual(presented, expected) else {
             log.adminRefused(presented.isEmpty ? "no bearer token" : "wrong bearer token", path: request.uri.path)
-            return apiError(.unauthorized, APIError(.unauthorized, "send the admin token as Authorization: Bearer <token>"))
+            // RFC 9110 §11.6.1: a 401 names its challenge; RFC 6750 §3.1 adds the error when a token was sent.
+            var challenge = HTTPFields()
+            challenge[.wwwAuthenticate] = "Bearer realm=\"iap-server admin\"" + (presented.isEmpty ? "" : ", error=\"invalid_token\"")
+            return apiError(.unauthorized, APIError(.unauthorized, "send the admin token as Authorization: Bearer <token>"), headers: challenge)
         }
         return nil
     }

@@ -16,7 +16,7 @@ final class ServerMetrics: ContentObserver, Sendable {
 
     init() {
         var responses: [UInt: Counter] = [:]
-        for code: UInt in [200, 206, 304, 400, 401, 403, 404, 405, 416, 500] {
+        for code: UInt in [200, 206, 304, 400, 401, 403, 404, 405, 412, 416, 500] {
             responses[code] = Self.responseCounter(code, in: registry)
         }
         self.responses = responses

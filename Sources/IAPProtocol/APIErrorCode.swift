@@ -21,6 +21,8 @@ public struct APIErrorCode: ErrorCode, ExpressibleByStringLiteral, CustomStringC
     public static let revoked: APIErrorCode = "revoked"
     /// No content is published for the product or the asked version (404).
     public static let noContent: APIErrorCode = "no-content"
+    /// A content request's `If-Match` or `If-Unmodified-Since` does not hold (412).
+    public static let preconditionFailed: APIErrorCode = "precondition-failed"
     /// The receipt holds no purchase with the asked transaction or product id (404).
     public static let notInReceipt: APIErrorCode = "not-in-receipt"
 

@@ -219,6 +219,30 @@ func rawResponse(_ channel: EmbeddedChannel, file: OneFileResolver) throws -> (h
         #expect(response.status == .methodNotAllowed && response.headers["Allow"] == ["GET, HEAD"])
         _ = try channel.finish()
     }
+
+    @Test("If-Match on several lines is one list, and a failed precondition is 412 on both paths")
+    func preconditions() throws {
+        let file = try OneFileResolver(size: 10)
+        func status(_ headers: [(String, String)]) throws -> HTTPResponseStatus? {
+            let channel = EmbeddedChannel(handler: ContentChannelHandler(prefix: "/v1/content/", resolver: file))
+            defer { _ = try? channel.finish() }
+            try channel.writeInbound(head("/v1/content/ok/x", headers))
+            try channel.writeInbound(HTTPServerRequestPart.end(nil))
+            guard case .head(let response) = try channel.readOutbound(as: HTTPServerResponsePart.self) else { return nil }
+            return response.status
+        }
+        #expect(try status([("If-Match", "\"x\""), ("If-Match", "\"abc\"")]) == .ok)
+        #expect(try status([("If-Match", "\"x\""), ("If-Match", "\"y\"")]) == .preconditionFailed)
+        #expect(try status([("If-Unmodified-Since", "Sat, 05 Nov 1994 08:49:37 GMT")]) == .preconditionFailed)
+
+        let channel = EmbeddedChannel(handler: ContentFastPath(prefix: "/v1/content/", resolver: file))
+        try channel.writeInboundAndRun(ByteBuffer(string: "GET /v1/content/ok/x HTTP/1.1\r\nIf-Match: \"x\"\r\nRange: bytes=0-1\r\n\r\n"))
+        let response = try rawResponse(channel, file: file)
+        #expect(response.head.hasPrefix("HTTP/1.1 412 Precondition Failed"))
+        #expect(response.head.contains("Cache-Control: no-store"))
+        #expect(ErrorEnvelope.read(response.body).code() == .preconditionFailed)
+        _ = try channel.finish()
+    }
 }
 
 /// A resolver whose resolutions may be reused, counting how often it is asked.

@@ -1,4 +1,5 @@
 import ContentDelivery
+import Foundation
 import Testing
 
 @Suite("Range and conditional request evaluation (RFC 9110)")
@@ -69,5 +70,63 @@ struct RangeTests {
         #expect(decide(nil, ifNoneMatch: "\"x\", \"abc\"") == .notModified)
         #expect(decide(nil, ifNoneMatch: "*") == .notModified)
         #expect(decide(nil, ifNoneMatch: "\"x\"") == .full)
+    }
+
+    /// The representation's date in seconds: `date` above.
+    let modifiedAt: Int64 = 1_795_330_800
+
+    func precondition(ifMatch: String? = nil, ifUnmodifiedSince: String? = nil, ifNoneMatch: String? = nil, range: String? = nil) -> RangeDecision {
+        RangeEvaluator.evaluate(
+            size: 1000, etag: etag, lastModified: date, modifiedAt: modifiedAt, range: range, ifRange: nil, ifNoneMatch: ifNoneMatch,
+            ifMatch: ifMatch, ifUnmodifiedSince: ifUnmodifiedSince)
+    }
+
+    @Test("If-Match is compared strongly and answers 412 before anything else when no tag matches")
+    func ifMatch() {
+        #expect(precondition(ifMatch: etag) == .full)
+        #expect(precondition(ifMatch: "\"x\", \"abc\"") == .full)
+        #expect(precondition(ifMatch: "*") == .full)
+        #expect(precondition(ifMatch: "\"x\"") == .preconditionFailed)
+        #expect(precondition(ifMatch: "W/\"abc\"") == .preconditionFailed)
+        // Before If-None-Match and ranges (RFC 9110 §13.2.2), as nginx orders them.
+        #expect(precondition(ifMatch: "\"x\"", ifNoneMatch: etag) == .preconditionFailed)
+        #expect(precondition(ifMatch: "\"x\"", range: "bytes=0-9") == .preconditionFailed)
+        #expect(precondition(ifMatch: etag, range: "bytes=0-9") == .partial([r(0, 9)]))
+        #expect(precondition(ifMatch: etag, ifNoneMatch: etag) == .notModified)
+    }
+
+    @Test("If-Unmodified-Since answers 412 for a date before the representation's, in all three date formats; an invalid date is ignored")
+    func ifUnmodifiedSince() {
+        #expect(precondition(ifUnmodifiedSince: date) == .full)
+        #expect(precondition(ifUnmodifiedSince: "Mon, 23 Nov 2026 07:00:00 GMT") == .full)
+        #expect(precondition(ifUnmodifiedSince: "Sun, 22 Nov 2026 06:59:59 GMT") == .preconditionFailed)
+        #expect(precondition(ifUnmodifiedSince: "Sunday, 22-Nov-26 06:59:59 GMT") == .preconditionFailed)
+        #expect(precondition(ifUnmodifiedSince: "Sun Nov 22 06:59:59 2026") == .preconditionFailed)
+        #expect(precondition(ifUnmodifiedSince: "Sun Nov 22 07:00:00 2026") == .full)
+        #expect(precondition(ifUnmodifiedSince: "Thu, 01 Jan 2015 00:00:00 GMT", range: "bytes=0-9") == .preconditionFailed)
+        // Not an HTTP date: ignored (RFC 9110 §13.1.4), where nginx answers 412.
+        for value in ["garbage", "", "2015-01-01T00:00:00Z", "Thu, 01 Jan 2015 00:00:00 UTC", "Thu, 31 Feb 2015 00:00:00 GMT"] {
+            #expect(precondition(ifUnmodifiedSince: value) == .full, "\(value)")
+        }
+        // If-Match present: If-Unmodified-Since is not evaluated.
+        #expect(precondition(ifMatch: etag, ifUnmodifiedSince: "Thu, 01 Jan 2015 00:00:00 GMT") == .full)
+    }
+
+    @Test("HTTP dates: IMF-fixdate, RFC 850 and asctime read alike; anything else is no date")
+    func httpDates() {
+        let seconds: Int64 = 784_111_777  // Sun, 06 Nov 1994 08:49:37 GMT, RFC 9110's example
+        #expect(HTTPDate.parse("Sun, 06 Nov 1994 08:49:37 GMT") == seconds)
+        #expect(HTTPDate.parse("Sunday, 06-Nov-94 08:49:37 GMT") == seconds)
+        #expect(HTTPDate.parse("Sun Nov  6 08:49:37 1994") == seconds)
+        #expect(HTTPDate.parse("Sun Nov 16 08:49:37 1994") == seconds + 10 * 86_400)
+        #expect(HTTPDate.parse(HTTPDate.format(Date(timeIntervalSince1970: 1_795_530_672))) == 1_795_530_672)
+        #expect(HTTPDate.parse("Sun, 06 Nov 1994 23:59:60 GMT") == seconds + 15 * 3600 + 10 * 60 + 22)
+        for text in [
+            "Sun, 6 Nov 1994 08:49:37 GMT", "Sun, 06 Nov 1994 08:49:37 UTC", "Sun 06 Nov 1994 08:49:37 GMT", "Sun, 06 Nov 94 08:49:37 GMT",
+            "Sun, 06 Xyz 1994 08:49:37 GMT", "Sun, 06 Nov 1994 24:00:00 GMT", "Sun, 06 Nov 1994 8:49:37 GMT", "Sun, +6 Nov 1994 08:49:37 GMT",
+            "Sun, 30 Feb 1994 08:49:37 GMT", "Sun Nov 6 08:49:37 1994", "Sunday, 06-Nov-1994 08:49:37 GMT", "",
+        ] {
+            #expect(HTTPDate.parse(text) == nil, "\(text)")
+        }
     }
 }

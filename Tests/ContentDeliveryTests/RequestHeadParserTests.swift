@@ -67,6 +67,15 @@ import Testing
         #expect(parsed.head.content.ifNoneMatch == "\"e\"")
     }
 
+    @Test func preconditionFieldsAreRead() throws {
+        let parsed = try #require(
+            request("GET /v1/content/t HTTP/1.1\r\nif-match: \"a\", \"b\"\r\nIf-Unmodified-Since: Sun, 06 Nov 1994 08:49:37 GMT\r\n\r\n"))
+        #expect(parsed.head.content.ifMatch == "\"a\", \"b\"")
+        #expect(parsed.head.content.ifUnmodifiedSince == "Sun, 06 Nov 1994 08:49:37 GMT")
+        // Twice: NIO's decoder combines the list.
+        #expect(request("GET /v1/content/t HTTP/1.1\r\nIf-Match: \"a\"\r\nIf-Match: \"b\"\r\n\r\n") == nil)
+    }
+
     @Test func pipelinedRequestsAreReadOneHeadAtATime() throws {
         let first = "GET /v1/content/a HTTP/1.1\r\n\r\n"
         let both = first + "GET /v1/content/b HTTP/1.1\r\n\r\n"
@@ -138,6 +147,7 @@ import Testing
             "GET /v1/content/t/x.zip HTTP/1.1\r\nIf-Range: \"abc\"\r\nRange: bytes=5-,7-9\r\nConnection: close\r\n\r\n",
             "GET /v1/content/t/x.zip HTTP/1.1\r\nIf-None-Match: \"e\"\r\nIf-Modified-Since: Tue, 24 Nov 2026 10:00:00 GMT\r\nContent-Length: 0\r\n\r\n",
             "GET /v1/content/t/x.zip?a=b HTTP/1.1\r\nUser-Agent: x/1\r\nAccept: */*\r\nConnection: keep-alive, x\r\n\r\n",
+            "GET /v1/content/t/x.zip HTTP/1.1\r\nIf-Match: \"e\"\r\nIf-Unmodified-Since: Tue, 24 Nov 2026 10:00:00 GMT\r\nRange: bytes=0-9\r\n\r\n",
         ].map { Array($0.utf8) }
         let alphabet = Array("\r\n \t:,;=\"-aZ0/%".utf8) + [0x00, 0x0B, 0x7F, 0x80, 0xFF]
         let next = Array("GET /v1/content/next HTTP/1.1\r\n\r\n".utf8)
@@ -164,6 +174,7 @@ import Testing
             let fields = [
                 ("range", head.content.range), ("if-range", head.content.ifRange),
                 ("if-none-match", head.content.ifNoneMatch), ("if-modified-since", head.content.ifModifiedSince),
+                ("if-match", head.content.ifMatch), ("if-unmodified-since", head.content.ifUnmodifiedSince),
             ]
             // NIO keeps a value's trailing spaces and tabs, which RFC 9110 §5.5 says are not part of
             // it; the fast path drops them, and the range code trims what NIO hands it.

@@ -223,7 +223,9 @@ struct ServerTests {
         let v1 = try packSample(tmp), v2 = try packSample(tmp, version: "1.1")
         #expect(try upload(v1.archivePath, server: server, tmp: tmp).status == 201)
 
-        #expect(try upload(v1.archivePath, server: server, tmp: tmp, token: "wrong-token-wrong-token").status == 401)
+        let wrongToken = try upload(v1.archivePath, server: server, tmp: tmp, token: "wrong-token-wrong-token")
+        #expect(wrongToken.status == 401)
+        #expect(wrongToken.headers["www-authenticate"] == "Bearer realm=\"iap-server admin\", error=\"invalid_token\"")
         var lying = v2.manifest
         lying.entries[2].sha256 = String(repeating: "0", count: 64)
         let liar = try upload(v2.archivePath, server: server, tmp: tmp, manifest: lying)

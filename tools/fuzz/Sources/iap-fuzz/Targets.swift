@@ -175,12 +175,15 @@ enum FuzzTarget: String, CaseIterable {
             guard headParser.parse(typed, knownURI: head.content.uri) == parsed else { fatalError("knownURI changed the parse") }
             let size = UInt64(bytes.count) * 977
             let decision = RangeEvaluator.evaluate(
-                size: size, etag: "\"e\"", lastModified: "Thu, 01 Jan 1970 00:00:00 GMT",
-                range: head.content.range, ifRange: head.content.ifRange, ifNoneMatch: head.content.ifNoneMatch)
+                size: size, etag: "\"e\"", lastModified: "Thu, 01 Jan 1970 00:00:00 GMT", modifiedAt: 0,
+                range: head.content.range, ifRange: head.content.ifRange, ifNoneMatch: head.content.ifNoneMatch,
+                ifModifiedSince: head.content.ifModifiedSince, ifMatch: head.content.ifMatch, ifUnmodifiedSince: head.content.ifUnmodifiedSince)
             checkRanges(decision, size: size)
         }
         // Range values need not pass the head parser to be worth reading on their own.
         if let text = String(validating: typed, as: UTF8.self) {
+            // Dates too: any text is a date or nil, never a crash.
+            _ = HTTPDate.parse(text)
             for size in [0, 1, 4096, UInt64.max] as [UInt64] {
                 checkRanges(RangeEvaluator.evaluate(size: size, etag: "\"e\"", lastModified: nil, range: text, ifRange: nil, ifNoneMatch: nil), size: size)
             }
