@@ -3,12 +3,8 @@ import IAPTestSupport
 import SandboxStore
 import Testing
 
-/// iap-server's responses judged by a real HTTP linter: mnot's REDbot and httplint (PyPI), run by
-/// `tools/http-lint.py`. Every kind of answer the server gives, from a whole archive to a refused
-/// grant, must draw no warning and no error, except the two listed in `expected` with the reason
-/// each is a linter's limit and not the server's fault.
-@Suite("HTTP lint (REDbot, httplint)", .serialized, .onTestThreads)
-struct HTTPLintTests {
+/// Runs `tools/http-lint.py` (REDbot and httplint) over exchanges with a server and judges the notes.
+enum HTTPLint {
     struct Exchange: Encodable {
         let name: String
         let method: String
@@ -61,6 +57,46 @@ struct HTTPLintTests {
         default: false
         }
     }
+
+    /// Lints every exchange and probe; fails the test when the linters cannot run.
+    static func run(port: Int, exchanges: [Exchange], probes: [Probe], folder: TemporaryFolder) throws -> [Result] {
+        let planPath = folder.sub("lint-plan-\(UUID().uuidString).json")
+        try JSONEncoder().encode(Plan(port: port, exchanges: exchanges, probe: probes)).write(to: URL(fileURLWithPath: planPath))
+        let script = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+            .appendingPathComponent("tools/http-lint.py").path
+        let linted = try IAPTestSupport.run("python3", [script, planPath])
+        try #require(linted.status == 0, "tools/http-lint.py failed (is REDbot installed? tools/install-deps.sh installs it): \(linted.stderr)")
+        let results = try JSONDecoder().decode([Result].self, from: Data(linted.stdout.utf8))
+        try #require(results.count == exchanges.count + probes.count)
+        return results
+    }
+
+    /// Expects each exchange's status, no warning or error the linters' limits do not explain, and
+    /// REDbot's active checks (a range, If-None-Match, If-Modified-Since) passed on every probe.
+    static func judge(_ results: [Result], exchanges: [Exchange], where place: String) {
+        for (exchange, result) in zip(exchanges, results) {
+            #expect(result.status == exchange.status, "\(place), \(exchange.name): \(result.status), expected \(exchange.status)")
+        }
+        for result in results {
+            for note in result.notes where note.level == "warn" || note.level == "bad" {
+                #expect(expected(note, in: result), "\(place), \(result.name) (\(result.status)): \(note.level) \(note.id): \(note.summary)")
+            }
+        }
+        for probe in results.dropFirst(exchanges.count) {
+            let good = Set(probe.notes.filter { $0.level == "good" }.map(\.id))
+            #expect(good.isSuperset(of: ["RANGE_CORRECT", "INM_304", "IMS_304", "CL_CORRECT"]), "\(place), \(probe.name): \(good.sorted())")
+        }
+    }
+}
+
+/// iap-server's responses judged by a real HTTP linter: mnot's REDbot and httplint (PyPI), run by
+/// `tools/http-lint.py`. Every kind of answer the server gives, from a whole archive to a refused
+/// grant, must draw no warning and no error, except the two `HTTPLint.expected` lists with the
+/// reason each is a linter's limit and not the server's fault.
+@Suite("HTTP lint (REDbot, httplint)", .serialized, .onTestThreads)
+struct HTTPLintTests {
+    typealias Exchange = HTTPLint.Exchange
+    typealias Probe = HTTPLint.Probe
 
     @Test("every kind of response draws no warning: archives with ranges and preconditions, manifests, grants, errors, metrics")
     func lint() throws {
@@ -124,29 +160,9 @@ struct HTTPLintTests {
             Exchange(name: "no such path", method: "GET", target: "/nothing-here", status: 404),
         ]
         let probes = [Probe(name: "REDbot: archive", url: url), Probe(name: "REDbot: manifest", url: manifestURL)]
-        let planPath = tmp.sub("plan.json")
-        try JSONEncoder().encode(Plan(port: process.port, exchanges: exchanges, probe: probes)).write(to: URL(fileURLWithPath: planPath))
-
-        let script = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
-            .appendingPathComponent("tools/http-lint.py").path
-        let linted = try run("python3", [script, planPath])
-        try #require(linted.status == 0, "tools/http-lint.py failed (is REDbot installed? tools/install-deps.sh installs it): \(linted.stderr)")
-        let results = try JSONDecoder().decode([Result].self, from: Data(linted.stdout.utf8))
-        try #require(results.count == exchanges.count + probes.count)
-
-        for (exchange, result) in zip(exchanges, results) {
-            #expect(result.status == exchange.status, "\(exchange.name): \(result.status), expected \(exchange.status)")
-        }
-        for result in results {
-            for note in result.notes where note.level == "warn" || note.level == "bad" {
-                #expect(Self.expected(note, in: result), "\(result.name) (\(result.status)): \(note.level) \(note.id): \(note.summary)")
-            }
-        }
-        // The multipart response was checked part by part, and REDbot's active checks ran and passed.
+        let results = try HTTPLint.run(port: process.port, exchanges: exchanges, probes: probes, folder: tmp)
+        HTTPLint.judge(results, exchanges: exchanges, where: "iap-server")
+        // The multipart response was checked part by part.
         #expect(results.first { $0.name == "two ranges" }?.byteranges?.withContentRange == 2)
-        for probe in results.suffix(probes.count) {
-            let good = Set(probe.notes.filter { $0.level == "good" }.map(\.id))
-            #expect(good.isSuperset(of: ["RANGE_CORRECT", "INM_304", "IMS_304", "CL_CORRECT"]), "\(probe.name): \(good.sorted())")
-        }
     }
 }
