@@ -28,7 +28,7 @@ struct ContentHTTPChannel: HTTPChannelHandler {
             limits.maxHeaderFieldCount = 100
             let sync = channel.pipeline.syncOperations
             try sync.addHandler(IdleStateHandler(readTimeout: TimeAmount(idleTimeout)))
-            let deadline = RequestHeadDeadline(timeout: headerTimeout)
+            let deadline = RequestHeadDeadline(timeout: headerTimeout, bodyTimeout: idleTimeout)
             // Shutdown waits for responses the HTTP/1 handlers have written to leave (sendfile).
             let quiesce = QuiesceAfterWrites()
             // Plain content requests are answered here from the bytes read; the first other

@@ -3,7 +3,9 @@ import NIOCore
 import NIOHTTP1
 
 /// Closes a connection whose next request head is not complete within `timeout` of the
-/// connection opening or of the previous request ending, as nginx's `client_header_timeout` does.
+/// connection opening or of the previous request ending, as nginx's `client_header_timeout` does,
+/// or whose request body sends nothing for `bodyTimeout`, as its `client_body_timeout` does
+/// (``HeadDeadline`` holds the rules).
 ///
 /// The read-idle timeout alone does not stop a slow-loris client: one byte every few seconds keeps
 /// the connection "active" for ever while it holds a slot. The deadline runs from the moment the
@@ -23,8 +25,8 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler, 
     /// and asking the channel each time retained and released it.
     private var active = false
 
-    init(timeout: Duration) {
-        state = HeadDeadline(timeout: timeout)
+    init(timeout: Duration, bodyTimeout: Duration) {
+        state = HeadDeadline(timeout: timeout, bodyTimeout: bodyTimeout)
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
@@ -44,7 +46,19 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler, 
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        if case .head = unwrapInboundIn(data) { state.headReceived() }
+        switch unwrapInboundIn(data) {
+        case .head(let head):
+            state.headReceived()
+            // Only a head that announces a body opens one: a GET's end follows in the same read,
+            // and arming a timer for it would cost one per request.
+            if head.headers.contains(name: "transfer-encoding") || head.headers.first(name: "content-length").map({ $0 != "0" }) == true {
+                perform(state.bodyRead(now: .now), context)
+            }
+        case .body:
+            perform(state.bodyRead(now: .now), context)
+        case .end:
+            state.bodyEnded()
+        }
         context.fireChannelRead(data)
     }
 
@@ -90,6 +104,7 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler, 
             timer = nil
             context.close(promise: nil)
         case .scheduleTimer(let due):
+            timer?.cancel()
             let delay = ContinuousClock.now.duration(to: due)
             timer = context.eventLoop.assumeIsolated().scheduleTask(in: TimeAmount(max(.zero, delay))) { [self] in
                 timer = nil

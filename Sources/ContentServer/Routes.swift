@@ -438,6 +438,10 @@ struct APIRoutes: Sendable {
 
     private func decodeBody<T: Decodable>(_ request: Request, as type: T.Type, example: String) async -> Decoded<T> {
         let buffer: ByteBuffer
+        // A body announced as too large is refused at once, before a byte of it is waited for.
+        if let declared = request.headers[.contentLength].flatMap({ Int($0) }), declared > service.configuration.maxJSONBody {
+            return .failure(apiError(.contentTooLarge, APIError(.tooLarge, "the request body is over \(service.configuration.maxJSONBody) bytes")))
+        }
         do {
             buffer = try await request.body.collect(upTo: service.configuration.maxJSONBody)
         } catch {

@@ -32,7 +32,8 @@ public struct ServerConfiguration: Sendable {
     /// The base of the download URLs handed out, e.g. https://content.example.com; defaults to
     /// http://<host>:<port>.
     public var publicURL: String?
-    /// Connections that send nothing for this long between requests are closed.
+    /// Connections that send nothing for this long between requests, or in the middle of a
+    /// request body (as nginx's `client_body_timeout`), are closed.
     public var idleTimeout: Duration = .seconds(60)
     /// A request head must be complete within this long of the connection opening or of the
     /// previous response ending (a slow-loris client is cut off), like nginx's `client_header_timeout`.

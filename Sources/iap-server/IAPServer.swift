@@ -103,7 +103,7 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .customLong("admin-token-file"), help: "A file holding the bearer token for PUT /v1/admin/archives; without it the admin API is off.") var adminTokenFile: String?
     @Option(name: .customLong("public-url"), help: "The base of download URLs, e.g. https://content.example.com (default http://<host>:<port>).") var publicURL: String?
     @Option(name: .customLong("header-timeout"), help: "Seconds a client has to send a complete request head (default 30).") var headerTimeout: Int?
-    @Option(name: .customLong("idle-timeout"), help: "Seconds a connection may send nothing between requests (default 60).") var idleTimeout: Int?
+    @Option(name: .customLong("idle-timeout"), help: "Seconds a connection may send nothing between requests, or in the middle of a request body (default 60).") var idleTimeout: Int?
     @Option(
         name: .customLong("revocation-refresh"),
         help: "Seconds between full reloads of revocations other replicas wrote (default 2); with --database PostgreSQL announces each one at once anyway.")

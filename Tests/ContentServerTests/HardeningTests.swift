@@ -220,6 +220,46 @@ struct HardeningTests {
         #expect(server.stop() == 0)
     }
 
+    @Test("a request body that stalls is cut off after --idle-timeout without a byte; one that keeps coming is read and answered")
+    func stalledBodies() throws {
+        let tmp = try TemporaryFolder()
+        let (_, server) = try start(tmp, extra: ["--idle-timeout", "2", "--header-timeout", "2"])
+        // Each connection sends a POST head announcing 64 bytes, then its body at its own pace, and
+        // says whether the server answered or closed (nothing within 30 s: "still open").
+        let script = try tmp.write(
+            "body.py",
+            """
+            import socket, sys, time
+            s = socket.create_connection(('127.0.0.1', int(sys.argv[1])))
+            s.sendall(b"POST /v1/downloads HTTP/1.1\\r\\nHost: x\\r\\nContent-Type: application/json\\r\\nContent-Length: 64\\r\\n\\r\\n{")
+            gap = float(sys.argv[2])
+            sent, start = 1, time.monotonic()
+            s.settimeout(0.1)
+            while time.monotonic() - start < 30:
+                if gap > 0 and sent < 64 and time.monotonic() - start >= sent * gap:
+                    try:
+                        s.sendall(b" ")
+                        sent += 1
+                    except OSError:
+                        print("closed"); sys.exit(0)
+                try:
+                    data = s.recv(200)
+                except socket.timeout:
+                    continue
+                except OSError:
+                    print("closed"); sys.exit(0)
+                print(data.split(b"\\r\\n")[0].decode() if data else "closed"); sys.exit(0)
+            print("still open")
+            """)
+        let stalled = try run("python3", [script, String(server.port), "0"])
+        #expect(stalled.stdout.contains("closed"), "\(stalled.stdout) \(stalled.stderr)")
+        // 63 more bytes, one every 0.1 s: 6 s in all, three times the timeout, never 2 s apart.
+        let trickled = try run("python3", [script, String(server.port), "0.1"])
+        #expect(trickled.stdout.contains("HTTP/1.1 400"), "\(trickled.stdout) \(trickled.stderr)")
+        #expect(try curl([server.base + "/healthz"], folder: tmp).status == 200)
+        #expect(server.stop() == 0)
+    }
+
     @Test("a full disk: uploads get 507 and notifications 503, nothing half-applied; once space is back both work")
     func fullDisk() async throws {
         let tmp = try TemporaryFolder()

@@ -57,4 +57,46 @@ import Testing
         #expect(first && !second)
         #expect(deadline.deadline == nil)
     }
+
+    @Test("a request body that stalls is cut off after bodyTimeout without a byte; each part it sends moves the deadline")
+    func aStalledBodyIsCutOff() {
+        var deadline = Deadline(timeout: .seconds(30), bodyTimeout: .seconds(60))
+        #expect(deadline.awaitHead(now: at(0)) == .scheduleTimer(at: at(30)))
+        deadline.headReceived()
+        // The head announced a body: the scheduled timer (30 s) is before its deadline and stays.
+        #expect(deadline.bodyRead(now: at(1)) == Deadline.Action.none)
+        #expect(deadline.timerFired(now: at(30)) == .scheduleTimer(at: at(61)))
+        #expect(deadline.bodyRead(now: at(50)) == Deadline.Action.none)
+        #expect(deadline.timerFired(now: at(61)) == .scheduleTimer(at: at(110)))
+        #expect(deadline.timerFired(now: at(110)) == .close)
+    }
+
+    @Test("a complete body stops its deadline; a shorter body timeout replaces a later timer")
+    func aCompleteBodyStopsItsDeadline() {
+        var deadline = Deadline(timeout: .seconds(30), bodyTimeout: .seconds(5))
+        _ = deadline.awaitHead(now: at(0))
+        deadline.headReceived()
+        // Due at 6 s, before the timer of 30 s: that timer is replaced.
+        #expect(deadline.bodyRead(now: at(1)) == .scheduleTimer(at: at(6)))
+        #expect(deadline.bodyRead(now: at(2)) == Deadline.Action.none)
+        deadline.bodyEnded()
+        // The request is being served: nothing is due.
+        #expect(deadline.timerFired(now: at(6)) == Deadline.Action.none)
+        #expect(deadline.bodyDeadline == nil && deadline.deadline == nil)
+        #expect(deadline.awaitHead(now: at(9)) == .scheduleTimer(at: at(39)))
+    }
+
+    @Test("a response sent before the body ended (an early refusal): the head deadline runs, and the body's too")
+    func anEarlyResponseWithAnOpenBody() {
+        var deadline = Deadline(timeout: .seconds(30), bodyTimeout: .seconds(60))
+        _ = deadline.awaitHead(now: at(0))
+        deadline.headReceived()
+        _ = deadline.bodyRead(now: at(0))
+        // 401 for an upload sent at 1 s while the client keeps sending: it cannot go on for ever.
+        #expect(deadline.awaitHead(now: at(1)) == Deadline.Action.none)
+        _ = deadline.bodyRead(now: at(20))
+        #expect(deadline.timerFired(now: at(30)) == .scheduleTimer(at: at(31)))
+        _ = deadline.bodyRead(now: at(30.5))
+        #expect(deadline.timerFired(now: at(31)) == .close)
+    }
 }

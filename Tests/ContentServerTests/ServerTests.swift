@@ -253,6 +253,10 @@ struct ServerTests {
         let big = tmp.sub("big.json")
         try Data(("{\"signedTransaction\": \"" + String(repeating: "A", count: 400_000) + "\"}").utf8).write(to: URL(fileURLWithPath: big))
         #expect(try curl(["-X", "POST", "--data-binary", "@" + big, server.base + "/v1/downloads"], folder: tmp).status == 413)
+        // Announced as 100 GB, one byte sent: refused at once, not after waiting for the rest.
+        let announced = try rawExchange(
+            port: server.port, "POST /v1/downloads HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000000\r\nConnection: close\r\n\r\n{", folder: tmp)
+        #expect(announced.hasPrefix("HTTP/1.1 413 ") && announced.contains("\"too-large\""), "\(announced)")
         let stranger = try SandboxCertificateAuthority.generate()
         var foreign = Transaction(
             transactionId: "1", originalTransactionId: "1", bundleId: bundleId, productId: product,
