@@ -62,6 +62,14 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler, 
         context.fireChannelRead(data)
     }
 
+    func read(context: ChannelHandlerContext) {
+        // The body's clock runs from when the server asks for more, not from the last part: a
+        // handler busy with what it has (an upload written to disk) reads nothing meanwhile, and
+        // that pause is the server's, not the client's.
+        if state.bodyDeadline != nil { perform(state.bodyRead(now: .now), context) }
+        context.read()
+    }
+
     func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
         guard case .end = unwrapOutboundIn(data) else {
             context.write(data, promise: promise)
