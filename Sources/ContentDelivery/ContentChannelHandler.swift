@@ -136,8 +136,9 @@ public final class ContentChannelHandler: ChannelDuplexHandler, RemovableChannel
     public func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         let part = unwrapInboundIn(data)
         switch (part, state) {
-        case (.head(let head), _):
-            if head.uri.utf8.starts(with: prefix.utf8) {
+        case (.head(var head), _):
+            if let path = Self.originForm(head.uri), path.utf8.starts(with: prefix.utf8) {
+                head.uri = path
                 state = .intercepting(head)
             } else {
                 state = .forwarding
@@ -155,6 +156,19 @@ public final class ContentChannelHandler: ChannelDuplexHandler, RemovableChannel
         default:
             context.fireChannelRead(data)
         }
+    }
+
+    /// The path and query of a request target: itself in origin form (`/v1/...`), or what follows
+    /// the authority in absolute form (`http://host/v1/...`), which a server must accept too
+    /// (RFC 9112 §3.2.2); nil for the other forms.
+    static func originForm(_ target: String) -> String? {
+        if target.hasPrefix("/") { return target }
+        for scheme in ["http://", "https://"] where target.count > scheme.count && target.prefix(scheme.count).lowercased() == scheme {
+            let rest = target.dropFirst(scheme.count)
+            guard let slash = rest.firstIndex(of: "/") else { return "/" }
+            return String(rest[slash...])
+        }
+        return nil
     }
 
     public func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {

@@ -194,6 +194,24 @@ func rawResponse(_ channel: EmbeddedChannel, file: OneFileResolver) throws -> (h
         _ = try channel.finish()
     }
 
+    @Test("a target in absolute form (http://host/path) is served as its path; other forms pass on")
+    func absoluteForm() throws {
+        let file = try OneFileResolver(size: 10)
+        let channel = EmbeddedChannel(handler: ContentChannelHandler(prefix: "/v1/content/", resolver: file))
+        try channel.writeInbound(head("HTTP://127.0.0.1:8080/v1/content/ok/p-1.0.zip"))
+        try channel.writeInbound(HTTPServerRequestPart.end(nil))
+        guard case .head(let response) = try #require(try channel.readOutbound(as: HTTPServerResponsePart.self)) else {
+            Issue.record("expected a head")
+            return
+        }
+        #expect(response.status == .ok)
+        _ = try channel.finish()
+        #expect(ContentChannelHandler.originForm("https://h/v1/content/t?x=1") == "/v1/content/t?x=1")
+        #expect(ContentChannelHandler.originForm("http://h") == "/")
+        #expect(ContentChannelHandler.originForm("*") == nil && ContentChannelHandler.originForm("h:443") == nil)
+        #expect(ContentChannelHandler.originForm("ftp://h/v1/content/t") == nil)
+    }
+
     @Test func passesOtherRequestsOn() throws {
         let file = try OneFileResolver(size: 10)
         let channel = EmbeddedChannel(handler: ContentChannelHandler(prefix: "/v1/content/", resolver: file))

@@ -126,6 +126,7 @@ struct HTTPLintTests {
         let exchanges = [
             Exchange(name: "whole archive", method: "GET", target: path),
             Exchange(name: "HEAD", method: "HEAD", target: path),
+            Exchange(name: "absolute-form target", method: "GET", target: url, headers: [["Range", "bytes=0-99"]], status: 206),
             Exchange(name: "one range", method: "GET", target: path, headers: [["Range", "bytes=0-99"]], status: 206),
             Exchange(name: "suffix range", method: "GET", target: path, headers: [["Range", "bytes=-100"]], status: 206),
             Exchange(name: "two ranges", method: "GET", target: path, headers: [["Range", "bytes=0-9,100-199"]], status: 206),
