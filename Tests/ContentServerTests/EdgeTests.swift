@@ -99,6 +99,14 @@ struct EdgeTests {
         let cut = try await waitUntil(.seconds(10)) { try curl(["-o", "/dev/null", url], folder: edge.tmp).status == 403 }
         #expect(cut != nil, "the edge still serves a refunded transaction")
         #expect(try curl([urls[7].1], folder: edge.tmp).status == 200, "other buyers are unaffected")
+
+        // The access log names every content request without its grant: reading it gives no one a working URL.
+        let log = try String(contentsOfFile: edge.nginx.accessLog, encoding: .utf8)
+        #expect(log.components(separatedBy: "\"GET /v1/content/<grant>/\(product)-1.0.zip HTTP/1.1\" 200").count > 20, "\(log.prefix(2000))")
+        for (_, url) in urls {
+            let token = url.components(separatedBy: "/v1/content/")[1].prefix { $0 != "/" }
+            #expect(!log.contains(token), "a grant is in the access log")
+        }
     }
 
     @Test("the edge's answers lint clean (REDbot, httplint): cached archives with ranges and preconditions, refusals, the API behind it")

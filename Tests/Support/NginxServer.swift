@@ -6,6 +6,8 @@ import Foundation
 public final class NginxServer: @unchecked Sendable {
     public let port: Int
     public let process: Process
+    /// The shipped configuration's access log.
+    public let accessLog: String
     public var base: String { "http://127.0.0.1:\(port)" }
 
     /// `port` is chosen beforehand (see ``freePort()``) when the replicas must know it, for
@@ -16,6 +18,7 @@ public final class NginxServer: @unchecked Sendable {
         }
         self.port = try port ?? freePort()
         let root = folder.sub("nginx")
+        accessLog = root + "/iap-content.access.log"
         // Worker processes run as nobody when the tests run as root: the folders must be theirs too.
         for sub in ["", "/cache", "/temp"] {
             try FileManager.default.createDirectory(atPath: root + sub, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o777])
@@ -35,6 +38,7 @@ public final class NginxServer: @unchecked Sendable {
             }
             lines.append(
                 line.replacingOccurrences(of: "/var/cache/nginx/", with: root + "/cache/")
+                    .replacingOccurrences(of: "/var/log/nginx/", with: root + "/")
                     .replacingOccurrences(of: "listen 8080;", with: "listen 127.0.0.1:\(self.port);"))
         }
         try lines.joined(separator: "\n").write(toFile: root + "/iap-content.conf", atomically: true, encoding: .utf8)
