@@ -81,7 +81,7 @@ for line in open("deploy/nginx/iap-content.conf"):
             out += [f"    server 127.0.0.1:{p} {opts}\n" for p in replicas]
             done = True
         continue
-    out.append(line.replace("/var/cache/nginx/", f"{work}/nginx/cache/").replace("listen 8080;", f"listen 127.0.0.1:{edge};"))
+    out.append(line.replace("/var/cache/nginx/", f"{work}/nginx/cache/").replace("/var/log/nginx/", f"{work}/nginx/").replace("listen 8080;", f"listen 127.0.0.1:{edge};"))
 open(f"{work}/nginx/iap-content.conf", "w").write("".join(out))
 t = f"{work}/nginx/temp"
 open(f"{work}/nginx/nginx.conf", "w").write(f"""worker_processes 1; pid {work}/nginx/nginx.pid; error_log {work}/nginx/error.log warn;
