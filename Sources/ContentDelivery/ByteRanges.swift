@@ -1,3 +1,5 @@
+import IAPProtocol
+
 /// A satisfiable byte range, both ends inclusive (as `Content-Range` writes them).
 public struct ByteRange: Sendable, Equatable, CustomStringConvertible {
     public let first: UInt64

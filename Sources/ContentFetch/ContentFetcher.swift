@@ -76,7 +76,7 @@ public actor ContentFetcher {
         httpConfiguration.decompression = .disabled
         httpConfiguration.connectionPool.concurrentHTTP1ConnectionsPerHostSoftLimit = max(8, configuration.connections + 1)
         client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: httpConfiguration)
-        grants = GrantClient(server: configuration.server, client: client)
+        grants = GrantClient(server: configuration.server, client: client, maxRetryAfter: configuration.maxRetryAfter)
         installer = ContentInstaller(contentDirectory: configuration.contentDirectory)
         retry = RetryPolicy(maxAttempts: configuration.maxAttempts)
         (updates, continuation) = AsyncStream.makeStream(of: DownloadUpdate.self, bufferingPolicy: .bufferingNewest(1024))
@@ -294,17 +294,26 @@ public actor ContentFetcher {
         do {
             return try await retry.run(
                 { _ in try await grants.request(transaction) },
-                retryable: { ($0 as? FetchError)?.code == .network },
+                retryable: { ($0 as? FetchError)?.code == .network || $0 is RetryLater },
                 willRetry: { _, error in
                     try checkControl(id)
                     // Said at once (waiting, with the reason): a server that is down takes a
                     // minute of tries, which looked like a hang.
+                    if let later = error as? RetryLater {
+                        try? apply(.retrying(later.reason), to: &download)
+                        announced = true
+                        return .atLeast(later.after)
+                    }
                     if let error = error as? FetchError {
                         try? apply(.retrying(error), to: &download)
                         announced = true
                     }
-                    return true
+                    return .backoff
                 })
+        } catch let later as RetryLater {
+            // Tried as often as allowed: the last wait asked for is this run's failure.
+            try? apply(.fail(later.reason), to: &download)
+            throw later.reason
         } catch let error as FetchError {
             if error.code == .noContent { throw WithoutContent(reason: error) }
             if error.code == .revoked {
@@ -412,13 +421,16 @@ public actor ContentFetcher {
                             throw FetchError(.noContent, "the new grant no longer lists \(granted.productId)")
                         }
                         try apply(.granted(same), to: &download)
-                        return false
+                        return RetryPolicy.Wait.none
                     case is ArchiveChanged:
-                        return false
+                        return RetryPolicy.Wait.none
+                    case let later as RetryLater:
+                        try apply(.retrying(later.reason), to: &download)
+                        return .atLeast(later.after)
                     default:
                         // Waiting to retry; observers see why.
                         try apply(.retrying(error as? FetchError ?? FetchError(.network, "\(error)")), to: &download)
-                        return true
+                        return .backoff
                     }
                 })
         } catch let stop as Stop {
@@ -426,7 +438,7 @@ public actor ContentFetcher {
             try? apply(stop.control == .cancel ? .cancel : .pause, to: &download)
             throw stop
         } catch {
-            let failure = error as? FetchError ?? FetchError(.network, "\(error)")
+            let failure = error as? FetchError ?? (error as? RetryLater)?.reason ?? FetchError(.network, "\(error)")
             try? apply(.fail(failure), to: &download)
             throw failure
         }

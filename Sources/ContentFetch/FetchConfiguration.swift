@@ -8,6 +8,9 @@ public struct FetchConfiguration: Sendable {
     public var contentDirectory: String
     /// Attempts per download in one run before it is `failed` (the transaction stays unfinished).
     public var maxAttempts = 5
+    /// The longest wait a server's `Retry-After` (on 503 or 429) gets before the next attempt;
+    /// one that asks for more is tried again after this long.
+    public var maxRetryAfter: Duration = .seconds(60)
     /// No byte for this long aborts the attempt (and it is retried).
     public var stallTimeout: Duration = .seconds(30)
     /// Optional bandwidth cap, bytes per second (shared by a download's connections).

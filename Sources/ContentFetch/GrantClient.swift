@@ -9,10 +9,13 @@ import TransactionQueue
 struct GrantClient: Sendable {
     let server: String
     let client: HTTPClient
+    /// The longest `Retry-After` honoured.
+    var maxRetryAfter: Duration = .seconds(60)
 
-    /// The grants for `transaction`'s content. Throws `.network` for what is worth retrying
-    /// (no answer, 5xx, a garbled answer), and `.revoked`, `.noContent` or `.refused` for what is not.
-    func request(_ transaction: QueuedTransaction) async throws(FetchError) -> DownloadGrants {
+    /// The grants for `transaction`'s content. Throws a `FetchError`: `.network` for what is worth
+    /// retrying (no answer, 5xx, a garbled answer), and `.revoked`, `.noContent` or `.refused` for
+    /// what is not; or ``RetryLater`` for a 503 or 429 that says when to ask again.
+    func request(_ transaction: QueuedTransaction) async throws -> DownloadGrants {
         var request = HTTPClientRequest(url: server + Route.downloads)
         request.method = .POST
         request.headers.add(name: "Content-Type", value: "application/json")
@@ -32,10 +35,11 @@ struct GrantClient: Sendable {
             throw FetchError(.refused, "cannot encode the request for transaction \(transaction.transactionId): \(error)")
         }
         request.body = .bytes(ByteBuffer(bytes: body))
-        let status: UInt, data: ByteBuffer
+        let status: UInt, data: ByteBuffer, retryAfter: String?
         do {
             let response = try await client.execute(request, timeout: .seconds(60))
             status = response.status.code
+            retryAfter = response.headers.first(name: "retry-after")
             data = try await response.body.collect(upTo: 1 << 20)
         } catch {
             throw FetchError(.network, "cannot reach \(server): \(Self.describe(error))")
@@ -45,6 +49,9 @@ struct GrantClient: Sendable {
                 throw FetchError(.network, "the server's grant is not valid JSON")
             }
             return grants
+        }
+        if let later = RetryLater.from(status: status, retryAfter: retryAfter, cap: maxRetryAfter, what: "the grant of transaction \(transaction.transactionId)") {
+            throw later
         }
         throw Self.failure(status: status, body: data.readableBytesView, transaction: transaction)
     }

@@ -1,4 +1,5 @@
 import Foundation
+import IAPProtocol
 
 /// How often and how patiently a step is tried again: exponential backoff with jitter, so that
 /// clients cut off together do not come back together. The one retry mechanism of the client:
@@ -15,15 +16,24 @@ struct RetryPolicy: Sendable {
         return step + step * random
     }
 
+    /// How long to wait before the next try.
+    enum Wait: Sendable, Equatable {
+        /// Try again at once.
+        case none
+        /// The backoff's delay.
+        case backoff
+        /// The backoff's delay, or this long if the server asked for longer (`Retry-After`).
+        case atLeast(Duration)
+    }
+
     /// Runs `body` until it succeeds, throws what `retryable` refuses, or has been tried
     /// `maxAttempts` times (then the last error is thrown). Before each wait, `willRetry` hears the
-    /// attempt and the error, and returns whether to wait at all (false: try again at once); it
-    /// may throw to stop (a pause, a cancel).
+    /// attempt and the error, and says how long to wait; it may throw to stop (a pause, a cancel).
     func run<T>(
         isolation: isolated (any Actor)? = #isolation,
         _ body: (_ attempt: Int) async throws -> T,
         retryable: (any Error) -> Bool,
-        willRetry: (_ attempt: Int, _ error: any Error) async throws -> Bool
+        willRetry: (_ attempt: Int, _ error: any Error) async throws -> Wait
     ) async throws -> T {
         var attempt = 1
         while true {
@@ -31,11 +41,42 @@ struct RetryPolicy: Sendable {
                 return try await body(attempt)
             } catch {
                 guard retryable(error), attempt < maxAttempts else { throw error }
-                if try await willRetry(attempt, error) {
-                    try? await Task.sleep(for: delay(after: attempt))
+                switch try await willRetry(attempt, error) {
+                case .none: break
+                case .backoff: try? await Task.sleep(for: delay(after: attempt))
+                case .atLeast(let asked): try? await Task.sleep(for: max(asked, delay(after: attempt)))
                 }
                 attempt += 1
             }
         }
+    }
+}
+
+/// A server that answered 503 or 429 with `Retry-After`: the attempt failed with `reason`, and
+/// the server asked for the next one no sooner than `after` (capped by
+/// ``FetchConfiguration/maxRetryAfter``). Without the header the answer is a plain `.network`
+/// error, retried on the backoff's schedule.
+struct RetryLater: Error, CustomStringConvertible {
+    let reason: FetchError
+    let after: Duration
+
+    var description: String { reason.message }
+
+    /// The error for a `status` answer carrying `retryAfter` (delta-seconds or an HTTP date,
+    /// RFC 9110 §10.2.3), or nil when the status does not ask for a wait or the value is neither.
+    static func from(status: UInt, retryAfter: String?, cap: Duration, now: Date = Date(), what: String) -> RetryLater? {
+        guard status == 503 || status == 429, let value = retryAfter?.trimmingCharacters(in: .whitespaces) else { return nil }
+        let seconds: Int64
+        if !value.isEmpty, value.utf8.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }) {
+            seconds = Int64(value.prefix(12)) ?? .max
+        } else if let date = HTTPDate.parse(value) {
+            seconds = max(0, date - Int64(now.timeIntervalSince1970))
+        } else {
+            return nil
+        }
+        let after = min(Duration.seconds(seconds), cap)
+        let busy = status == 429 ? "is limiting requests (429)" : "is unavailable for now (503)"
+        let shown = seconds > Int64(cap.components.seconds) ? "\(cap.components.seconds) s (it asked for \(seconds))" : "\(seconds) s"
+        return RetryLater(reason: FetchError(.network, "the server \(busy) for \(what): trying again in \(shown), as it asked"), after: after)
     }
 }

@@ -266,7 +266,12 @@ extension ContentFetcher {
                 case 416: throw ArchiveChanged()
                 case 401: throw GrantExpired()
                 case 404: throw FetchError(.noContent, "the archive is no longer on the server")
-                default: throw FetchError(.network, "the server answered \(status)")
+                default:
+                    let retryAfter = head.headers.first(name: "retry-after")
+                    if let later = RetryLater.from(status: status, retryAfter: retryAfter, cap: configuration.maxRetryAfter, what: "the archive") {
+                        throw later
+                    }
+                    throw FetchError(.network, "the server answered \(status)")
                 }
                 try await accept(id, etag: head.headers.first(name: "etag"))
                 source.proceed(.write(from: position, to: end))

@@ -1,5 +1,6 @@
 import ContentDelivery
 import Foundation
+import IAPProtocol
 import Testing
 
 @Suite("Range and conditional request evaluation (RFC 9110)")

@@ -1,4 +1,5 @@
 import Foundation
+import IAPProtocol
 import IAPTestSupport
 import NIOCore
 import NIOEmbedded

@@ -146,7 +146,7 @@ import TransactionQueue
                 attempts.append(attempt)
                 if attempt < 3 { throw FetchError(.network, "down") }
                 return 7
-            }, retryable: { _ in true }, willRetry: { _, _ in false })
+            }, retryable: { _ in true }, willRetry: { _, _ in RetryPolicy.Wait.none })
         #expect(value == 7 && attempts == [1, 2, 3])
 
         attempts = []
@@ -155,7 +155,7 @@ import TransactionQueue
                 { attempt -> Int in
                     attempts.append(attempt)
                     throw FetchError(.network, "down \(attempt)")
-                }, retryable: { _ in true }, willRetry: { _, _ in false })
+                }, retryable: { _ in true }, willRetry: { _, _ in RetryPolicy.Wait.none })
         }
         #expect(attempts == [1, 2, 3])
 
@@ -165,9 +165,44 @@ import TransactionQueue
                 { attempt -> Int in
                     attempts.append(attempt)
                     throw FetchError(.revoked, "refunded")
-                }, retryable: { ($0 as? FetchError)?.code == .network }, willRetry: { _, _ in false })
+                }, retryable: { ($0 as? FetchError)?.code == .network }, willRetry: { _, _ in RetryPolicy.Wait.none })
         }
         #expect(attempts == [1])
+    }
+
+    @Test("Retry-After on 503 and 429, in seconds or as a date, capped; other statuses and values ask for nothing")
+    func retryAfter() {
+        let cap = Duration.seconds(60)
+        let now = Date(timeIntervalSince1970: 1_795_330_800)
+        func after(_ status: UInt, _ value: String?) -> Duration? {
+            RetryLater.from(status: status, retryAfter: value, cap: cap, now: now, what: "x")?.after
+        }
+        #expect(after(503, "7") == .seconds(7))
+        #expect(after(429, " 0 ") == .zero)
+        #expect(after(503, "3600") == cap)
+        #expect(after(503, "99999999999999999999999") == cap)
+        #expect(after(503, "Sun, 22 Nov 2026 07:00:30 GMT") == .seconds(30))
+        #expect(after(503, "Sun, 22 Nov 2026 06:00:00 GMT") == .zero)
+        for value in ["-5", "1.5", "soon", "", nil] as [String?] {
+            #expect(after(503, value) == nil, "\(value ?? "nil")")
+        }
+        #expect(after(500, "7") == nil && after(502, "7") == nil)
+        let said = RetryLater.from(status: 503, retryAfter: "3600", cap: cap, now: now, what: "the archive")?.reason.message ?? ""
+        #expect(said == "the server is unavailable for now (503) for the archive: trying again in 60 s (it asked for 3600), as it asked")
+    }
+
+    @Test("a wait the server asked for is kept even when the backoff's is shorter")
+    func waitsAsAsked() async throws {
+        let policy = RetryPolicy(maxAttempts: 2, base: .zero)
+        let clock = ContinuousClock()
+        let started = clock.now
+        _ = try await policy.run(
+            { attempt -> Int in
+                if attempt == 1 { throw FetchError(.network, "busy") }
+                return 1
+            }, retryable: { _ in true }, willRetry: { _, _ in .atLeast(.milliseconds(300)) })
+        // A lower bound only: the wait asked for must have passed.
+        #expect(clock.now - started >= .milliseconds(300))
     }
 }
 

@@ -123,6 +123,66 @@ struct FaultTests {
         #expect(installedPayload(s) == s.payload)
     }
 
+    /// A proxy in front of the server that answers the first grant request and the first request
+    /// for an archive 503 with `Retry-After: 2`, passes everything else through, and logs each request's
+    /// time, method, path and answer.
+    static let busyProxy = """
+        import http.client, http.server, sys, time
+        upstream, port, log = int(sys.argv[1]), int(sys.argv[2]), open(sys.argv[3], "a", buffering=1)
+        refused = set()
+        class Proxy(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            def log_message(self, *args): pass
+            def handle_one(self):
+                kind = "grant" if self.path.startswith("/v1/downloads") else "archive" if self.path.endswith(".zip") else "other"
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if kind != "other" and kind not in refused:
+                    refused.add(kind)
+                    log.write(f"{time.monotonic()} {kind} 503\\n")
+                    self.send_response(503); self.send_header("Retry-After", "2"); self.send_header("Content-Length", "0"); self.end_headers()
+                    return
+                log.write(f"{time.monotonic()} {kind} pass\\n")
+                connection = http.client.HTTPConnection("127.0.0.1", upstream, timeout=60)
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+                connection.request(self.command, self.path, body=body or None, headers=headers)
+                answer = connection.getresponse()
+                self.send_response(answer.status)
+                for k, v in answer.getheaders():
+                    if k.lower() not in ("connection", "transfer-encoding"): self.send_header(k, v)
+                self.end_headers()
+                while chunk := answer.read(1 << 16): self.wfile.write(chunk)
+            do_GET = do_POST = do_HEAD = handle_one
+        http.server.ThreadingHTTPServer(("127.0.0.1", port), Proxy).serve_forever()
+        """
+
+    @Test("a server that answers 503 with Retry-After is asked again when it said, for the grant and for the archive")
+    func retryAfter() async throws {
+        let proxyPort = try freePort()
+        let shop = try Shop(products: [product: .random(2 << 20)], serverArguments: ["--public-url", "http://127.0.0.1:\(proxyPort)"])
+        let id = try shop.store.purchase(productId: product).transaction.transactionId!
+        let script = try shop.tmp.write("proxy.py", Self.busyProxy)
+        let log = shop.tmp.sub("proxy.log")
+        let proxy = try launch("python3", [script, String(shop.server.port), String(proxyPort), log])
+        defer { proxy.terminate() }
+        let up = try await waitUntil(.seconds(10)) { (try? curl(["http://127.0.0.1:\(proxyPort)/healthz"], folder: shop.tmp).status) == 200 }
+        #expect(up != nil, "the proxy did not start")
+
+        let result = try run(
+            productsDirectory() + "/iap-fetch",
+            ["run", "--server", "http://127.0.0.1:\(proxyPort)", "--queue", shop.queue, "--content-dir", shop.content, "--json"])
+        #expect(result.status == 0, "\(result.stderr)")
+        #expect(shop.installed(product) == shop.payloads[product])
+        #expect(try FileTransactionQueue(folder: shop.queue).transaction(id)?.finishedAt != nil)
+        #expect(result.stdout.contains("the server is unavailable for now (503)") && result.stdout.contains("trying again in 2 s, as it asked"), "\(result.stdout)")
+        // Each refused kind was asked again no sooner than the server said (the backoff alone waits 0.25-0.5 s).
+        let lines = try String(contentsOfFile: log, encoding: .utf8).split(separator: "\n").map { $0.split(separator: " ") }
+        for kind in ["grant", "archive"] {
+            let times = lines.filter { $0[1] == Substring(kind) }.compactMap { Double($0[0]) }
+            try #require(times.count >= 2, "\(kind): \(lines)")
+            #expect(times[1] - times[0] >= 2, "\(kind) asked again after \(times[1] - times[0]) s")
+        }
+    }
+
     @Test("the server restarting mid-download: the client retries and completes with identical bytes")
     func serverRestart() throws {
         let s = try halfDownloaded()

@@ -27,6 +27,7 @@ let package = Package(
                 .product(name: "ContentArchive", package: project),
                 .product(name: "ContentDelivery", package: project),
                 .product(name: "ContentFetch", package: project),
+                .product(name: "IAPProtocol", package: project),
                 .product(name: "PurchaseVerification", package: project),
                 .product(name: "ReceiptVerification", package: project),
                 .product(name: "X509", package: "swift-certificates"),

@@ -4,6 +4,7 @@ import X509
 @testable import ContentArchive
 @testable import ContentDelivery
 @testable import ContentFetch
+import IAPProtocol
 @testable import PurchaseVerification
 @testable import ReceiptVerification
 

@@ -2,13 +2,13 @@ import Foundation
 
 /// HTTP dates (RFC 9110 §5.6.7).
 ///
-/// Formatting: not cached here: a response's `Date` comes from its connection's
-/// ``ResponseMemory`` (formatted once per second per connection), and a file's `Last-Modified`
-/// is formatted once when the file is opened.
+/// Formatting is not cached here: the content server formats a response's `Date` once per second
+/// per connection, and a file's `Last-Modified` once when the file is opened. Parsing serves
+/// the server's `If-Unmodified-Since` and the client's `Retry-After`.
 ///
 /// Parsing is our own rather than Foundation's `DateFormatter` or a framework's: a recipient must
 /// take all three formats the RFC lists (IMF-fixdate, the obsolete RFC 850 and asctime forms),
-/// the parse runs on the event loop, and Hummingbird's parser is internal to it.
+/// the server parses on its event loop, and Hummingbird's parser is internal to it.
 public enum HTTPDate {
     static let days = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"]
     static let longDays = ["Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday"]
