@@ -58,6 +58,30 @@ enum HTTPLint {
         }
     }
 
+    /// The requests for an archive that every server in front of one must answer alike: the
+    /// whole file, HEAD, ranges, and each precondition, with the status each must get.
+    static func archiveExchanges(path: String, etag: String, lastModified: String) -> [Exchange] {
+        [
+            Exchange(name: "whole archive", method: "GET", target: path),
+            Exchange(name: "HEAD", method: "HEAD", target: path),
+            Exchange(name: "one range", method: "GET", target: path, headers: [["Range", "bytes=1000-1099"]], status: 206),
+            Exchange(name: "suffix range", method: "GET", target: path, headers: [["Range", "bytes=-100"]], status: 206),
+            Exchange(name: "two ranges", method: "GET", target: path, headers: [["Range", "bytes=0-9,100-199"]], status: 206),
+            Exchange(name: "range past the end", method: "GET", target: path, headers: [["Range", "bytes=99999999-"]], status: 416),
+            Exchange(name: "If-Range, same ETag", method: "GET", target: path, headers: [["Range", "bytes=0-9"], ["If-Range", etag]], status: 206),
+            Exchange(name: "If-Range, other ETag", method: "GET", target: path, headers: [["Range", "bytes=0-9"], ["If-Range", "\"other\""]]),
+            Exchange(name: "If-None-Match", method: "GET", target: path, headers: [["If-None-Match", etag]], status: 304),
+            Exchange(name: "If-Modified-Since", method: "GET", target: path, headers: [["If-Modified-Since", lastModified]], status: 304),
+            Exchange(name: "If-Match, same ETag", method: "GET", target: path, headers: [["If-Match", etag], ["Range", "bytes=0-9"]], status: 206),
+            Exchange(name: "If-Match, other ETag", method: "GET", target: path, headers: [["If-Match", "\"other\""]], status: 412),
+            Exchange(
+                name: "If-Unmodified-Since, earlier", method: "GET", target: path,
+                headers: [["If-Unmodified-Since", "Thu, 01 Jan 2015 00:00:00 GMT"]], status: 412),
+            Exchange(name: "If-Unmodified-Since, same", method: "GET", target: path, headers: [["If-Unmodified-Since", lastModified]]),
+            Exchange(name: "forged grant", method: "GET", target: "/v1/content/k1.Zm9yZ2Vk.Zm9yZ2Vk/x.zip", status: 401),
+        ]
+    }
+
     /// Lints every exchange and probe; fails the test when the linters cannot run.
     static func run(port: Int, exchanges: [Exchange], probes: [Probe], folder: TemporaryFolder) throws -> [Result] {
         let planPath = folder.sub("lint-plan-\(UUID().uuidString).json")
@@ -123,43 +147,27 @@ struct HTTPLintTests {
         #expect(try postJSON(process.base + "/v1/notifications", ["signedPayload": refund.signedPayload], folder: tmp).status == 200)
 
         let json = [["Content-Type", "application/json"]]
-        let exchanges = [
-            Exchange(name: "whole archive", method: "GET", target: path),
-            Exchange(name: "HEAD", method: "HEAD", target: path),
-            Exchange(name: "absolute-form target", method: "GET", target: url, headers: [["Range", "bytes=0-99"]], status: 206),
-            Exchange(name: "one range", method: "GET", target: path, headers: [["Range", "bytes=0-99"]], status: 206),
-            Exchange(name: "suffix range", method: "GET", target: path, headers: [["Range", "bytes=-100"]], status: 206),
-            Exchange(name: "two ranges", method: "GET", target: path, headers: [["Range", "bytes=0-9,100-199"]], status: 206),
-            Exchange(name: "range past the end", method: "GET", target: path, headers: [["Range", "bytes=99999999-"]], status: 416),
-            Exchange(name: "If-Range, same ETag", method: "GET", target: path, headers: [["Range", "bytes=0-9"], ["If-Range", etag]], status: 206),
-            Exchange(name: "If-Range, other ETag", method: "GET", target: path, headers: [["Range", "bytes=0-9"], ["If-Range", "\"other\""]]),
-            Exchange(name: "If-None-Match", method: "GET", target: path, headers: [["If-None-Match", etag]], status: 304),
-            Exchange(name: "If-Modified-Since", method: "GET", target: path, headers: [["If-Modified-Since", lastModified]], status: 304),
-            Exchange(name: "If-Match, same ETag", method: "GET", target: path, headers: [["If-Match", etag], ["Range", "bytes=0-9"]], status: 206),
-            Exchange(name: "If-Match, other ETag", method: "GET", target: path, headers: [["If-Match", "\"other\""]], status: 412),
-            Exchange(
-                name: "If-Unmodified-Since, earlier", method: "GET", target: path,
-                headers: [["If-Unmodified-Since", "Thu, 01 Jan 2015 00:00:00 GMT"]], status: 412),
-            Exchange(name: "If-Unmodified-Since, same", method: "GET", target: path, headers: [["If-Unmodified-Since", lastModified]]),
-            Exchange(name: "manifest", method: "GET", target: manifestPath),
-            Exchange(name: "POST to content", method: "POST", target: path, body: "", status: 405),
-            Exchange(name: "forged grant", method: "GET", target: "/v1/content/k1.Zm9yZ2Vk.Zm9yZ2Vk/x.zip", status: 401),
-            Exchange(name: "refunded grant", method: "GET", target: String(refundedURL.dropFirst(process.base.count)), status: 403),
-            Exchange(name: "product", method: "GET", target: "/v1/products/\(server.product)"),
-            Exchange(name: "unknown product", method: "GET", target: "/v1/products/com.example.none", status: 404),
-            Exchange(name: "grant, empty body", method: "POST", target: "/v1/downloads", headers: json, body: "{}", status: 400),
-            Exchange(
-                name: "grant, forged transaction", method: "POST", target: "/v1/downloads", headers: json,
-                body: "{\"signedTransaction\":\"eyJhbGciOiJFUzI1NiJ9.e30.AAAA\"}", status: 401),
-            Exchange(name: "grant, refunded", method: "POST", target: "/v1/downloads", headers: json, body: "{\"signedTransaction\":\"\(refunded.signedTransaction)\"}", status: 403),
-            Exchange(name: "GET grants", method: "GET", target: "/v1/downloads", status: 405),
-            Exchange(name: "notification, empty body", method: "POST", target: "/v1/notifications", headers: json, body: "{}", status: 400),
-            Exchange(name: "admin, no token", method: "PUT", target: "/v1/admin/archives", body: "", status: 401),
-            Exchange(name: "metrics", method: "GET", target: "/metrics"),
-            Exchange(name: "healthz", method: "GET", target: "/healthz"),
-            Exchange(name: "readyz", method: "GET", target: "/readyz"),
-            Exchange(name: "no such path", method: "GET", target: "/nothing-here", status: 404),
-        ]
+        let exchanges =
+            HTTPLint.archiveExchanges(path: path, etag: etag, lastModified: lastModified) + [
+                Exchange(name: "absolute-form target", method: "GET", target: url, headers: [["Range", "bytes=0-99"]], status: 206),
+                Exchange(name: "manifest", method: "GET", target: manifestPath),
+                Exchange(name: "POST to content", method: "POST", target: path, body: "", status: 405),
+                Exchange(name: "refunded grant", method: "GET", target: String(refundedURL.dropFirst(process.base.count)), status: 403),
+                Exchange(name: "product", method: "GET", target: "/v1/products/\(server.product)"),
+                Exchange(name: "unknown product", method: "GET", target: "/v1/products/com.example.none", status: 404),
+                Exchange(name: "grant, empty body", method: "POST", target: "/v1/downloads", headers: json, body: "{}", status: 400),
+                Exchange(
+                    name: "grant, forged transaction", method: "POST", target: "/v1/downloads", headers: json,
+                    body: "{\"signedTransaction\":\"eyJhbGciOiJFUzI1NiJ9.e30.AAAA\"}", status: 401),
+                Exchange(name: "grant, refunded", method: "POST", target: "/v1/downloads", headers: json, body: "{\"signedTransaction\":\"\(refunded.signedTransaction)\"}", status: 403),
+                Exchange(name: "GET grants", method: "GET", target: "/v1/downloads", status: 405),
+                Exchange(name: "notification, empty body", method: "POST", target: "/v1/notifications", headers: json, body: "{}", status: 400),
+                Exchange(name: "admin, no token", method: "PUT", target: "/v1/admin/archives", body: "", status: 401),
+                Exchange(name: "metrics", method: "GET", target: "/metrics"),
+                Exchange(name: "healthz", method: "GET", target: "/healthz"),
+                Exchange(name: "readyz", method: "GET", target: "/readyz"),
+                Exchange(name: "no such path", method: "GET", target: "/nothing-here", status: 404),
+            ]
         let probes = [Probe(name: "REDbot: archive", url: url), Probe(name: "REDbot: manifest", url: manifestURL)]
         let results = try HTTPLint.run(port: process.port, exchanges: exchanges, probes: probes, folder: tmp)
         HTTPLint.judge(results, exchanges: exchanges, where: "iap-server")
