@@ -21,7 +21,7 @@ public enum ContentServerApp {
         let service = try await ContentService(configuration: configuration)
         // HEAD on every GET route, as RFC 9110 asks of a general-purpose server (a load
         // balancer's check may use it).
-        let router = Router(context: BasicRequestContext.self, options: .autoGenerateHeadEndpoints)
+        let router = Router(context: ServerRequestContext.self, options: .autoGenerateHeadEndpoints)
         // Each request's method and path at debug: the decisions worth a line at info (a grant,
         // a refusal and why, a notification, a catalog change) are logged with their outcome.
         router.add(middleware: LogRequestsMiddleware(.debug))

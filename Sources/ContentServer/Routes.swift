@@ -19,8 +19,8 @@ struct APIRoutes: Sendable {
     let log: DecisionLog
 
     /// Registers every route, and records in `methods` which methods each path answers.
-    func register(on router: Router<BasicRequestContext>, methods: RouteMethods) {
-        func on(_ method: HTTPRequest.Method, _ path: String, _ handler: @escaping @Sendable (Request, BasicRequestContext) async throws -> Response) {
+    func register(on router: Router<ServerRequestContext>, methods: RouteMethods) {
+        func on(_ method: HTTPRequest.Method, _ path: String, _ handler: @escaping @Sendable (Request, ServerRequestContext) async throws -> Response) {
             router.on(RouterPath(path), method: method, use: handler)
             methods.add(method, path)
         }
@@ -39,10 +39,10 @@ struct APIRoutes: Sendable {
         }
         on(.get, Route.grantCheck) { request, _ in grantCheck(request) }
         on(.get, Route.productPattern) { _, context in await product(try context.parameters.require("productId")) }
-        on(.post, Route.downloads) { request, _ in await downloads(request) }
-        on(.post, Route.notifications) { request, _ in await notification(request) }
-        on(.put, Route.adminArchives) { request, _ in await upload(request) }
-        on(.post, Route.adminRollouts) { request, _ in await rollout(request) }
+        on(.post, Route.downloads) { request, context in await downloads(request, context) }
+        on(.post, Route.notifications) { request, context in await notification(request, context) }
+        on(.put, Route.adminArchives) { request, context in await upload(request, context) }
+        on(.post, Route.adminRollouts) { request, context in await rollout(request, context) }
         on(.delete, Route.adminVersionPattern) { request, context in
             await remove(request, productId: try context.parameters.require("productId"), contentVersion: try context.parameters.require("contentVersion"))
         }
@@ -91,9 +91,9 @@ struct APIRoutes: Sendable {
 
     // MARK: Grants
 
-    func downloads(_ request: Request) async -> Response {
+    func downloads(_ request: Request, _ context: ServerRequestContext) async -> Response {
         let body: DownloadRequest
-        switch await decodeBody(request, as: DownloadRequest.self, example: DownloadRequest.example) {
+        switch await decodeBody(request, context, as: DownloadRequest.self, example: DownloadRequest.example) {
         case .failure(let response): return response
         case .success(let value): body = value
         }
@@ -259,9 +259,9 @@ struct APIRoutes: Sendable {
 
     // MARK: Notifications
 
-    func notification(_ request: Request) async -> Response {
+    func notification(_ request: Request, _ context: ServerRequestContext) async -> Response {
         let body: NotificationRequest
-        switch await decodeBody(request, as: NotificationRequest.self, example: NotificationRequest.example) {
+        switch await decodeBody(request, context, as: NotificationRequest.self, example: NotificationRequest.example) {
         case .failure(let response): return response
         case .success(let value): body = value
         }
@@ -314,10 +314,10 @@ struct APIRoutes: Sendable {
     }
 
     /// Stages, promotes or rolls back a version; the next grant on every replica sees it.
-    func rollout(_ request: Request) async -> Response {
+    func rollout(_ request: Request, _ context: ServerRequestContext) async -> Response {
         if let refusal = refuseUnlessAdmin(request) { return refusal }
         let body: RolloutRequest
-        switch await decodeBody(request, as: RolloutRequest.self, example: RolloutRequest.example) {
+        switch await decodeBody(request, context, as: RolloutRequest.self, example: RolloutRequest.example) {
         case .failure(let response): return response
         case .success(let value): body = value
         }
@@ -369,7 +369,7 @@ struct APIRoutes: Sendable {
         return apiError(status, error.apiError)
     }
 
-    func upload(_ request: Request) async -> Response {
+    func upload(_ request: Request, _ context: ServerRequestContext) async -> Response {
         if let refusal = refuseUnlessAdmin(request) { return refusal }
         var manifest: ArchiveManifest?
         if let header = request.headers[HTTPField.Name("IAP-Manifest")!] {
@@ -396,7 +396,7 @@ struct APIRoutes: Sendable {
             let length = request.headers[.contentLength].flatMap(UInt64.init)
             if let part = try await UploadReceiver.receive(
                 request.body, contentType: request.headers[.contentType], length: length,
-                into: fd, folder: folder)
+                into: fd, folder: folder, beforeReading: { await context.continueIfExpected(request) })
             {
                 guard manifest == nil else {
                     throw UploadError(.badRequest, .invalidManifest, "send the manifest once: in the IAP-Manifest header or in the 'manifest' part, not both")
@@ -436,12 +436,13 @@ struct APIRoutes: Sendable {
         case failure(Response)
     }
 
-    private func decodeBody<T: Decodable>(_ request: Request, as type: T.Type, example: String) async -> Decoded<T> {
+    private func decodeBody<T: Decodable>(_ request: Request, _ context: ServerRequestContext, as type: T.Type, example: String) async -> Decoded<T> {
         let buffer: ByteBuffer
         // A body announced as too large is refused at once, before a byte of it is waited for.
         if let declared = request.headers[.contentLength].flatMap({ Int($0) }), declared > service.configuration.maxJSONBody {
             return .failure(apiError(.contentTooLarge, APIError(.tooLarge, "the request body is over \(service.configuration.maxJSONBody) bytes")))
         }
+        await context.continueIfExpected(request)
         do {
             buffer = try await request.body.collect(upTo: service.configuration.maxJSONBody)
         } catch {
@@ -510,7 +511,7 @@ final class RouteMethods: Sendable {
 /// with another method as not found; that is said as 405 with `Allow` (RFC 9110 §15.5.6), so
 /// that `GET /v1/downloads` from a browser says to POST rather than that nothing is there.
 struct ErrorFormatMiddleware: RouterMiddleware {
-    typealias Context = BasicRequestContext
+    typealias Context = ServerRequestContext
     let methods: RouteMethods
 
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {

@@ -30,7 +30,7 @@ enum UploadReceiver {
     /// A declared `length` that cannot fit is refused before anything is read.
     static func receive(
         _ body: RequestBody, contentType: String?, length: UInt64?, into fd: SystemPackage.FileDescriptor,
-        folder: String
+        folder: String, beforeReading: () async -> Void = {}
     ) async throws(UploadError) -> [UInt8]? {
         if let contentType, contentType.lowercased().hasPrefix("multipart/") {
             guard contentType.lowercased().hasPrefix("multipart/form-data"), let boundary = boundary(contentType) else {
@@ -41,11 +41,13 @@ enum UploadReceiver {
             if let length, length > most {
                 throw UploadError(.contentTooLarge, .tooLarge, "the upload is \(length) bytes; an archive is at most \(ArchiveLimits.maxArchiveSize) bytes (2 GiB) and its manifest 16 MiB")
             }
+            await beforeReading()
             return try await receiveMultipart(body, boundary: boundary, into: fd, folder: folder)
         }
         if let length, length > ArchiveLimits.maxArchiveSize {
             throw UploadError(.contentTooLarge, .tooLarge, "the upload is \(length) bytes; archives are at most \(ArchiveLimits.maxArchiveSize) bytes (2 GiB)")
         }
+        await beforeReading()
         var written: UInt64 = 0
         let writes = GatheredWrites(fd: fd, folder: folder)
         do {

@@ -260,6 +260,27 @@ struct HardeningTests {
         #expect(server.stop() == 0)
     }
 
+    @Test("Expect: 100-continue is answered 100 once a request's head passes its checks; a refused one gets its answer and sends no body")
+    func expectContinue() throws {
+        let tmp = try TemporaryFolder()
+        let (_, server) = try start(tmp)
+        let v1 = try pack(tmp, version: "1.0")
+        func send(_ arguments: [String]) throws -> ProcessResult {
+            // curl -v writes the answers it got to stderr; it sends the body only after a 100 (or after a second).
+            try run("curl", ["-s", "-v", "-o", "/dev/null", "-w", "%{http_code}", "-H", "Expect: 100-continue"] + arguments)
+        }
+        let url = server.base + "/v1/admin/archives"
+        let uploaded = try send(["-T", v1.archivePath, "-H", "Authorization: Bearer \(adminToken)", url])
+        #expect(uploaded.stdout == "201" && uploaded.stderr.contains("< HTTP/1.1 100 Continue"), "\(uploaded.stderr)")
+        let refused = try send(["-T", v1.archivePath, "-H", "Authorization: Bearer wrong-wrong-wrong-wrong", url])
+        #expect(refused.stdout == "401" && !refused.stderr.contains("100 Continue"), "\(refused.stderr)")
+        let tooLarge = try send(["-X", "PUT", "-H", "Content-Length: 3000000000", "-H", "Authorization: Bearer \(adminToken)", "--data-binary", "x", url])
+        #expect(tooLarge.stdout == "413" && !tooLarge.stderr.contains("100 Continue"), "\(tooLarge.stderr)")
+        let grant = try send(["-H", "Content-Type: application/json", "--data-binary", "{\"signedTransaction\": \"a.b.c\"}", server.base + "/v1/downloads"])
+        #expect(grant.stdout == "400" && grant.stderr.contains("< HTTP/1.1 100 Continue"), "\(grant.stderr)")
+        #expect(server.stop() == 0)
+    }
+
     @Test("a full disk: uploads get 507 and notifications 503, nothing half-applied; once space is back both work")
     func fullDisk() async throws {
         let tmp = try TemporaryFolder()
