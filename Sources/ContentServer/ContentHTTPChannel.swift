@@ -42,6 +42,7 @@ struct ContentHTTPChannel: HTTPChannelHandler {
                     try sync.addHandlers(
                         [
                             ContentChannelHandler(prefix: Self.contentPrefix, resolver: service, observer: service.metrics),
+                            HTTP10Expectations(),
                             HTTP1ToHTTPServerCodec(secure: false),
                             // No idle timeout here: this handler cannot see content transfers and would cut them.
                             HTTPConnectionStateHandler(idleTimeout: nil, logger: logger),
