@@ -20,8 +20,10 @@ struct ContentHTTPChannel: HTTPChannelHandler {
 
     func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<Value> {
         channel.eventLoop.makeCompletedFuture {
-            // Header floods are cut by the decoder's limits; Hummingbird answers the decoding error
-            // with 400 itself, so NIO's error handler stays off (two answers would break the connection).
+            // Header floods are cut by the decoder's limits. A head it refuses is answered by
+            // ProtocolErrorAnswer (431 or 400 with the error envelope), an error within a request by
+            // Hummingbird (400), so NIO's own error handler stays off: two answers would break the
+            // connection.
             var limits = NIOHTTPDecoderLimitConfiguration()
             limits.maxHeaderFieldSize = 16 * 1024
             limits.maxHeaderListSize = 64 * 1024
@@ -41,6 +43,7 @@ struct ContentHTTPChannel: HTTPChannelHandler {
                         withEncoderConfiguration: .init(), withDecoderLimitConfiguration: limits)
                     try sync.addHandlers(
                         [
+                            ProtocolErrorAnswer(limits: "100 header fields, 16 KiB a field, 64 KiB in all"),
                             ContentChannelHandler(prefix: Self.contentPrefix, resolver: service, observer: service.metrics),
                             HTTP10Expectations(),
                             HTTP1ToHTTPServerCodec(secure: false),

@@ -445,8 +445,11 @@ struct APIRoutes: Sendable {
         await context.continueIfExpected(request)
         do {
             buffer = try await request.body.collect(upTo: service.configuration.maxJSONBody)
-        } catch {
+        } catch is NIOTooManyBytesError {
             return .failure(apiError(.contentTooLarge, APIError(.tooLarge, "the request body is over \(service.configuration.maxJSONBody) bytes")))
+        } catch {
+            // A body that is not valid HTTP (a bad chunk size) or that ended early: not too large.
+            return .failure(apiError(.badRequest, APIError(.malformed, "the request body could not be read (\(error)): send it whole, as JSON like \(example)")))
         }
         guard let value = try? WireJSON.decoder().decode(T.self, from: Data(buffer.readableBytesView)) else {
             return .failure(apiError(.badRequest, APIError(.malformed, "the request body must be JSON like \(example)")))

@@ -9,7 +9,7 @@ public struct APIErrorCode: ErrorCode, ExpressibleByStringLiteral, CustomStringC
     // Requests
     /// The body is not the JSON the endpoint takes (400).
     public static let malformed: APIErrorCode = "malformed"
-    /// The body is over the endpoint's limit (413).
+    /// The body is over the endpoint's limit (413), or the request head over the server's (431).
     public static let tooLarge: APIErrorCode = "too-large"
     /// No such route (404).
     public static let notFound: APIErrorCode = "not-found"

@@ -257,6 +257,13 @@ struct ServerTests {
         let announced = try rawExchange(
             port: server.port, "POST /v1/downloads HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000000\r\nConnection: close\r\n\r\n{", folder: tmp)
         #expect(announced.hasPrefix("HTTP/1.1 413 ") && announced.contains("\"too-large\""), "\(announced)")
+        // A head that is not HTTP gets the error envelope, not a bare 400 (a flood: below); a body
+        // that is not valid HTTP is malformed, not too large.
+        let badField = try rawExchange(port: server.port, "GET /healthz HTTP/1.1\r\nHost: x\r\nBad Field: y\r\n\r\n", folder: tmp)
+        #expect(badField.hasPrefix("HTTP/1.1 400 ") && badField.contains("\"malformed\""), "\(badField)")
+        let badChunk = try rawExchange(
+            port: server.port, "POST /v1/downloads HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\nzz\r\n", folder: tmp)
+        #expect(badChunk.hasPrefix("HTTP/1.1 400 ") && badChunk.contains("could not be read"), "\(badChunk)")
         let stranger = try SandboxCertificateAuthority.generate()
         var foreign = Transaction(
             transactionId: "1", originalTransactionId: "1", bundleId: bundleId, productId: product,
@@ -296,9 +303,10 @@ struct ServerTests {
         let nowhere = try curl([server.base + "/v1/nothing"], folder: tmp)
         #expect(nowhere.status == 404 && nowhere.text.contains("nothing is served at /v1/nothing"), "\(nowhere.text)")
 
-        // A header flood is answered 400 by the HTTP decoder, and the server carries on.
+        // A header flood is answered 431 with the envelope naming the limits, and the server carries on.
         let flood = (0..<300).flatMap { ["-H", "X-Flood-\($0): \(String(repeating: "v", count: 100))"] }
-        #expect(try curl(flood + [url], folder: tmp).status == 400)
+        let flooded = try curl(flood + [url], folder: tmp)
+        #expect(flooded.status == 431 && flooded.errorCode == "too-large" && flooded.text.contains("100 header fields"), "\(flooded.text)")
         #expect(try curl([server.base + "/healthz"], folder: tmp).status == 200)
         #expect(try curl([url], folder: tmp).status == 200)
 
