@@ -1,3 +1,4 @@
+import Foundation
 import IAPProtocol
 import NIOCore
 import NIOHTTP1
@@ -49,6 +50,7 @@ final class ProtocolErrorAnswer: ChannelDuplexHandler, RemovableChannelHandler {
             }
         let body = WireJSON.line(refusal.envelope)
         var headers = HTTPHeaders()
+        headers.add(name: "Date", value: HTTPDate.format(Date()))
         headers.add(name: "Content-Type", value: "application/json")
         headers.add(name: "Cache-Control", value: "no-store")
         headers.add(name: "Content-Length", value: String(body.count))

@@ -167,6 +167,7 @@ struct HTTPLintTests {
                 Exchange(name: "healthz", method: "GET", target: "/healthz"),
                 Exchange(name: "readyz", method: "GET", target: "/readyz"),
                 Exchange(name: "no such path", method: "GET", target: "/nothing-here", status: 404),
+                Exchange(name: "header flood", method: "GET", target: "/healthz", headers: (0..<150).map { ["X-Flood-\($0)", "y"] }, status: 431),
             ]
         let probes = [Probe(name: "REDbot: archive", url: url), Probe(name: "REDbot: manifest", url: manifestURL)]
         let results = try HTTPLint.run(port: process.port, exchanges: exchanges, probes: probes, folder: tmp)
