@@ -21,6 +21,16 @@ public final class FileLock {
         try Self.lock(fd, path: path, wait: wait)
     }
 
+    /// Takes an exclusive lock on `path`, which must exist: never creates it. For a file another
+    /// part of the process made and may already have removed (an interrupt handler cleaning up),
+    /// where creating it again would leave an empty file behind. Throws when it is missing.
+    public init(existing path: String, wait: Bool = true) throws(DurableFileError) {
+        self.path = path
+        fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
+        guard fd >= 0 else { throw .io("open the file to lock", path, errno: errno) }
+        try Self.lock(fd, path: path, wait: wait)
+    }
+
     /// Takes an exclusive lock on an open descriptor the caller keeps (and closes); the lock
     /// goes with the descriptor. Throws `.locked` when another holds it.
     public static func lock(_ fd: Int32, path: String, wait: Bool) throws(DurableFileError) {

@@ -36,7 +36,9 @@ public enum UnfinishedFiles {
         /// Locks the file, now created. Where locking is not possible (some network file
         /// systems), sweeps cannot tell a leftover from a live file and leave both alone.
         public func lock() {
-            held = try? FileLock(exclusive: path, wait: false)
+            // Never created here: when Ctrl-C's handler has just removed the file, opening it to
+            // lock with O_CREAT made it again, empty, and the process then exited leaving it.
+            held = try? FileLock(existing: path, wait: false)
         }
 
         /// The file is in place or removed: no longer this process's to clean up.

@@ -127,6 +127,28 @@ import Testing
         again.release()
     }
 
+    @Test("a claim whose file an interrupt handler removed before it was locked is not made again (iap-pack left an empty archive so)")
+    func aRemovedClaimIsNotRecreatedByItsLock() throws {
+        let path = folder + "/.x-1.0.zip.partial-1"
+        let claim = UnfinishedFiles.Claim(path)
+        defer { claim.release() }
+        #expect(FileManager.default.createFile(atPath: path, contents: Data("bytes".utf8)))
+        // The handler of Ctrl-C or SIGTERM (`UnfinishedFiles.removeAll`, not called here: it would
+        // remove the claims of tests running beside this one) runs on another thread, and can
+        // remove the file between its creation and its lock.
+        #expect(unlink(path) == 0)
+        claim.lock()
+        #expect(!FileManager.default.fileExists(atPath: path))
+        // A file that is there is locked: a sweep leaves it alone.
+        let live = folder + "/.y-1.0.zip.partial-1"
+        let other = UnfinishedFiles.Claim(live)
+        defer { other.release() }
+        #expect(FileManager.default.createFile(atPath: live, contents: nil))
+        other.lock()
+        #expect(throws: DurableFileError.self) { try FileLock(existing: live, wait: false) }
+        #expect(throws: DurableFileError.self) { try FileLock(existing: folder + "/missing", wait: false) }
+    }
+
     @Test func aLockInAFolderThatCannotHoldItIsAnError() {
         let error = #expect(throws: DurableFileError.self) { try FileLock(exclusive: folder + "/no/such/folder/.lock") }
         #expect(error?.code == .io)
