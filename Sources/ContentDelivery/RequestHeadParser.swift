@@ -134,24 +134,12 @@ struct RequestHeadParser: Sendable {
             let value = UnsafeBufferPointer(rebasing: bytes[valueStart..<trimmed])
             // A repeated field is combined by some parsers and not by others: leave it to NIO.
             switch Self.field(name) {
-            case .range:
-                guard request.range == nil else { return .handOff }
-                request.range = String(decoding: value, as: UTF8.self)
-            case .ifRange:
-                guard request.ifRange == nil else { return .handOff }
-                request.ifRange = String(decoding: value, as: UTF8.self)
-            case .ifNoneMatch:
-                guard request.ifNoneMatch == nil else { return .handOff }
-                request.ifNoneMatch = String(decoding: value, as: UTF8.self)
-            case .ifModifiedSince:
-                guard request.ifModifiedSince == nil else { return .handOff }
-                request.ifModifiedSince = String(decoding: value, as: UTF8.self)
-            case .ifMatch:
-                guard request.ifMatch == nil else { return .handOff }
-                request.ifMatch = String(decoding: value, as: UTF8.self)
-            case .ifUnmodifiedSince:
-                guard request.ifUnmodifiedSince == nil else { return .handOff }
-                request.ifUnmodifiedSince = String(decoding: value, as: UTF8.self)
+            case .range: guard Self.store(value, in: &request.range) else { return .handOff }
+            case .ifRange: guard Self.store(value, in: &request.ifRange) else { return .handOff }
+            case .ifNoneMatch: guard Self.store(value, in: &request.ifNoneMatch) else { return .handOff }
+            case .ifModifiedSince: guard Self.store(value, in: &request.ifModifiedSince) else { return .handOff }
+            case .ifMatch: guard Self.store(value, in: &request.ifMatch) else { return .handOff }
+            case .ifUnmodifiedSince: guard Self.store(value, in: &request.ifUnmodifiedSince) else { return .handOff }
             case .connection:
                 for token in value.split(separator: UInt8(ascii: ",")) {
                     let option = token.drop { $0 == 0x20 || $0 == 0x09 }.reversed().drop { $0 == 0x20 || $0 == 0x09 }.reversed()
@@ -175,6 +163,14 @@ struct RequestHeadParser: Sendable {
             request.keepAlive = connectionKeepAlive
         }
         return .request(Head(content: request, http10: http10), length: end)
+    }
+
+    /// Keeps a field's value; false when the field came before (a repeated field is left to NIO).
+    @inline(__always)
+    private static func store(_ value: UnsafeBufferPointer<UInt8>, in slot: inout String?) -> Bool {
+        guard slot == nil else { return false }
+        slot = String(decoding: value, as: UTF8.self)
+        return true
     }
 
     private enum Field {

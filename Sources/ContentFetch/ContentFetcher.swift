@@ -310,10 +310,6 @@ public actor ContentFetcher {
                     }
                     return .backoff
                 })
-        } catch let later as RetryLater {
-            // Tried as often as allowed: the last wait asked for is this run's failure.
-            try? apply(.fail(later.reason), to: &download)
-            throw later.reason
         } catch let error as FetchError {
             if error.code == .noContent { throw WithoutContent(reason: error) }
             if error.code == .revoked {
@@ -438,7 +434,7 @@ public actor ContentFetcher {
             try? apply(stop.control == .cancel ? .cancel : .pause, to: &download)
             throw stop
         } catch {
-            let failure = error as? FetchError ?? (error as? RetryLater)?.reason ?? FetchError(.network, "\(error)")
+            let failure = error as? FetchError ?? FetchError(.network, "\(error)")
             try? apply(.fail(failure), to: &download)
             throw failure
         }

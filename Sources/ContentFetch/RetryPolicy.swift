@@ -27,7 +27,8 @@ struct RetryPolicy: Sendable {
     }
 
     /// Runs `body` until it succeeds, throws what `retryable` refuses, or has been tried
-    /// `maxAttempts` times (then the last error is thrown). Before each wait, `willRetry` hears the
+    /// `maxAttempts` times (then the last error is thrown; a ``RetryLater`` as the `FetchError` it
+    /// carries, since the wait it asked for is over). Before each wait, `willRetry` hears the
     /// attempt and the error, and says how long to wait; it may throw to stop (a pause, a cancel).
     func run<T>(
         isolation: isolated (any Actor)? = #isolation,
@@ -40,7 +41,7 @@ struct RetryPolicy: Sendable {
             do {
                 return try await body(attempt)
             } catch {
-                guard retryable(error), attempt < maxAttempts else { throw error }
+                guard retryable(error), attempt < maxAttempts else { throw (error as? RetryLater)?.reason ?? error }
                 switch try await willRetry(attempt, error) {
                 case .none: break
                 case .backoff: try? await Task.sleep(for: delay(after: attempt))
