@@ -75,6 +75,7 @@ public actor ContentFetcher {
         httpConfiguration.timeout = .init(connect: .seconds(10), read: .nanoseconds(Int64(configuration.stallTimeout.components.seconds) * 1_000_000_000))
         httpConfiguration.decompression = .disabled
         httpConfiguration.connectionPool.concurrentHTTP1ConnectionsPerHostSoftLimit = max(8, configuration.connections + 1)
+        httpConfiguration.tlsConfiguration = try TLSTrust.configuration(adding: configuration.additionalTrustRootFiles)
         client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: httpConfiguration)
         grants = GrantClient(server: configuration.server, client: client, maxRetryAfter: configuration.maxRetryAfter)
         installer = ContentInstaller(contentDirectory: configuration.contentDirectory)
@@ -403,7 +404,7 @@ public actor ContentFetcher {
                 },
                 retryable: { error in
                     if error is Stop { return false }
-                    if let error = error as? FetchError { return ![.revoked, .noContent, .refused, .busy].contains(error.code) }
+                    if let error = error as? FetchError { return ![.revoked, .noContent, .refused, .busy, .tls].contains(error.code) }
                     return true
                 },
                 willRetry: { _, error in

@@ -28,6 +28,10 @@ public struct FetchConfiguration: Sendable {
     public var connections = 1
     /// The smallest part a parallel download splits an archive into, in bytes.
     public var minimumSegment: Int64 = 16 << 20
+    /// PEM files of certificate authorities trusted for `https://` servers besides the system's:
+    /// a private CA that signs a staging server's or an internal edge's certificate. Read when
+    /// the fetcher is made; a file that holds no certificate is a `.tls` error then.
+    public var additionalTrustRootFiles: [String] = []
 
     /// The defaults for `server` (its base URL; a trailing slash is dropped) installing into
     /// `contentDirectory`.

@@ -13,8 +13,8 @@ struct GrantClient: Sendable {
     var maxRetryAfter: Duration = .seconds(60)
 
     /// The grants for `transaction`'s content. Throws a `FetchError`: `.network` for what is worth
-    /// retrying (no answer, 5xx, a garbled answer), and `.revoked`, `.noContent` or `.refused` for
-    /// what is not; or ``RetryLater`` for a 503 or 429 that says when to ask again.
+    /// retrying (no answer, 5xx, a garbled answer), and `.revoked`, `.noContent`, `.refused` or
+    /// `.tls` for what is not; or ``RetryLater`` for a 503 or 429 that says when to ask again.
     func request(_ transaction: QueuedTransaction) async throws -> DownloadGrants {
         var request = HTTPClientRequest(url: server + Route.downloads)
         request.method = .POST
@@ -42,7 +42,7 @@ struct GrantClient: Sendable {
             retryAfter = response.headers.first(name: "retry-after")
             data = try await response.body.collect(upTo: 1 << 20)
         } catch {
-            throw FetchError(.network, "cannot reach \(server): \(Self.describe(error))")
+            throw TLSTrust.refusal(error, url: server) ?? FetchError(.network, "cannot reach \(server): \(Self.describe(error))")
         }
         guard status != 200 else {
             guard let grants = try? WireJSON.decoder().decode(DownloadGrants.self, from: Data(data.readableBytesView)) else {

@@ -27,6 +27,10 @@ public enum FetchErrorCode: String, ErrorCode {
     case install
     /// Another iap-fetch process is downloading the same content into the same folder.
     case busy
+    /// An `https://` server's certificate was not accepted (untrusted, expired, for another
+    /// name), or the certificate authorities given to trust could not be read. Not retried: the
+    /// same certificate fails the same way until the server or the configuration changes.
+    case tls
     case cancelled
 }
 

@@ -226,10 +226,14 @@ extension ContentFetcher {
             receiver.close()
             task.cancel()
         }
-        try await withTaskCancellationHandler {
-            try await consume(receiver, id: id, segment: segment, from: from, to: to, length: length, ranged: ranged, whole: whole)
-        } onCancel: {
-            task.cancel()
+        do {
+            try await withTaskCancellationHandler {
+                try await consume(receiver, id: id, segment: segment, from: from, to: to, length: length, ranged: ranged, whole: whole)
+            } onCancel: {
+                task.cancel()
+            }
+        } catch {
+            throw TLSTrust.refusal(error, url: url) ?? error
         }
     }
 

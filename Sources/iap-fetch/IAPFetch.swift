@@ -45,6 +45,12 @@ struct Options: ParsableArguments {
     @Flag(help: "One JSON object per line for every update and every finished transaction.") var json = false
     @Option(name: .customLong("limit-rate"), help: "Cap the bandwidth, e.g. 500K or 20M bytes per second.") var limitRate: Rate?
     @Option(help: "Connections per download (1-16): parallel ranges for archives of 32 MiB and more.") var connections = 1
+    @Option(
+        name: .customLong("ca-file"),
+        help: ArgumentHelp(
+            "A certificate authority (PEM) to trust for https:// servers besides the system's, e.g. the private CA of a staging server; repeatable.",
+            valueName: "pem"))
+    var caFiles: [String] = []
 
     func validate() throws {
         guard (1...16).contains(connections) else {
@@ -62,6 +68,7 @@ struct Options: ParsableArguments {
         var configuration = FetchConfiguration(server: server, contentDirectory: contentDir)
         configuration.connections = connections
         configuration.rateLimit = limitRate?.bytesPerSecond
+        configuration.additionalTrustRootFiles = caFiles
         return configuration
     }
 }

@@ -8,15 +8,23 @@ public final class NginxServer: @unchecked Sendable {
     public let process: Process
     /// The shipped configuration's access log.
     public let accessLog: String
-    public var base: String { "http://127.0.0.1:\(port)" }
+    /// Whether it serves HTTPS.
+    public let tls: Bool
+    public var base: String { "\(tls ? "https" : "http")://127.0.0.1:\(port)" }
 
     /// `port` is chosen beforehand (see ``freePort()``) when the replicas must know it, for
-    /// their `--public-url`. `http` is added to the `http` block, e.g. `limit_rate 4m;`.
-    public init(replicaPorts: [Int], folder: TemporaryFolder, port: Int? = nil, http: String = "") throws {
+    /// their `--public-url`. `http` is added to the `http` block, e.g. `limit_rate 4m;`. With
+    /// `certificate`, the edge listens with TLS (the shipped file's `listen 443 ssl` line).
+    public init(
+        replicaPorts: [Int], folder: TemporaryFolder, port: Int? = nil, http: String = "", certificate: (certificate: String, key: String)? = nil
+    ) throws {
+        tls = certificate != nil
         guard FileManager.default.isExecutableFile(atPath: "/usr/sbin/nginx") else {
             throw ServerError(description: "nginx is not installed: run tools/install-deps.sh (Debian: apt-get install nginx)")
         }
         self.port = try port ?? freePort()
+        let port = self.port
+        let listen = certificate.map { "listen 127.0.0.1:\(port) ssl; ssl_certificate \($0.certificate); ssl_certificate_key \($0.key);" } ?? "listen 127.0.0.1:\(port);"
         let root = folder.sub("nginx")
         accessLog = root + "/iap-content.access.log"
         // Worker processes run as nobody when the tests run as root: the folders must be theirs too.
@@ -39,7 +47,7 @@ public final class NginxServer: @unchecked Sendable {
             lines.append(
                 line.replacingOccurrences(of: "/var/cache/nginx/", with: root + "/cache/")
                     .replacingOccurrences(of: "/var/log/nginx/", with: root + "/")
-                    .replacingOccurrences(of: "listen 8080;", with: "listen 127.0.0.1:\(self.port);"))
+                    .replacingOccurrences(of: "listen 8080;", with: listen))
         }
         try lines.joined(separator: "\n").write(toFile: root + "/iap-content.conf", atomically: true, encoding: .utf8)
         let temp = root + "/temp"

@@ -1,0 +1,57 @@
+import Foundation
+import NIOSSL
+
+/// What the fetcher trusts on `https://` servers, and how it says that a server's certificate
+/// was not accepted.
+enum TLSTrust {
+    /// The client's TLS settings: the system's roots plus the certificates in `files` (PEM). Read
+    /// now, so that a wrong path is said before anything is fetched, not on the first connection.
+    static func configuration(adding files: [String]) throws(FetchError) -> TLSConfiguration {
+        var configuration = TLSConfiguration.makeClientConfiguration()
+        var added: [NIOSSLCertificate] = []
+        for file in files {
+            guard FileManager.default.isReadableFile(atPath: file) else {
+                throw FetchError(.tls, "cannot read the certificate authority file \(file): check the path given to --ca-file")
+            }
+            let certificates: [NIOSSLCertificate]
+            do { certificates = try NIOSSLCertificate.fromPEMFile(file) } catch {
+                throw FetchError(
+                    .tls, "\(file) holds no PEM certificate: --ca-file takes the certificate authority's certificate as PEM (-----BEGIN CERTIFICATE-----)")
+            }
+            guard !certificates.isEmpty else {
+                throw FetchError(
+                    .tls, "\(file) holds no PEM certificate: --ca-file takes the certificate authority's certificate as PEM (-----BEGIN CERTIFICATE-----)")
+            }
+            added += certificates
+        }
+        if !added.isEmpty { configuration.additionalTrustRoots = [.certificates(added)] }
+        return configuration
+    }
+
+    /// `error` as a `.tls` error naming the server and what to do, when it is a certificate the
+    /// client refused; nil for anything else (a reset during the handshake stays a network
+    /// error, and is retried).
+    static func refusal(_ error: any Error, url: String) -> FetchError? {
+        let parsed = URL(string: url)
+        let host = parsed?.host ?? url
+        let server = parsed?.port.map { "\(host):\($0)" } ?? host
+        if let extra = error as? NIOSSLExtraError, extra == .failedToValidateHostname {
+            return FetchError(
+                .tls,
+                "the TLS certificate of \(server) is for another name, not \(host): use a name the certificate holds in the URL (`openssl s_client -connect \(server)` shows its names), or give the server a certificate for \(host)"
+            )
+        }
+        // NIOSSL reports BoringSSL's verification failure as a handshake error whose only
+        // structure is its text (no X509_V_ERR code), so the reason is recognised by its name.
+        guard case .handshakeFailed(let underlying) = error as? NIOSSLError, "\(underlying)".contains("CERTIFICATE_VERIFY_FAILED") else {
+            return nil
+        }
+        return FetchError(
+            .tls,
+            "the TLS certificate of \(server) is not trusted: it is self-signed, expired or not yet valid, or issued by a certificate authority this machine does not trust. "
+                + "If the server uses a private certificate authority, pass that authority's certificate (PEM) with --ca-file (FetchConfiguration.additionalTrustRootFiles); "
+                + "otherwise the server must send its whole chain (nginx: ssl_certificate holds the certificate followed by its intermediates). "
+                + "`openssl s_client -connect \(server) -showcerts` shows what it sends"
+        )
+    }
+}
