@@ -11,14 +11,55 @@
 # measure after the same clean-up (outputs deleted, sync); the headline is the ratio of medians
 # over RUNS rounds (default 7) with each median's spread (min-max) and the ratio's 95% interval;
 # best-of is a secondary line.
-# Usage: [RUNS=n] [SIZE=bytes] tools/bench-fetch.sh
+# TLS=1: every measure over HTTPS, as in production. nginx terminates TLS (a certificate from an
+# authority made here with openssl, given to iap-fetch with --ca-file and to curl with
+# CURL_CA_BUNDLE), serves the archive itself as the shipped edge does from its cache, and passes
+# grants and manifests to iap-server, whose download URLs name it (--public-url).
+# Usage: [RUNS=n] [SIZE=bytes] [TLS=1] tools/bench-fetch.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/install-deps.sh
 . tools/lib.sh
+fetch_extra=()
+if [ "${TLS:-0}" = 1 ]; then
+  command -v nginx >/dev/null || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null; }
+  tls_port=$(free_port)
+  SERVER_ARGS="--public-url https://127.0.0.1:$tls_port"
+fi
 fetch_bench_setup
 runs=${RUNS:-7}
 size=$(stat -c %s "$archive")
+if [ "${TLS:-0}" = 1 ]; then
+  tls="$work/tls"; mkdir -p "$tls" "$work/www"; chmod 755 "$work" "$work/www"
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$tls/ca.key" -out "$tls/ca.pem" -days 1 -subj "/CN=bench CA" 2>/dev/null
+  openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$tls/edge.key" -out "$tls/edge.csr" -subj "/CN=127.0.0.1" 2>/dev/null
+  printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' > "$tls/edge.ext"
+  openssl x509 -req -in "$tls/edge.csr" -CA "$tls/ca.pem" -CAkey "$tls/ca.key" -CAcreateserial -out "$tls/edge.pem" -days 1 -extfile "$tls/edge.ext" 2>/dev/null
+  ln "$(ls "$work"/data/archives/*.zip | head -1)" "$work/www/bench.fetch-1.0.zip"; chmod 644 "$work/www/bench.fetch-1.0.zip"
+  cat > "$work/nginx.conf" <<CONF
+worker_processes 2;
+daemon off;
+pid $work/nginx.pid;
+error_log $work/nginx-error.log;
+events { worker_connections 1024; }
+http {
+  sendfile on; tcp_nopush on; access_log off;
+  types { application/zip zip; }
+  server {
+    listen 127.0.0.1:$tls_port ssl;
+    ssl_certificate $tls/edge.pem; ssl_certificate_key $tls/edge.key;
+    location ~ ^/v1/content/[^/]+/(bench\.fetch-1\.0\.zip)\$ { alias $work/www/\$1; }
+    location / { proxy_pass $base; proxy_http_version 1.1; proxy_set_header Connection ""; }
+  }
+}
+CONF
+  nginx -c "$work/nginx.conf" -p "$work" &
+  for _ in $(seq 200); do [ -s "$work/nginx.pid" ] && break; sleep 0.05; done
+  trap 'kill $(jobs -p) 2>/dev/null; [ -f "$work/nginx.pid" ] && kill "$(cat "$work/nginx.pid")" 2>/dev/null; rm -rf "$work"' EXIT
+  base="https://127.0.0.1:$tls_port"
+  export CURL_CA_BUNDLE="$tls/ca.pem"
+  fetch_extra=(--ca-file "$tls/ca.pem")
+fi
 
 # Seconds from launch until iap-fetch reports every byte received and verified (NDJSON on stdout).
 transfer_time() { # connections
@@ -27,7 +68,7 @@ import json, subprocess, sys, time
 bin, server, tx, dev, conns = sys.argv[1:6]
 start = time.monotonic()
 p = subprocess.Popen([bin + "/iap-fetch", "get", "--server", server, "--transaction", tx, "--content-dir", dev,
-                      "--json", "--connections", conns], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                      "--json", "--connections", conns] + sys.argv[6:], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
 done = None
 for line in p.stdout:
     u = json.loads(line)
@@ -52,7 +93,7 @@ measure_transfer() { # connections
   local c=$1 t
   "$bin/iap-sandbox" purchase --dir "$work/sandbox" --product-id bench.fetch > "$work/tx.jws"
   clean
-  t=$(transfer_time "$bin" "$base" "$work/tx.jws" "$work/device" "$c")
+  t=$(transfer_time "$bin" "$base" "$work/tx.jws" "$work/device" "$c" ${fetch_extra[@]+"${fetch_extra[@]}"})
   [ "$t" = fail ] && { echo "iap-fetch --connections $c failed" >&2; exit 1; }
   echo "run $run: iap-fetch transfer only, $c connection(s): $t s" >&2
   check_installed
@@ -74,7 +115,7 @@ measure_get() {
   local secs kb
   "$bin/iap-sandbox" purchase --dir "$work/sandbox" --product-id bench.fetch > "$work/tx.jws"
   clean
-  read -r secs kb <<< "$(timed "$bin/iap-fetch" get --server "$base" --transaction "$work/tx.jws" --content-dir "$work/device")"
+  read -r secs kb <<< "$(timed "$bin/iap-fetch" get --server "$base" --transaction "$work/tx.jws" --content-dir "$work/device" ${fetch_extra[@]+"${fetch_extra[@]}"})"
   check_installed
   all_fetch+=("$secs")
   awk -v s="$secs" -v b="$best_fetch" 'BEGIN { exit !(s < b) }' && { best_fetch=$secs; fetch_kb=$kb; }
@@ -104,7 +145,7 @@ done
 # One transaction through `get` (the queue holds every purchase of the rounds above).
 "$bin/iap-sandbox" purchase --dir "$work/sandbox" --product-id bench.fetch > "$work/tx.jws"
 clean
-"$bin/iap-fetch" get --server "$base" --transaction "$work/tx.jws" --content-dir "$work/device" --limit-rate 400M >/dev/null 2>&1 &
+"$bin/iap-fetch" get --server "$base" --transaction "$work/tx.jws" --content-dir "$work/device" --limit-rate 400M ${fetch_extra[@]+"${fetch_extra[@]}"} >/dev/null 2>&1 &
 fetch_pid=$!
 journal=$(echo "$work"/device/.iap-fetch)
 while kill -0 $fetch_pid 2>/dev/null; do
@@ -115,10 +156,10 @@ done
 kill -9 $fetch_pid; wait $fetch_pid 2>/dev/null || true
 on_disk=$(stat -c %s "$partial")
 synced=$(python3 -c 'import json,glob,sys; print(json.load(open([p for p in glob.glob(sys.argv[1] + "/*.json") if not p.endswith(".manifest.json")][0]))["recordedLength"])' "$journal")
-"$bin/iap-fetch" get --server "$base" --transaction "$work/tx.jws" --content-dir "$work/device" >/dev/null
+"$bin/iap-fetch" get --server "$base" --transaction "$work/tx.jws" --content-dir "$work/device" ${fetch_extra[@]+"${fetch_extra[@]}"} >/dev/null
 cmp -s "$work/device/bench.fetch/1.0/Contents/payload.bin" "$work/content-bench.fetch/payload.bin" && resumed=identical || resumed=DIFFERENT
 
-echo "archive: $size bytes; $(nproc) cores; $runs rounds, medians (min-max)"
+echo "archive: $size bytes; $(nproc) cores; $runs rounds, medians (min-max)$([ "${TLS:-0}" = 1 ] && echo "; over HTTPS (nginx terminates TLS and serves the archive)")"
 row() { # label values...
   local label=$1; shift
   printf '%-58s %8.2f  (%s)\n' "$label" "$(median "$@")" "$(spread "$@")"

@@ -16,12 +16,13 @@ random_archive() { # product size work out
 
 # Creates a sandbox store in <work>/sandbox for <bundle>, publishes <archive>s into <work>/data,
 # starts iap-server on a free port trusting the sandbox, and sets $server_pid and $base.
+# SERVER_ARGS: more options for `iap-server serve` (word-split), e.g. --public-url.
 start_sandbox_server() { # work bundle archive...
   local work=$1 bundle=$2; shift 2
   "$bin/iap-sandbox" init --dir "$work/sandbox" --bundle-id "$bundle" >/dev/null
   for archive in "$@"; do "$bin/iap-server" publish --data "$work/data" "$archive" >/dev/null; done
   LOG_LEVEL=${LOG_LEVEL:-error} "$bin/iap-server" serve --data "$work/data" --bundle-id "$bundle" --trust-root "$work/sandbox/root.cer" \
-    --environment sandbox --port 0 --port-file "$work/port" --token-ttl 86400 > "$work/server.log" 2>&1 &
+    --environment sandbox --port 0 --port-file "$work/port" --token-ttl 86400 ${SERVER_ARGS:-} > "$work/server.log" 2>&1 &
   server_pid=$!
   for _ in $(seq 200); do [ -s "$work/port" ] && break; sleep 0.05; done
   [ -s "$work/port" ] || { echo "iap-server did not start: $(cat "$work/server.log")" >&2; return 1; }
