@@ -76,6 +76,11 @@ public actor ContentFetcher {
         httpConfiguration.decompression = .disabled
         httpConfiguration.connectionPool.concurrentHTTP1ConnectionsPerHostSoftLimit = max(8, configuration.connections + 1)
         httpConfiguration.tlsConfiguration = try TLSTrust.configuration(adding: configuration.additionalTrustRootFiles)
+        // HTTP/1.1 even where TLS offers HTTP/2: an archive is one long response, which gains
+        // nothing from multiplexing, and through HTTP/2's frames, stream channel and flow control
+        // a 1 GiB transfer took 2.4 s against 1.6 s on HTTP/1.1 from the same nginx (curl: 1.1-1.4 s
+        // either way). A delta's many ranges use pooled connections instead.
+        httpConfiguration.httpVersion = .http1Only
         client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: httpConfiguration)
         grants = GrantClient(server: configuration.server, client: client, maxRetryAfter: configuration.maxRetryAfter)
         installer = ContentInstaller(contentDirectory: configuration.contentDirectory)

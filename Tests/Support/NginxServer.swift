@@ -14,9 +14,11 @@ public final class NginxServer: @unchecked Sendable {
 
     /// `port` is chosen beforehand (see ``freePort()``) when the replicas must know it, for
     /// their `--public-url`. `http` is added to the `http` block, e.g. `limit_rate 4m;`. With
-    /// `certificate`, the edge listens with TLS (the shipped file's `listen 443 ssl` line).
+    /// `certificate`, the edge listens with TLS (the shipped file's `listen 443 ssl` line), and
+    /// offers HTTP/2 too with `http2`, as most TLS configurations do.
     public init(
-        replicaPorts: [Int], folder: TemporaryFolder, port: Int? = nil, http: String = "", certificate: (certificate: String, key: String)? = nil
+        replicaPorts: [Int], folder: TemporaryFolder, port: Int? = nil, http: String = "", certificate: (certificate: String, key: String)? = nil,
+        http2: Bool = false
     ) throws {
         tls = certificate != nil
         guard FileManager.default.isExecutableFile(atPath: "/usr/sbin/nginx") else {
@@ -24,7 +26,7 @@ public final class NginxServer: @unchecked Sendable {
         }
         self.port = try port ?? freePort()
         let port = self.port
-        let listen = certificate.map { "listen 127.0.0.1:\(port) ssl; ssl_certificate \($0.certificate); ssl_certificate_key \($0.key);" } ?? "listen 127.0.0.1:\(port);"
+        let listen = certificate.map { "listen 127.0.0.1:\(port) ssl\(http2 ? " http2" : ""); ssl_certificate \($0.certificate); ssl_certificate_key \($0.key);" } ?? "listen 127.0.0.1:\(port);"
         let root = folder.sub("nginx")
         accessLog = root + "/iap-content.access.log"
         // Worker processes run as nobody when the tests run as root: the folders must be theirs too.
