@@ -11,10 +11,11 @@
 # measure after the same clean-up (outputs deleted, sync); the headline is the ratio of medians
 # over RUNS rounds (default 7) with each median's spread (min-max) and the ratio's 95% interval;
 # best-of is a secondary line.
-# TLS=1: every measure over HTTPS, as in production. nginx terminates TLS (a certificate from an
-# authority made here with openssl, given to iap-fetch with --ca-file and to curl with
-# CURL_CA_BUNDLE), serves the archive itself as the shipped edge does from its cache, and passes
-# grants and manifests to iap-server, whose download URLs name it (--public-url).
+# TLS=1: every measure over HTTPS, as in production. nginx terminates TLS with a certificate from
+# an authority made here with openssl (given to iap-fetch with --ca-file, to curl with
+# CURL_CA_BUNDLE) and offers HTTP/2 (curl takes it; iap-fetch stays on HTTP/1.1). It serves the
+# archive itself, as the shipped edge does from its cache, and passes grants and manifests to
+# iap-server, whose download URLs name it (--public-url).
 # Usage: [RUNS=n] [SIZE=bytes] [TLS=1] tools/bench-fetch.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,7 +47,7 @@ http {
   sendfile on; tcp_nopush on; access_log off;
   types { application/zip zip; }
   server {
-    listen 127.0.0.1:$tls_port ssl;
+    listen 127.0.0.1:$tls_port ssl http2;
     ssl_certificate $tls/edge.pem; ssl_certificate_key $tls/edge.key;
     location ~ ^/v1/content/[^/]+/(bench\.fetch-1\.0\.zip)\$ { alias $work/www/\$1; }
     location / { proxy_pass $base; proxy_http_version 1.1; proxy_set_header Connection ""; }
