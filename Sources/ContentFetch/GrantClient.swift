@@ -35,14 +35,22 @@ struct GrantClient: Sendable {
             throw FetchError(.refused, "cannot encode the request for transaction \(transaction.transactionId): \(error)")
         }
         request.body = .bytes(ByteBuffer(bytes: body))
-        let status: UInt, data: ByteBuffer, retryAfter: String?
+        let status: UInt, data: ByteBuffer, retryAfter: String?, redirected: String?
         do {
             let response = try await client.execute(request, timeout: .seconds(60))
             status = response.status.code
             retryAfter = response.headers.first(name: "retry-after")
+            redirected = response.history.count > 1 ? (response.url?.absoluteString ?? "") : nil
             data = try await response.body.collect(upTo: 1 << 20)
         } catch {
             throw TLSTrust.refusal(error, url: server) ?? FetchError(.network, "cannot reach \(server): \(Self.describe(error))")
+        }
+        // A site that moved to HTTPS answers POST with 301 or 302, which AsyncHTTPClient follows
+        // as a GET (without the proof): its 405 said only that GET is wrong. Said as what it is,
+        // and not tried again: every try is redirected the same way.
+        if let redirected { throw Self.redirect(to: redirected, server: server) }
+        if (300..<400).contains(status) {
+            throw FetchError(.refused, "\(server)\(Route.downloads) answered \(status), a redirect without a usable Location: check --server")
         }
         guard status != 200 else {
             guard let grants = try? WireJSON.decoder().decode(DownloadGrants.self, from: Data(data.readableBytesView)) else {
@@ -54,6 +62,16 @@ struct GrantClient: Sendable {
             throw later
         }
         throw Self.failure(status: status, body: data.readableBytesView, transaction: transaction)
+    }
+
+    /// The error for a grant request that was redirected to `url`: the server to use instead is
+    /// `url` less the route, when it ends with it.
+    static func redirect(to url: String, server: String) -> FetchError {
+        let base = url.hasSuffix(Route.downloads) ? String(url.dropLast(Route.downloads.count)) : nil
+        return FetchError(
+            .refused,
+            "\(server)\(Route.downloads) redirects to \(url): "
+                + (base.map { "use --server \($0)" } ?? "use the content server's own address as --server"))
     }
 
     /// A connection error in words a user can act on. NIO's read "connection reset (error set):

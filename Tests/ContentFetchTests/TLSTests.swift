@@ -18,12 +18,13 @@ struct TLSTests {
 
     /// A shop whose download URLs name an HTTPS edge in front of its server, offering HTTP/2 as
     /// well; the edge's certificate is for `names`.
-    func world(names: [String] = ["IP:127.0.0.1", "DNS:localhost"]) throws -> World {
+    func world(names: [String] = ["IP:127.0.0.1", "DNS:localhost"], http: String = "") throws -> World {
         let edgePort = try freePort()
         let shop = try Shop(products: [product: .random(3 << 20)], serverArguments: ["--public-url", "https://127.0.0.1:\(edgePort)"])
         let certificates = try TestCertificates(folder: shop.tmp.sub("tls"))
         let edge = try NginxServer(
-            replicaPorts: [shop.server.port], folder: shop.tmp, port: edgePort, certificate: try certificates.server("edge", names: names), http2: true)
+            replicaPorts: [shop.server.port], folder: shop.tmp, port: edgePort, http: http.replacingOccurrences(of: "EDGE_PORT", with: String(edgePort)),
+            certificate: try certificates.server("edge", names: names), http2: true)
         return World(shop: shop, edge: edge, certificates: certificates)
     }
 
@@ -80,6 +81,27 @@ struct TLSTests {
         #expect(result.stderr.contains("127.0.0.1:\(w.edge.port)"), "\(result.stderr)")
         #expect(result.stderr.contains("for another name"), "\(result.stderr)")
         #expect(w.shop.installed(product) == nil)
+    }
+
+    @Test("a --server whose site redirects to HTTPS is named with the address to use instead; not tried again")
+    func redirectedToHTTPS() throws {
+        let plain = try freePort()
+        // The usual move of a site to HTTPS: every plain-HTTP request is sent to the TLS address.
+        let w = try world(http: "server { listen 127.0.0.1:\(plain); return 301 https://127.0.0.1:EDGE_PORT$request_uri; }")
+        let purchase = try w.shop.store.purchase(productId: product)
+        let result = try run(
+            productsDirectory() + "/iap-fetch",
+            ["run", "--server", "http://127.0.0.1:\(plain)", "--queue", w.shop.queue, "--content-dir", w.shop.content, "--json", "--ca-file", w.certificates.authority])
+        #expect(result.status == 1)
+        #expect(
+            result.stderr.contains("http://127.0.0.1:\(plain)/v1/downloads redirects to https://127.0.0.1:\(w.edge.port)/v1/downloads: use --server https://127.0.0.1:\(w.edge.port)"),
+            "\(result.stderr)")
+        #expect(!updates(result.stdout).contains { $0["state"] as? String == "waiting" }, "\(result.stdout)")
+        let id = try #require(purchase.transaction.transactionId)
+        #expect(try FileTransactionQueue(folder: w.shop.queue).transaction(id)?.finishedAt == nil)
+        // With the address it names, the same queue is fetched.
+        #expect(try fetch(w, ["--ca-file", w.certificates.authority]).status == 0)
+        #expect(w.shop.installed(product) == w.shop.payloads[product])
     }
 
     @Test("a --ca-file that is missing or holds no certificate is named before anything is fetched")
