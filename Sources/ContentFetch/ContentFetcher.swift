@@ -70,12 +70,14 @@ public actor ContentFetcher {
     public init(configuration: FetchConfiguration, source: any TransactionSource) throws(FetchError) {
         self.configuration = configuration
         self.source = source
+        // Before the journal's folder is made: a wrong --ca-file leaves nothing behind.
+        let tls = try TLSTrust.configuration(adding: configuration.additionalTrustRootFiles)
         journal = try DownloadJournal(contentDirectory: configuration.contentDirectory)
         var httpConfiguration = HTTPClient.Configuration()
         httpConfiguration.timeout = .init(connect: .seconds(10), read: .nanoseconds(Int64(configuration.stallTimeout.components.seconds) * 1_000_000_000))
         httpConfiguration.decompression = .disabled
         httpConfiguration.connectionPool.concurrentHTTP1ConnectionsPerHostSoftLimit = max(8, configuration.connections + 1)
-        httpConfiguration.tlsConfiguration = try TLSTrust.configuration(adding: configuration.additionalTrustRootFiles)
+        httpConfiguration.tlsConfiguration = tls
         // HTTP/1.1 even where TLS offers HTTP/2: an archive is one long response, which gains
         // nothing from multiplexing, and through HTTP/2's frames, stream channel and flow control
         // a 1 GiB transfer took 2.4 s against 1.6 s on HTTP/1.1 from the same nginx (curl: 1.1-1.4 s

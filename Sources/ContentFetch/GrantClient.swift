@@ -47,8 +47,9 @@ struct GrantClient: Sendable {
         }
         // A site that moved to HTTPS answers POST with 301 or 302, which AsyncHTTPClient follows
         // as a GET (without the proof): its 405 said only that GET is wrong. Said as what it is,
-        // and not tried again: every try is redirected the same way.
-        if let redirected { throw Self.redirect(to: redirected, server: server) }
+        // and not tried again: every try is redirected the same way. (A 307 or 308 is followed
+        // with the proof, and a grant got that way is taken.)
+        if let redirected, status != 200 { throw Self.redirect(to: redirected, server: server) }
         if (300..<400).contains(status) {
             throw FetchError(.refused, "\(server)\(Route.downloads) answered \(status), a redirect without a usable Location: check --server")
         }

@@ -13,11 +13,7 @@ enum TLSTrust {
             guard FileManager.default.isReadableFile(atPath: file) else {
                 throw FetchError(.tls, "cannot read the certificate authority file \(file): check the path given to --ca-file")
             }
-            let certificates: [NIOSSLCertificate]
-            do { certificates = try NIOSSLCertificate.fromPEMFile(file) } catch {
-                throw FetchError(
-                    .tls, "\(file) holds no PEM certificate: --ca-file takes the certificate authority's certificate as PEM (-----BEGIN CERTIFICATE-----)")
-            }
+            let certificates = (try? NIOSSLCertificate.fromPEMFile(file)) ?? []
             guard !certificates.isEmpty else {
                 throw FetchError(
                     .tls, "\(file) holds no PEM certificate: --ca-file takes the certificate authority's certificate as PEM (-----BEGIN CERTIFICATE-----)")
