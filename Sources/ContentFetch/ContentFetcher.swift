@@ -83,10 +83,15 @@ public actor ContentFetcher {
         // a 1 GiB transfer took 2.4 s against 1.6 s on HTTP/1.1 from the same nginx (curl: 1.1-1.4 s
         // either way). A delta's many ranges use pooled connections instead.
         httpConfiguration.httpVersion = .http1Only
+        // A connection that cannot be made fails its request at once, to be tried again by
+        // RetryPolicy for its patience like every other: AsyncHTTPClient's own retries ran until
+        // its connect timeout (10 s) per request, a refused certificate included (it retries a
+        // failed handshake too: swift-server/async-http-client#919).
+        httpConfiguration.connectionPool.retryConnectionEstablishment = false
         client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: httpConfiguration)
         grants = GrantClient(server: configuration.server, client: client, maxRetryAfter: configuration.maxRetryAfter)
         installer = ContentInstaller(contentDirectory: configuration.contentDirectory)
-        retry = RetryPolicy(maxAttempts: configuration.maxAttempts)
+        retry = RetryPolicy(maxAttempts: configuration.maxAttempts, patience: configuration.unreachablePatience)
         (updates, continuation) = AsyncStream.makeStream(of: DownloadUpdate.self, bufferingPolicy: .bufferingNewest(1024))
     }
 

@@ -253,7 +253,7 @@ final class DirectBodyReader: Sendable {
         var list: UnsafeMutablePointer<addrinfo>?
         let status = getaddrinfo(host, String(port), &hints, &list)
         guard status == 0, let first = list else {
-            throw FetchError(.network, "cannot resolve \(host): \(String(cString: gai_strerror(status)))")
+            throw Unreachable(reason: FetchError(.network, "cannot resolve \(host): \(String(cString: gai_strerror(status)))"))
         }
         defer { freeaddrinfo(first) }
         var lastError = ECONNREFUSED
@@ -286,7 +286,7 @@ final class DirectBodyReader: Sendable {
                 state.socket = -1
             }
         }
-        throw FetchError(.network, "cannot connect to \(host):\(port): \(String(cString: strerror(lastError)))")
+        throw Unreachable(reason: FetchError(.network, "cannot connect to \(host):\(port): \(String(cString: strerror(lastError)))"))
     }
 
     private func setTimeout(_ socket: Int32, _ option: Int32, _ duration: Duration) {

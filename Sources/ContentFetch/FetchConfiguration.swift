@@ -8,6 +8,11 @@ public struct FetchConfiguration: Sendable {
     public var contentDirectory: String
     /// Attempts per download in one run before it is `failed` (the transaction stays unfinished).
     public var maxAttempts = 5
+    /// How long a server that cannot be reached at all (refused, unreachable, its name not
+    /// resolving, a connect timeout) is tried again before the download fails: a restart, a deploy
+    /// or a network coming back. These tries do not count against `maxAttempts`; the waits
+    /// between them grow to at most 5 s.
+    public var unreachablePatience: Duration = .seconds(60)
     /// The longest wait a server's `Retry-After` (on 503 or 429) gets before the next attempt;
     /// one that asks for more is tried again after this long.
     public var maxRetryAfter: Duration = .seconds(60)

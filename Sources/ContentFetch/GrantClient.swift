@@ -14,7 +14,8 @@ struct GrantClient: Sendable {
 
     /// The grants for `transaction`'s content. Throws a `FetchError`: `.network` for what is worth
     /// retrying (no answer, 5xx, a garbled answer), and `.revoked`, `.noContent`, `.refused` or
-    /// `.tls` for what is not; or ``RetryLater`` for a 503 or 429 that says when to ask again.
+    /// `.tls` for what is not; ``RetryLater`` for a 503 or 429 that says when to ask again; or
+    /// ``Unreachable`` when no connection could be made.
     func request(_ transaction: QueuedTransaction) async throws -> DownloadGrants {
         var request = HTTPClientRequest(url: server + Route.downloads)
         request.method = .POST
@@ -43,7 +44,9 @@ struct GrantClient: Sendable {
             redirected = response.history.count > 1 ? (response.url?.absoluteString ?? "") : nil
             data = try await response.body.collect(upTo: 1 << 20)
         } catch {
-            throw TLSTrust.refusal(error, url: server) ?? FetchError(.network, "cannot reach \(server): \(Self.describe(error))")
+            if let refusal = TLSTrust.refusal(error, url: server) { throw refusal }
+            if let unreachable = Unreachable.from(error, server: server) { throw unreachable }
+            throw FetchError(.network, "cannot reach \(server): \(Self.describe(error))")
         }
         // A site that moved to HTTPS answers POST with 301 or 302, which AsyncHTTPClient follows
         // as a GET (without the proof): its 405 said only that GET is wrong. Said as what it is,

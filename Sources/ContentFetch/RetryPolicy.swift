@@ -1,5 +1,8 @@
+import AsyncHTTPClient
 import Foundation
 import IAPProtocol
+import NIOCore
+import NIOPosix
 
 /// How often and how patiently a step is tried again: exponential backoff with jitter, so that
 /// clients cut off together do not come back together. The one retry mechanism of the client:
@@ -9,6 +12,11 @@ struct RetryPolicy: Sendable {
     var maxAttempts: Int
     /// The wait before the second try; it doubles with each further try.
     var base: Duration = .milliseconds(250)
+    /// How long a server that cannot be reached (``Unreachable``) is tried again, from the first
+    /// such failure in a row; those tries do not count against `maxAttempts`.
+    var patience: Duration = .seconds(60)
+    /// The longest wait between two tries of a server that cannot be reached.
+    var longestUnreachableWait: Duration = .seconds(5)
 
     /// The wait after `attempt` (1-based) failed: base × 2^(attempt−1), plus up to as much again at random.
     func delay(after attempt: Int, random: Double = Double.random(in: 0...1)) -> Duration {
@@ -28,8 +36,11 @@ struct RetryPolicy: Sendable {
 
     /// Runs `body` until it succeeds, throws what `retryable` refuses, or has been tried
     /// `maxAttempts` times (then the last error is thrown; a ``RetryLater`` as the `FetchError` it
-    /// carries, since the wait it asked for is over). Before each wait, `willRetry` hears the
-    /// attempt and the error, and says how long to wait; it may throw to stop (a pause, a cancel).
+    /// carries, since the wait it asked for is over). A server that cannot be reached
+    /// (``Unreachable``) is tried for `patience` instead, on the backoff capped at
+    /// `longestUnreachableWait`, and then its `FetchError` is thrown. Before each wait,
+    /// `willRetry` hears the attempt and the error (an ``Unreachable``'s `FetchError`), and says
+    /// how long to wait; it may throw to stop (a pause, a cancel).
     func run<T>(
         isolation: isolated (any Actor)? = #isolation,
         _ body: (_ attempt: Int) async throws -> T,
@@ -37,10 +48,26 @@ struct RetryPolicy: Sendable {
         willRetry: (_ attempt: Int, _ error: any Error) async throws -> Wait
     ) async throws -> T {
         var attempt = 1
+        // The first of the latest failures in a row to reach the server, and how many.
+        var unreachableSince: ContinuousClock.Instant?
+        var unreachableTries = 0
         while true {
             do {
                 return try await body(attempt)
+            } catch let unreachable as Unreachable {
+                let now = ContinuousClock.now
+                let since = unreachableSince ?? now
+                unreachableSince = since
+                unreachableTries += 1
+                guard now - since < patience else { throw unreachable.reason }
+                switch try await willRetry(attempt, unreachable.reason) {
+                case .none: break
+                case .backoff: try? await Task.sleep(for: min(delay(after: unreachableTries), longestUnreachableWait))
+                case .atLeast(let asked): try? await Task.sleep(for: max(asked, min(delay(after: unreachableTries), longestUnreachableWait)))
+                }
             } catch {
+                unreachableSince = nil
+                unreachableTries = 0
                 guard retryable(error), attempt < maxAttempts else { throw (error as? RetryLater)?.reason ?? error }
                 switch try await willRetry(attempt, error) {
                 case .none: break
@@ -79,5 +106,34 @@ struct RetryLater: Error, CustomStringConvertible {
         let busy = status == 429 ? "is limiting requests (429)" : "is unavailable for now (503)"
         let shown = seconds > Int64(cap.components.seconds) ? "\(cap.components.seconds) s (it asked for \(seconds))" : "\(seconds) s"
         return RetryLater(reason: FetchError(.network, "the server \(busy) for \(what): trying again in \(shown), as it asked"), after: after)
+    }
+}
+
+/// The server could not be reached at all: the connection was refused, the host or network is
+/// unreachable, its name does not resolve, or connecting timed out. A server restarting, a
+/// deploy or a network that comes back: ``RetryPolicy`` tries it again for a while (its
+/// `patience`) rather than a number of times, then fails with `reason`.
+struct Unreachable: Error, CustomStringConvertible {
+    let reason: FetchError
+
+    var description: String { reason.message }
+
+    /// `error` as an ``Unreachable`` whose reason says it of `server`, when it is a failure to
+    /// connect (AsyncHTTPClient's, with its own retries of connections turned off, or NIO's).
+    static func from(_ error: any Error, server: String) -> Unreachable? {
+        let connecting: Bool
+        switch error {
+        case let io as IOError:
+            connecting = [ECONNREFUSED, EHOSTUNREACH, ENETUNREACH, ENETDOWN, EHOSTDOWN, ETIMEDOUT, EADDRNOTAVAIL].contains(io.errnoCode)
+        case is NIOConnectionError, is SocketAddressError, is SocketAddressError.UnknownHost:
+            connecting = true
+        case let client as HTTPClientError:
+            connecting = client == .connectTimeout
+        case let channel as ChannelError:
+            if case .connectTimeout = channel { connecting = true } else { connecting = false }
+        default:
+            connecting = false
+        }
+        return connecting ? Unreachable(reason: FetchError(.network, "cannot reach \(server): \(GrantClient.describe(error))")) : nil
     }
 }

@@ -170,6 +170,46 @@ import TransactionQueue
         #expect(attempts == [1])
     }
 
+    @Test("a server that cannot be reached is tried for the patience, not a number of times; another error counts as before")
+    func unreachableIsTriedForAWhile() async throws {
+        let policy = RetryPolicy(maxAttempts: 2, base: .zero, patience: .seconds(30))
+        var tries: [Int] = []
+        var heard: [String] = []
+        let value = try await policy.run(
+            { attempt -> Int in
+                tries.append(attempt)
+                if tries.count <= 6 { throw Unreachable(reason: FetchError(.network, "refused \(tries.count)")) }
+                return 7
+            }, retryable: { _ in true },
+            willRetry: { _, error in
+                heard.append((error as? FetchError)?.message ?? "not a FetchError")
+                return .backoff
+            })
+        // Six refusals with two attempts allowed: they did not use the attempts up.
+        #expect(value == 7 && tries == [1, 1, 1, 1, 1, 1, 1])
+        #expect(heard == (1...6).map { "refused \($0)" }, "willRetry hears the reason, as a FetchError")
+
+        // Past the patience the reason is thrown.
+        let impatient = RetryPolicy(maxAttempts: 5, base: .zero, patience: .zero)
+        await #expect(throws: FetchError(.network, "refused")) {
+            try await impatient.run(
+                { _ -> Int in throw Unreachable(reason: FetchError(.network, "refused")) }, retryable: { _ in true },
+                willRetry: { _, _ in .backoff })
+        }
+
+        // Other errors still count: refusals in between do not reset the attempts.
+        tries = []
+        await #expect(throws: FetchError(.network, "reset")) {
+            try await policy.run(
+                { attempt -> Int in
+                    tries.append(attempt)
+                    if tries.count % 2 == 1 { throw FetchError(.network, "reset") }
+                    throw Unreachable(reason: FetchError(.network, "refused"))
+                }, retryable: { _ in true }, willRetry: { _, _ in .backoff })
+        }
+        #expect(tries == [1, 2, 2])
+    }
+
     @Test("Retry-After on 503 and 429, in seconds or as a date, capped; other statuses and values ask for nothing")
     func retryAfter() {
         let cap = Duration.seconds(60)

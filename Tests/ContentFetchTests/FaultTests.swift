@@ -204,6 +204,37 @@ struct FaultTests {
         #expect(again.stop() == 0)
     }
 
+    @Test("a server down for longer than five tries take: the client keeps trying it, and completes once it is back")
+    func serverDownForAWhile() throws {
+        let s = try halfDownloaded()
+        kill(s.server.process.processIdentifier, SIGKILL)
+        s.server.process.waitUntilExit()
+        let outPath = s.tmp.sub("updates.ndjson")
+        _ = FileManager.default.createFile(atPath: outPath, contents: nil)
+        let out = try #require(FileHandle(forWritingAtPath: outPath))
+        defer { try? out.close() }
+        let client = try launch(
+            productsDirectory() + "/iap-fetch", ["run", "--server", s.server.base, "--queue", s.queue, "--content-dir", s.content, "--json"], stdout: out)
+        defer { if client.isRunning { kill(client.processIdentifier, SIGKILL) } }
+        // Refused more often than the five attempts a download gets for other errors: before,
+        // the download failed here.
+        func refusals() -> Int {
+            let text = (try? String(contentsOfFile: outPath, encoding: .utf8)) ?? ""
+            return text.split(separator: "\n").filter { $0.contains("\"waiting\"") && $0.lowercased().contains("connection refused") }.count
+        }
+        let deadline = Date().addingTimeInterval(50)
+        while client.isRunning, Date() < deadline, refusals() < 6 { usleep(20_000) }
+        #expect(client.isRunning, "iap-fetch gave up while the server was down")
+        #expect(refusals() >= 6)
+        let again = try ServerProcess(
+            data: s.tmp.sub("data"), arguments: s.shop.serverArguments + ["--port", String(s.server.port)], folder: s.tmp, fixedPort: true)
+        client.waitUntilExit()
+        #expect(client.terminationStatus == 0)
+        #expect(installedPayload(s) == s.payload)
+        #expect(try finishedAt(s) != nil)
+        #expect(again.stop() == 0)
+    }
+
     @Test("a full disk fails the download cleanly: nothing half-installed, transaction unfinished, resumable afterwards")
     func diskFull() throws {
         let s = try halfDownloaded()
