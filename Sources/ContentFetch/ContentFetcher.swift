@@ -54,6 +54,10 @@ public actor ContentFetcher {
     var transfers: [String: PartialArchive] = [:]
     /// The installed versions delta updates were planned from in this run, by product.
     var planned: [String: InstalledVersion] = [:]
+    /// Why the grant server could not be reached through a whole patience while the pending
+    /// transactions were processed: the ones after it fail with that at once instead of waiting
+    /// as long again (the next run tries again).
+    private var serverUnreachable: FetchError?
     /// Manifests of the downloads in progress, by download id.
     var manifests: [String: LoadedManifest] = [:]
 
@@ -230,6 +234,7 @@ public actor ContentFetcher {
     }
 
     private func processPending() async {
+        serverUnreachable = nil
         while !stopAll, !pending.isEmpty {
             let transaction = pending.removeFirst()
             let id = Self.downloadId(transaction)
@@ -304,6 +309,13 @@ public actor ContentFetcher {
         let id = Self.downloadId(transaction)
         var download = DownloadStateMachine(transactionId: transaction.transactionId, productId: transaction.productId)
         var announced = false
+        if let unreachable = serverUnreachable {
+            // Tried for its whole patience a moment ago: the next transactions of this run would
+            // each wait as long again for the same answer.
+            let error = FetchError(.network, "\(unreachable.message) (tried for \(configuration.unreachablePatience.components.seconds) s for an earlier transaction of this run)")
+            try? apply(.fail(error), to: &download)
+            throw error
+        }
         do {
             return try await retry.run(
                 { _ in try await grants.request(transaction) },
@@ -323,6 +335,10 @@ public actor ContentFetcher {
                     }
                     return .backoff
                 })
+        } catch let unreachable as Unreachable {
+            serverUnreachable = unreachable.reason
+            try? apply(.fail(unreachable.reason), to: &download)
+            throw unreachable.reason
         } catch let error as FetchError {
             if error.code == .noContent { throw WithoutContent(reason: error) }
             if error.code == .revoked {
@@ -447,7 +463,7 @@ public actor ContentFetcher {
             try? apply(stop.control == .cancel ? .cancel : .pause, to: &download)
             throw stop
         } catch {
-            let failure = error as? FetchError ?? FetchError(.network, "\(error)")
+            let failure = (error as? Unreachable)?.reason ?? error as? FetchError ?? FetchError(.network, "\(error)")
             try? apply(.fail(failure), to: &download)
             throw failure
         }

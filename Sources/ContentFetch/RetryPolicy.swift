@@ -38,7 +38,7 @@ struct RetryPolicy: Sendable {
     /// `maxAttempts` times (then the last error is thrown; a ``RetryLater`` as the `FetchError` it
     /// carries, since the wait it asked for is over). A server that cannot be reached
     /// (``Unreachable``) is tried for `patience` instead, on the backoff capped at
-    /// `longestUnreachableWait`, and then its `FetchError` is thrown. Before each wait,
+    /// `longestUnreachableWait`, and then the ``Unreachable`` is thrown. Before each wait,
     /// `willRetry` hears the attempt and the error (an ``Unreachable``'s `FetchError`), and says
     /// how long to wait; it may throw to stop (a pause, a cancel).
     func run<T>(
@@ -59,7 +59,7 @@ struct RetryPolicy: Sendable {
                 let since = unreachableSince ?? now
                 unreachableSince = since
                 unreachableTries += 1
-                guard now - since < patience else { throw unreachable.reason }
+                guard now - since < patience else { throw unreachable }
                 switch try await willRetry(attempt, unreachable.reason) {
                 case .none: break
                 case .backoff: try? await Task.sleep(for: min(delay(after: unreachableTries), longestUnreachableWait))

@@ -189,13 +189,14 @@ import TransactionQueue
         #expect(value == 7 && tries == [1, 1, 1, 1, 1, 1, 1])
         #expect(heard == (1...6).map { "refused \($0)" }, "willRetry hears the reason, as a FetchError")
 
-        // Past the patience the reason is thrown.
+        // Past the patience the Unreachable is thrown, for the caller to tell from other failures.
         let impatient = RetryPolicy(maxAttempts: 5, base: .zero, patience: .zero)
-        await #expect(throws: FetchError(.network, "refused")) {
+        let thrown = await #expect(throws: Unreachable.self) {
             try await impatient.run(
                 { _ -> Int in throw Unreachable(reason: FetchError(.network, "refused")) }, retryable: { _ in true },
                 willRetry: { _, _ in .backoff })
         }
+        #expect(thrown?.reason == FetchError(.network, "refused"))
 
         // Other errors still count: refusals in between do not reset the attempts.
         tries = []
