@@ -37,25 +37,12 @@ if [ "${TLS:-0}" = 1 ]; then
   printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' > "$tls/edge.ext"
   openssl x509 -req -in "$tls/edge.csr" -CA "$tls/ca.pem" -CAkey "$tls/ca.key" -CAcreateserial -out "$tls/edge.pem" -days 1 -extfile "$tls/edge.ext" 2>/dev/null
   ln "$(ls "$work"/data/archives/*.zip | head -1)" "$work/www/bench.fetch-1.0.zip"; chmod 644 "$work/www/bench.fetch-1.0.zip"
-  cat > "$work/nginx.conf" <<CONF
-worker_processes 2;
-daemon off;
-pid $work/nginx.pid;
-error_log $work/nginx-error.log;
-events { worker_connections 1024; }
-http {
-  sendfile on; tcp_nopush on; access_log off;
-  types { application/zip zip; }
-  server {
+  start_nginx "$work" "server {
     listen 127.0.0.1:$tls_port ssl http2;
     ssl_certificate $tls/edge.pem; ssl_certificate_key $tls/edge.key;
-    location ~ ^/v1/content/[^/]+/(bench\.fetch-1\.0\.zip)\$ { alias $work/www/\$1; }
-    location / { proxy_pass $base; proxy_http_version 1.1; proxy_set_header Connection ""; }
-  }
-}
-CONF
-  nginx -c "$work/nginx.conf" -p "$work" &
-  for _ in $(seq 200); do [ -s "$work/nginx.pid" ] && break; sleep 0.05; done
+    location ~ ^/v1/content/[^/]+/(bench\\.fetch-1\\.0\\.zip)\$ { alias $work/www/\$1; }
+    location / { proxy_pass $base; proxy_http_version 1.1; proxy_set_header Connection \"\"; }
+  }"
   trap 'kill $(jobs -p) 2>/dev/null; [ -f "$work/nginx.pid" ] && kill "$(cat "$work/nginx.pid")" 2>/dev/null; rm -rf "$work"' EXIT
   base="https://127.0.0.1:$tls_port"
   export CURL_CA_BUNDLE="$tls/ca.pem"

@@ -40,20 +40,7 @@ stored=$(ls "$work"/data/archives/*.zip | head -1)
 mkdir -p "$work/www"; ln "$stored" "$work/www/archive.zip"; chmod 755 "$work/www"; chmod 644 "$work/www/archive.zip"
 # nginx's workers run as an unprivileged user: check they can read the file before measuring.
 nginx_port=$(free_port)  # not port + 1: that one may be taken, and nginx then fails to start
-cat > "$work/nginx.conf" <<CONF
-worker_processes 2;
-daemon off;
-pid $work/nginx.pid;
-error_log $work/nginx-error.log;
-events { worker_connections 4096; }
-http {
-  sendfile on; tcp_nopush on; access_log off; keepalive_requests 1000000;
-  types { application/zip zip; }
-  server { listen 127.0.0.1:$nginx_port; root $work/www; }
-}
-CONF
-nginx -c "$work/nginx.conf" -p "$work" &
-for _ in $(seq 200); do [ -s "$work/nginx.pid" ] && break; sleep 0.05; done
+start_nginx "$work" "server { listen 127.0.0.1:$nginx_port; root $work/www; }"
 nginx_url="http://127.0.0.1:$nginx_port/archive.zip"
 for url in "$ours_url" "$nginx_url"; do
   code=$(curl -s -o /dev/null -r 0-99 -w '%{http_code}' "$url")

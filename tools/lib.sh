@@ -83,3 +83,23 @@ ratios.sort()
 print(f"{ratios[int(0.025 * len(ratios))]:.2f}-{ratios[int(0.975 * len(ratios)) - 1]:.2f}" if ratios else "-")
 PY
 }
+
+# nginx in <work> as the benchmarks' peer: two workers, sendfile and keep-alive as a tuned site has
+# them, no access log, with <server> as its server block; returns once its pid file is written.
+# Stop it with: kill "$(cat "$work/nginx.pid")" (in the caller's EXIT trap).
+start_nginx() { # work server-block
+  cat > "$1/nginx.conf" <<CONF
+worker_processes 2;
+daemon off;
+pid $1/nginx.pid;
+error_log $1/nginx-error.log;
+events { worker_connections 4096; }
+http {
+  sendfile on; tcp_nopush on; access_log off; keepalive_requests 1000000;
+  types { application/zip zip; }
+  $2
+}
+CONF
+  nginx -c "$1/nginx.conf" -p "$1" &
+  for _ in $(seq 200); do [ -s "$1/nginx.pid" ] && break; sleep 0.05; done
+}
