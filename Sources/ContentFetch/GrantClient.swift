@@ -44,9 +44,7 @@ struct GrantClient: Sendable {
             redirected = response.history.count > 1 ? (response.url?.absoluteString ?? "") : nil
             data = try await response.body.collect(upTo: 1 << 20)
         } catch {
-            if let refusal = TLSTrust.refusal(error, url: server) { throw refusal }
-            if let unreachable = Unreachable.from(error, server: server) { throw unreachable }
-            throw FetchError(.network, "cannot reach \(server): \(Self.describe(error))")
+            throw connectionFailure(error, url: server) ?? FetchError(.network, "cannot reach \(server): \(Self.describe(error))")
         }
         // A site that moved to HTTPS answers POST with 301 or 302, which AsyncHTTPClient follows
         // as a GET (without the proof): its 405 said only that GET is wrong. Said as what it is,

@@ -1,8 +1,5 @@
-import AsyncHTTPClient
 import Foundation
 import IAPProtocol
-import NIOCore
-import NIOPosix
 
 /// How often and how patiently a step is tried again: exponential backoff with jitter, so that
 /// clients cut off together do not come back together. The one retry mechanism of the client:
@@ -106,34 +103,5 @@ struct RetryLater: Error, CustomStringConvertible {
         let busy = status == 429 ? "is limiting requests (429)" : "is unavailable for now (503)"
         let shown = seconds > Int64(cap.components.seconds) ? "\(cap.components.seconds) s (it asked for \(seconds))" : "\(seconds) s"
         return RetryLater(reason: FetchError(.network, "the server \(busy) for \(what): trying again in \(shown), as it asked"), after: after)
-    }
-}
-
-/// The server could not be reached at all: the connection was refused, the host or network is
-/// unreachable, its name does not resolve, or connecting timed out. A server restarting, a
-/// deploy or a network that comes back: ``RetryPolicy`` tries it again for a while (its
-/// `patience`) rather than a number of times, then fails with `reason`.
-struct Unreachable: Error, CustomStringConvertible {
-    let reason: FetchError
-
-    var description: String { reason.message }
-
-    /// `error` as an ``Unreachable`` whose reason says it of `server`, when it is a failure to
-    /// connect (AsyncHTTPClient's, with its own retries of connections turned off, or NIO's).
-    static func from(_ error: any Error, server: String) -> Unreachable? {
-        let connecting: Bool
-        switch error {
-        case let io as IOError:
-            connecting = [ECONNREFUSED, EHOSTUNREACH, ENETUNREACH, ENETDOWN, EHOSTDOWN, ETIMEDOUT, EADDRNOTAVAIL].contains(io.errnoCode)
-        case is NIOConnectionError, is SocketAddressError, is SocketAddressError.UnknownHost:
-            connecting = true
-        case let client as HTTPClientError:
-            connecting = client == .connectTimeout
-        case let channel as ChannelError:
-            if case .connectTimeout = channel { connecting = true } else { connecting = false }
-        default:
-            connecting = false
-        }
-        return connecting ? Unreachable(reason: FetchError(.network, "cannot reach \(server): \(GrantClient.describe(error))")) : nil
     }
 }

@@ -233,9 +233,7 @@ extension ContentFetcher {
                 task.cancel()
             }
         } catch {
-            let origin = URL(string: url).map { "\($0.scheme ?? "http")://\($0.host ?? "")\($0.port.map { ":\($0)" } ?? "")" } ?? url
-            if let refusal = TLSTrust.refusal(error, url: url) { throw refusal }
-            throw Unreachable.from(error, server: origin) ?? error
+            throw connectionFailure(error, url: url) ?? error
         }
     }
 
