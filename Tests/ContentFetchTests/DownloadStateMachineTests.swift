@@ -273,4 +273,17 @@ import TransactionQueue
         #expect(GrantClient.describe(IOError(errnoCode: ECONNREFUSED, reason: "connection reset (error set)")).contains("connection refused: is the server running"))
         #expect(GrantClient.describe(HTTPClientError.connectTimeout).contains("check the server's address"))
     }
+
+    @Test("a failure to connect is an Unreachable naming the server; a failure after connecting is not")
+    func whatCountsAsUnreachable() {
+        let url = "https://content.example.com:8443/v1/content/grant/a.zip"
+        let refused = connectionFailure(IOError(errnoCode: ECONNREFUSED, reason: "connection reset (error set)"), url: url) as? Unreachable
+        #expect(refused?.reason.message == "cannot reach https://content.example.com:8443: connection refused: is the server running, and listening at that address and port?")
+        for error: any Error in [IOError(errnoCode: ENETUNREACH, reason: "connect"), HTTPClientError.connectTimeout, ChannelError.connectTimeout(.seconds(10))] {
+            #expect(connectionFailure(error, url: url) is Unreachable, "\(error)")
+        }
+        for error: any Error in [IOError(errnoCode: ECONNRESET, reason: "read"), HTTPClientError.readTimeout, HTTPClientError.remoteConnectionClosed, FetchError(.network, "x")] {
+            #expect(connectionFailure(error, url: url) == nil, "\(error)")
+        }
+    }
 }
