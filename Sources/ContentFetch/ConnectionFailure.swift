@@ -29,8 +29,7 @@ struct Unreachable: Error, CustomStringConvertible {
             connecting = false
         }
         guard connecting else { return nil }
-        let server = URL(string: url).map { "\($0.scheme ?? "http")://\($0.host ?? "")\($0.port.map { ":\($0)" } ?? "")" } ?? url
-        return Unreachable(reason: FetchError(.network, "cannot reach \(server): \(GrantClient.describe(error))"))
+        return Unreachable(reason: FetchError(.network, "cannot reach \(ServerAddress(url).origin): \(GrantClient.describe(error))"))
     }
 }
 
@@ -40,4 +39,23 @@ struct Unreachable: Error, CustomStringConvertible {
 func connectionFailure(_ error: any Error, url: String) -> (any Error)? {
     if let refusal = TLSTrust.refusal(error, url: url) { return refusal }
     return Unreachable.from(error, url: url)
+}
+
+/// How messages name the server of a URL (the URL itself when it does not parse).
+struct ServerAddress {
+    /// `content.example.com`.
+    let host: String
+    /// `content.example.com:8443`, or the host alone when the URL gives no port.
+    let hostAndPort: String
+    /// `https://content.example.com:8443`.
+    let origin: String
+
+    init(_ url: String) {
+        let parsed = URL(string: url)
+        let host = parsed?.host ?? url
+        let hostAndPort = parsed?.port.map { "\(host):\($0)" } ?? host
+        self.host = host
+        self.hostAndPort = hostAndPort
+        origin = parsed.map { "\($0.scheme ?? "http")://\(hostAndPort)" } ?? url
+    }
 }

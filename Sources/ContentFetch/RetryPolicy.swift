@@ -57,22 +57,23 @@ struct RetryPolicy: Sendable {
                 unreachableSince = since
                 unreachableTries += 1
                 guard now - since < patience else { throw unreachable }
-                switch try await willRetry(attempt, unreachable.reason) {
-                case .none: break
-                case .backoff: try? await Task.sleep(for: min(delay(after: unreachableTries), longestUnreachableWait))
-                case .atLeast(let asked): try? await Task.sleep(for: max(asked, min(delay(after: unreachableTries), longestUnreachableWait)))
-                }
+                await pause(try await willRetry(attempt, unreachable.reason), backoff: min(delay(after: unreachableTries), longestUnreachableWait))
             } catch {
                 unreachableSince = nil
                 unreachableTries = 0
                 guard retryable(error), attempt < maxAttempts else { throw (error as? RetryLater)?.reason ?? error }
-                switch try await willRetry(attempt, error) {
-                case .none: break
-                case .backoff: try? await Task.sleep(for: delay(after: attempt))
-                case .atLeast(let asked): try? await Task.sleep(for: max(asked, delay(after: attempt)))
-                }
+                await pause(try await willRetry(attempt, error), backoff: delay(after: attempt))
                 attempt += 1
             }
+        }
+    }
+
+    /// Waits as `wait` says, where `backoff` is the backoff's delay for this try.
+    private func pause(_ wait: Wait, backoff: Duration) async {
+        switch wait {
+        case .none: break
+        case .backoff: try? await Task.sleep(for: backoff)
+        case .atLeast(let asked): try? await Task.sleep(for: max(asked, backoff))
         }
     }
 }

@@ -28,9 +28,8 @@ enum TLSTrust {
     /// client refused; nil for anything else (a reset during the handshake stays a network
     /// error, and is retried).
     static func refusal(_ error: any Error, url: String) -> FetchError? {
-        let parsed = URL(string: url)
-        let host = parsed?.host ?? url
-        let server = parsed?.port.map { "\(host):\($0)" } ?? host
+        let address = ServerAddress(url)
+        let host = address.host, server = address.hostAndPort
         if let extra = error as? NIOSSLExtraError, extra == .failedToValidateHostname {
             return FetchError(
                 .tls,
