@@ -22,6 +22,7 @@ let package = Package(
         .library(name: "ServerStartup", targets: ["ServerStartup"]),
         .library(name: "ContentServer", targets: ["ContentServer"]),
         .library(name: "ContentFetch", targets: ["ContentFetch"]),
+        .library(name: "CertificateTrust", targets: ["CertificateTrust"]),
         .executable(name: "iap-pack", targets: ["iap-pack"]),
         .executable(name: "iap-sandbox", targets: ["iap-sandbox"]),
         .executable(name: "iap-server", targets: ["iap-server"]),
@@ -157,6 +158,8 @@ let package = Package(
             ]
         ),
         // Range requests and sendfile delivery of archive bytes: one small NIO module.
+        // Private certificate authorities and refused certificates, for every TLS client here.
+        .target(name: "CertificateTrust", dependencies: [.product(name: "NIOSSL", package: "swift-nio-ssl")]),
         .target(
             name: "ContentDelivery",
             dependencies: [
@@ -182,7 +185,7 @@ let package = Package(
         .target(
             name: "CatalogPostgres",
             dependencies: [
-                "ContentCatalog", "IAPProtocol",
+                "CertificateTrust", "ContentCatalog", "IAPProtocol",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "Logging", package: "swift-log"),
@@ -213,7 +216,7 @@ let package = Package(
         .target(
             name: "ContentFetch",
             dependencies: [
-                "ContentArchive", "DurableFiles", "IAPProtocol", "TransactionQueue",
+                "CertificateTrust", "ContentArchive", "DurableFiles", "IAPProtocol", "TransactionQueue",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "NIOCore", package: "swift-nio"),

@@ -20,16 +20,16 @@ public final class PostgresCatalog: CatalogDatabase {
     /// `-<transactionId>` (restored) or `*<sha256>` (a version was published or removed).
     static let channel = "iap_changes"
 
-    /// Connects to `url` (`postgres://user:password@host:port/database?sslmode=disable|prefer|require`,
-    /// optionally `&pool_max_conns=N`: at most N connections, 20 by default) and brings the schema
-    /// up to date.
+    /// Connects to `url` (`postgres://user:password@host:port/database`, with libpq's TLS
+    /// parameters (``DatabaseTLS``) and optionally `pool_max_conns=N`: at most N connections, 20
+    /// by default) and brings the schema up to date.
     /// `operationTimeout` bounds each operation, waiting for a connection included (PostgresNIO
     /// waits as long as the server is away): a grant request gets its 503 after that long.
     public init(
         url: String, operationTimeout: Duration = .seconds(10), logger: Logger = Logger(label: "iap.catalog.postgres")
     ) async throws(CatalogError) {
         self.operationTimeout = operationTimeout
-        let (configuration, probe) = try Self.configuration(url)
+        let (configuration, probe, tls) = try Self.configuration(url)
         location = "PostgreSQL at \(configuration.host ?? configuration.unixSocketPath ?? "?")\(configuration.port.map { ":\($0)" } ?? "")/\(configuration.database ?? configuration.username)"
         // PostgresNIO logs each failed connection attempt at info; an operator needs the warnings.
         var logger = logger
@@ -41,6 +41,9 @@ public final class PostgresCatalog: CatalogDatabase {
             let connection = try await PostgresConnection.connect(configuration: probe, id: 0, logger: logger)
             try? await connection.close()
         } catch {
+            if let refusal = (error as? PSQLError)?.underlying.flatMap({ tls.refusal($0, host: configuration.host ?? "?", port: configuration.port ?? 5432) }) {
+                throw CatalogError(.storage, "cannot connect to \(location): \(refusal)")
+            }
             throw CatalogError(
                 .storage, "cannot connect to \(location): \(Self.describe(error)); check that it runs and that --database is right")
         }
@@ -56,7 +59,7 @@ public final class PostgresCatalog: CatalogDatabase {
     }
 
     /// The client configuration for a `postgres://` URL, or an error naming what is wrong with it.
-    static func configuration(_ url: String) throws(CatalogError) -> (PostgresClient.Configuration, PostgresConnection.Configuration) {
+    static func configuration(_ url: String) throws(CatalogError) -> (PostgresClient.Configuration, PostgresConnection.Configuration, DatabaseTLS) {
         let hint = "give --database as postgres://user:password@host:5432/database"
         // The URL may hold a password: messages name its parts, never the URL itself.
         guard let parts = URLComponents(string: url), let scheme = parts.scheme, ["postgres", "postgresql"].contains(scheme) else {
@@ -66,22 +69,12 @@ public final class PostgresCatalog: CatalogDatabase {
         guard let user = parts.user, !user.isEmpty else { throw CatalogError(.storage, "the database URL names no user: \(hint)") }
         let database = parts.path.hasPrefix("/") ? String(parts.path.dropFirst()) : parts.path
         let query = Dictionary((parts.queryItems ?? []).map { ($0.name, $0.value ?? "") }, uniquingKeysWith: { $1 })
-        let tls: PostgresClient.Configuration.TLS
+        let tls = try DatabaseTLS(query: query)
         let probeTLS: PostgresConnection.Configuration.TLS
         do {
-            switch query["sslmode"] ?? "prefer" {
-            case "disable":
-                (tls, probeTLS) = (.disable, .disable)
-            case "prefer", "allow":
-                (tls, probeTLS) = (.prefer(.makeClientConfiguration()), .prefer(try NIOSSLContext(configuration: .makeClientConfiguration())))
-            case "require", "verify-ca", "verify-full":
-                (tls, probeTLS) = (.require(.makeClientConfiguration()), .require(try NIOSSLContext(configuration: .makeClientConfiguration())))
-            case let other: throw CatalogError(.storage, "sslmode=\(other) is not one of disable, prefer, require")
-            }
-        } catch let error as CatalogError {
-            throw error
+            probeTLS = try tls.connection()
         } catch {
-            throw CatalogError(.storage, "cannot set up TLS for the database: \(error)")
+            throw CatalogError(.storage, "cannot set up TLS for the database with these certificates: \(error)")
         }
         let name = database.isEmpty ? nil : database
         var configuration: PostgresClient.Configuration
@@ -92,7 +85,7 @@ public final class PostgresCatalog: CatalogDatabase {
             probe = .init(unixSocketPath: path, username: user, password: parts.password, database: name)
         } else {
             guard let host = parts.host, !host.isEmpty else { throw CatalogError(.storage, "the database URL names no host: \(hint)") }
-            configuration = .init(host: host, port: parts.port ?? 5432, username: user, password: parts.password, database: name, tls: tls)
+            configuration = .init(host: host, port: parts.port ?? 5432, username: user, password: parts.password, database: name, tls: tls.client)
             probe = .init(host: host, port: parts.port ?? 5432, username: user, password: parts.password, database: name, tls: probeTLS)
         }
         // A replica that lost the database answers 503 soon rather than holding grant requests.
@@ -107,7 +100,7 @@ public final class PostgresCatalog: CatalogDatabase {
             }
             configuration.options.maximumConnections = limit
         }
-        return (configuration, probe)
+        return (configuration, probe, tls)
     }
 
     // MARK: Schema

@@ -1,3 +1,4 @@
+import CertificateTrust
 import Foundation
 import NIOSSL
 
@@ -10,15 +11,17 @@ enum TLSTrust {
         var configuration = TLSConfiguration.makeClientConfiguration()
         var added: [NIOSSLCertificate] = []
         for file in files {
-            guard FileManager.default.isReadableFile(atPath: file) else {
-                throw FetchError(.tls, "cannot read the certificate authority file \(file): check the path given to --ca-file")
+            do throws(AuthorityFileProblem) {
+                added += try AuthorityFile.load(file)
+            } catch {
+                switch error {
+                case .unreadable:
+                    throw FetchError(.tls, "cannot read the certificate authority file \(file): check the path given to --ca-file")
+                case .noCertificate:
+                    throw FetchError(
+                        .tls, "\(file) holds no PEM certificate: --ca-file takes the certificate authority's certificate as PEM (-----BEGIN CERTIFICATE-----)")
+                }
             }
-            let certificates = (try? NIOSSLCertificate.fromPEMFile(file)) ?? []
-            guard !certificates.isEmpty else {
-                throw FetchError(
-                    .tls, "\(file) holds no PEM certificate: --ca-file takes the certificate authority's certificate as PEM (-----BEGIN CERTIFICATE-----)")
-            }
-            added += certificates
         }
         if !added.isEmpty { configuration.additionalTrustRoots = [.certificates(added)] }
         return configuration
@@ -30,23 +33,22 @@ enum TLSTrust {
     static func refusal(_ error: any Error, url: String) -> FetchError? {
         let address = ServerAddress(url)
         let host = address.host, server = address.hostAndPort
-        if let extra = error as? NIOSSLExtraError, extra == .failedToValidateHostname {
+        switch CertificateRefusal(error) {
+        case nil:
+            return nil
+        case .otherName:
             return FetchError(
                 .tls,
                 "the TLS certificate of \(server) is for another name, not \(host): use a name the certificate holds in the URL (`openssl s_client -connect \(server)` shows its names), or give the server a certificate for \(host)"
             )
+        case .untrusted:
+            return FetchError(
+                .tls,
+                "the TLS certificate of \(server) is not trusted: it is self-signed, expired or not yet valid, or issued by a certificate authority this machine does not trust. "
+                    + "If the server uses a private certificate authority, pass that authority's certificate (PEM) with --ca-file (FetchConfiguration.additionalTrustRootFiles); "
+                    + "otherwise the server must send its whole chain (nginx: ssl_certificate holds the certificate followed by its intermediates). "
+                    + "`openssl s_client -connect \(server) -showcerts` shows what it sends"
+            )
         }
-        // NIOSSL reports BoringSSL's verification failure as a handshake error whose only
-        // structure is its text (no X509_V_ERR code), so the reason is recognised by its name.
-        guard case .handshakeFailed(let underlying) = error as? NIOSSLError, "\(underlying)".contains("CERTIFICATE_VERIFY_FAILED") else {
-            return nil
-        }
-        return FetchError(
-            .tls,
-            "the TLS certificate of \(server) is not trusted: it is self-signed, expired or not yet valid, or issued by a certificate authority this machine does not trust. "
-                + "If the server uses a private certificate authority, pass that authority's certificate (PEM) with --ca-file (FetchConfiguration.additionalTrustRootFiles); "
-                + "otherwise the server must send its whole chain (nginx: ssl_certificate holds the certificate followed by its intermediates). "
-                + "`openssl s_client -connect \(server) -showcerts` shows what it sends"
-        )
     }
 }

@@ -13,6 +13,22 @@ public final class PostgresServer: @unchecked Sendable {
     private let asPostgres: [String]
     private let watchdog: Process
     private let watchdogInput = Pipe()
+    /// `-c` settings the server starts with, beyond port, socket folder and address.
+    private let settings: [String]
+
+    /// A server that takes TCP connections only over TLS (`hostssl` alone in pg_hba.conf), so a
+    /// client that connects at all has encrypted.
+    public struct TLS: Sendable {
+        /// The server's certificate and key (PEM).
+        public var certificate: String, key: String
+        /// When set, clients log in with a certificate this authority signed, whose common name
+        /// is the user (`cert` authentication), instead of by trust.
+        public var clientAuthority: String?
+
+        public init(certificate: String, key: String, clientAuthority: String? = nil) {
+            (self.certificate, self.key, self.clientAuthority) = (certificate, key, clientAuthority)
+        }
+    }
 
     private actor Shared {
         var starting: Task<PostgresServer, any Error>?
@@ -29,10 +45,10 @@ public final class PostgresServer: @unchecked Sendable {
     /// One server for the whole test process, started on first use; tests take a database each.
     public static func shared() async throws -> PostgresServer { try await sharedServer.server().value }
 
-    /// A server of its own (for a test that stops and restarts it).
-    public static func start() async throws -> PostgresServer { try await offThread { try PostgresServer() } }
+    /// A server of its own (for a test that stops and restarts it, or one that needs TLS).
+    public static func start(tls: TLS? = nil) async throws -> PostgresServer { try await offThread { try PostgresServer(tls: tls) } }
 
-    private init() throws {
+    private init(tls: TLS? = nil) throws {
         let versions = ((try? FileManager.default.contentsOfDirectory(atPath: "/usr/lib/postgresql")) ?? []).sorted { $0.compare($1, options: .numeric) == .orderedDescending }
         guard let version = versions.first(where: { FileManager.default.isExecutableFile(atPath: "/usr/lib/postgresql/\($0)/bin/postgres") }) else {
             throw ServerError(description: "PostgreSQL is not installed: run tools/install-deps.sh (Debian: apt-get install postgresql)")
@@ -50,6 +66,27 @@ public final class PostgresServer: @unchecked Sendable {
                 asPostgres.first ?? bin + "/initdb",
                 Array(asPostgres.dropFirst()) + (asPostgres.isEmpty ? [] : [bin + "/initdb"]) + ["-D", folder + "/db", "-U", "iap", "--auth=trust", "-E", "UTF8", "--no-sync"]),
             "initdb")
+        if let tls {
+            // PostgreSQL refuses a key that others may read, and reads both as its own user.
+            let key = folder + "/db/server.key", certificate = folder + "/db/server.crt"
+            try FileManager.default.copyItem(atPath: tls.key, toPath: key)
+            try FileManager.default.copyItem(atPath: tls.certificate, toPath: certificate)
+            try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: key)
+            var hba = "local all all trust\n"
+            var settings = ["ssl=on", "ssl_cert_file=\(certificate)", "ssl_key_file=\(key)"]
+            if let authority = tls.clientAuthority {
+                try FileManager.default.copyItem(atPath: authority, toPath: folder + "/db/client-ca.pem")
+                settings.append("ssl_ca_file=\(folder)/db/client-ca.pem")
+                hba += "hostssl all all 127.0.0.1/32 cert\n"
+            } else {
+                hba += "hostssl all all 127.0.0.1/32 trust\n"
+            }
+            try hba.write(toFile: folder + "/db/pg_hba.conf", atomically: true, encoding: .utf8)
+            if getuid() == 0 { try Self.check(run("/bin/chown", ["-R", "postgres:postgres", folder + "/db"]), "chown") }
+            self.settings = settings
+        } else {
+            settings = []
+        }
         watchdog = try launch(
             "/bin/sh", ["-c", "read _; \(asPostgres.joined(separator: " ")) \(bin)/pg_ctl -D '\(folder)/db' -m immediate -w stop >/dev/null 2>&1; rm -rf '\(folder)'"],
             stdin: watchdogInput)
@@ -60,7 +97,7 @@ public final class PostgresServer: @unchecked Sendable {
     public func restart() async throws { try await offThread { try self.startBlocking() } }
 
     private func startBlocking() throws {
-        try pgCtl(["-l", folder + "/server.log", "-w", "-t", "30", "-o", "-p \(port) -k \(folder) -c listen_addresses=127.0.0.1", "start"])
+        try pgCtl(["-l", folder + "/server.log", "-w", "-t", "30", "-o", (["-p \(port) -k \(folder) -c listen_addresses=127.0.0.1"] + settings.map { "-c " + $0 }).joined(separator: " "), "start"])
     }
 
     /// Stops the server: `fast` disconnects clients and shuts down cleanly, `immediate` is a crash.
@@ -84,7 +121,7 @@ public final class PostgresServer: @unchecked Sendable {
 
     private func createDatabaseBlocking() throws -> String {
         let name = "t_" + UUID().uuidString.replacingOccurrences(of: "-", with: "").lowercased()
-        try Self.check(run(bin + "/psql", ["-h", "127.0.0.1", "-p", String(port), "-U", "iap", "-d", "postgres", "-q", "-c", "CREATE DATABASE \(name)"]), "CREATE DATABASE")
+        try Self.check(run(bin + "/psql", ["-h", folder, "-p", String(port), "-U", "iap", "-d", "postgres", "-q", "-c", "CREATE DATABASE \(name)"]), "CREATE DATABASE")
         return "postgres://iap@127.0.0.1:\(port)/\(name)?sslmode=disable"
     }
 
@@ -98,6 +135,15 @@ public final class PostgresServer: @unchecked Sendable {
         let result = try run(bin + "/psql", ["-h", "127.0.0.1", "-p", String(port), "-U", "iap", "-d", database, "-At", "-c", sql])
         try Self.check(result, "psql")
         return result.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+    }
+
+    /// Whether `psql` connects with `url` (libpq's reading of it, the reference for ours), and
+    /// what it said.
+    public func psqlConnects(_ url: String) async throws -> (connected: Bool, output: String) {
+        try await offThread {
+            let result = try run(self.bin + "/psql", [url, "-At", "-c", "SELECT 1"])
+            return (result.status == 0, result.stderr + result.stdout)
+        }
     }
 
     deinit { try? watchdogInput.fileHandleForWriting.close() }

@@ -24,10 +24,19 @@ public struct TestCertificates: Sendable {
     /// A server certificate and its key (PEM files) for `names`, each `IP:…` or `DNS:…`, signed
     /// by this authority.
     public func server(_ name: String, names: [String]) throws -> (certificate: String, key: String) {
+        try issue(name, extensions: "subjectAltName=\(names.joined(separator: ","))\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n")
+    }
+
+    /// A client certificate and its key (PEM files) whose common name is `name` (PostgreSQL's
+    /// `cert` authentication takes it as the user), signed by this authority.
+    public func client(_ name: String) throws -> (certificate: String, key: String) {
+        try issue(name, extensions: "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n")
+    }
+
+    private func issue(_ name: String, extensions text: String) throws -> (certificate: String, key: String) {
         let key = folder + "/\(name).key", request = folder + "/\(name).csr", certificate = folder + "/\(name).pem"
         let extensions = folder + "/\(name).ext"
-        try "subjectAltName=\(names.joined(separator: ","))\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n"
-            .write(toFile: extensions, atomically: true, encoding: .utf8)
+        try text.write(toFile: extensions, atomically: true, encoding: .utf8)
         try Self.openssl(["req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", key, "-out", request, "-subj", "/CN=\(name)"])
         try Self.openssl([
             "x509", "-req", "-in", request, "-CA", authority, "-CAkey", authorityKey, "-CAcreateserial", "-out", certificate, "-days", "1",
