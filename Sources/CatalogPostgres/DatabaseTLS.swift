@@ -25,7 +25,7 @@ struct DatabaseTLS {
     let authority: String?
 
     /// Reads the URL's query parameters; `home` is where `~/.postgresql` is looked for.
-    init(query: [String: String], home: String? = ProcessInfo.processInfo.environment["HOME"]) throws(CatalogError) {
+    init(query: [String: String], home: String?) throws(CatalogError) {
         let modes = Mode.allCases.map(\.rawValue).joined(separator: ", ")
         guard let mode = Mode(rawValue: query["sslmode"] ?? "prefer") else {
             throw CatalogError(.storage, "sslmode=\(query["sslmode"] ?? "") in the database URL is not one of \(modes) (libpq's values)")

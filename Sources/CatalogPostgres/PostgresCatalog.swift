@@ -25,11 +25,14 @@ public final class PostgresCatalog: CatalogDatabase {
     /// by default) and brings the schema up to date.
     /// `operationTimeout` bounds each operation, waiting for a connection included (PostgresNIO
     /// waits as long as the server is away): a grant request gets its 503 after that long.
+    /// `environment` is where `PGPASSWORD`, `PGPASSFILE` and `HOME` (for `~/.pgpass` and
+    /// `~/.postgresql`) are read, as libpq reads them.
     public init(
-        url: String, operationTimeout: Duration = .seconds(10), logger: Logger = Logger(label: "iap.catalog.postgres")
+        url: String, operationTimeout: Duration = .seconds(10), environment: [String: String] = ProcessInfo.processInfo.environment,
+        logger: Logger = Logger(label: "iap.catalog.postgres")
     ) async throws(CatalogError) {
         self.operationTimeout = operationTimeout
-        let (configuration, probe, tls) = try Self.configuration(url)
+        let (configuration, probe, tls) = try Self.configuration(url, environment: environment, logger: logger)
         location = "PostgreSQL at \(configuration.host ?? configuration.unixSocketPath ?? "?")\(configuration.port.map { ":\($0)" } ?? "")/\(configuration.database ?? configuration.username)"
         // PostgresNIO logs each failed connection attempt at info; an operator needs the warnings.
         var logger = logger
@@ -59,7 +62,9 @@ public final class PostgresCatalog: CatalogDatabase {
     }
 
     /// The client configuration for a `postgres://` URL, or an error naming what is wrong with it.
-    static func configuration(_ url: String) throws(CatalogError) -> (PostgresClient.Configuration, PostgresConnection.Configuration, DatabaseTLS) {
+    static func configuration(
+        _ url: String, environment: [String: String], logger: Logger
+    ) throws(CatalogError) -> (PostgresClient.Configuration, PostgresConnection.Configuration, DatabaseTLS) {
         let hint = "give --database as postgres://user:password@host:5432/database"
         // The URL may hold a password: messages name its parts, never the URL itself.
         guard let parts = URLComponents(string: url), let scheme = parts.scheme, ["postgres", "postgresql"].contains(scheme) else {
@@ -69,7 +74,7 @@ public final class PostgresCatalog: CatalogDatabase {
         guard let user = parts.user, !user.isEmpty else { throw CatalogError(.storage, "the database URL names no user: \(hint)") }
         let database = parts.path.hasPrefix("/") ? String(parts.path.dropFirst()) : parts.path
         let query = Dictionary((parts.queryItems ?? []).map { ($0.name, $0.value ?? "") }, uniquingKeysWith: { $1 })
-        let tls = try DatabaseTLS(query: query)
+        let tls = try DatabaseTLS(query: query, home: environment["HOME"])
         let probeTLS: PostgresConnection.Configuration.TLS
         do {
             probeTLS = try tls.connection()
@@ -77,16 +82,24 @@ public final class PostgresCatalog: CatalogDatabase {
             throw CatalogError(.storage, "cannot set up TLS for the database with these certificates: \(error)")
         }
         let name = database.isEmpty ? nil : database
+        let socket = query["host"].flatMap { $0.hasPrefix("/") ? $0 : nil }
+        guard let host = socket ?? parts.host, !host.isEmpty else { throw CatalogError(.storage, "the database URL names no host: \(hint)") }
+        let port = parts.port ?? 5432
+        // Where psql finds it when the URL holds none: PGPASSWORD, then the password file.
+        let password =
+            parts.password ?? environment["PGPASSWORD"]
+            ?? PasswordFile.path(query: query, environment: environment).flatMap {
+                PasswordFile(path: $0).password(host: host, port: port, database: name ?? user, user: user) { logger.warning("\($0)") }
+            }
         var configuration: PostgresClient.Configuration
         let probe: PostgresConnection.Configuration
-        if let socket = query["host"], socket.hasPrefix("/") {
-            let path = socket + "/.s.PGSQL.\(parts.port ?? 5432)"
-            configuration = .init(unixSocketPath: path, username: user, password: parts.password, database: name)
-            probe = .init(unixSocketPath: path, username: user, password: parts.password, database: name)
+        if let socket {
+            let path = socket + "/.s.PGSQL.\(port)"
+            configuration = .init(unixSocketPath: path, username: user, password: password, database: name)
+            probe = .init(unixSocketPath: path, username: user, password: password, database: name)
         } else {
-            guard let host = parts.host, !host.isEmpty else { throw CatalogError(.storage, "the database URL names no host: \(hint)") }
-            configuration = .init(host: host, port: parts.port ?? 5432, username: user, password: parts.password, database: name, tls: tls.client)
-            probe = .init(host: host, port: parts.port ?? 5432, username: user, password: parts.password, database: name, tls: probeTLS)
+            configuration = .init(host: host, port: port, username: user, password: password, database: name, tls: tls.client)
+            probe = .init(host: host, port: port, username: user, password: password, database: name, tls: probeTLS)
         }
         // A replica that lost the database answers 503 soon rather than holding grant requests.
         configuration.options.connectTimeout = .seconds(3)
@@ -357,8 +370,18 @@ public final class PostgresCatalog: CatalogDatabase {
         } catch is TimedOut {
             throw CatalogError(.storage, "\(location) did not answer within \(timeout): check that it runs and that --database is right")
         } catch {
-            throw CatalogError(.storage, "\(location) failed: \(Self.describe(error)); check that it runs and that --database is right")
+            // The server's own refusal needs no guess about whether it runs.
+            let answered = Self.serverInfo(error) != nil
+            throw CatalogError(.storage, "\(location) failed: \(Self.describe(error))" + (answered ? "" : "; check that it runs and that --database is right"))
         }
+    }
+
+    /// The server's error fields, when the server itself refused (not the network or the client).
+    static func serverInfo(_ error: any Error) -> PSQLError.ServerInfo? {
+        if let error = error as? PostgresTransactionError {
+            return (error.closureError ?? error.beginError ?? error.commitError ?? error.rollbackError).flatMap(serverInfo)
+        }
+        return (error as? PSQLError)?.serverInfo
     }
 
     /// PSQLError's own description hides the server's message (it may hold data); ours names
@@ -369,8 +392,25 @@ public final class PostgresCatalog: CatalogDatabase {
             return describe(cause)
         }
         guard let error = error as? PSQLError else { return "\(error)" }
+        switch error.code {
+        case .authMechanismRequiresPassword:
+            return "the server asks for a password and the database URL gives none: postgres://user:password@host:5432/database (percent-encode @ : / in it), or PGPASSWORD or ~/.pgpass as for psql"
+        case .sslUnsupported:
+            return "the server does not offer TLS, which the database URL's sslmode asks for: turn ssl on in postgresql.conf, or use sslmode=prefer"
+        case .unsupportedAuthMechanism:
+            let method = error.underlying.map { "\($0)" } ?? "see the server's pg_hba.conf"
+            return "the server asks for an authentication method this client does not speak (\(method)): use scram-sha-256 or md5 in pg_hba.conf"
+        default:
+            break
+        }
         if let info = error.serverInfo, let message = info[.message] {
-            return message + (info[.sqlState].map { " (SQLSTATE \($0))" } ?? "")
+            let state = info[.sqlState]
+            // PostgreSQL 15 lets only the database's owner create tables in its public schema.
+            let fix =
+                state == "42501"
+                ? ": the database user lacks a privilege the catalog needs; make it the database's owner (ALTER DATABASE <database> OWNER TO <user>, or createdb -O <user>)"
+                : ""
+            return message + (state.map { " (SQLSTATE \($0))" } ?? "") + fix
         }
         if let underlying = error.underlying {
             // NIO's connection errors list every address tried; the reason is what helps.

@@ -28,7 +28,10 @@ func env(_ name: String) -> String? {
 
 /// `--database` (or IAP_DATABASE_URL) and `--archives` (or IAP_ARCHIVES), shared by every command that opens the store.
 struct StoreOptions: ParsableArguments {
-    @Option(help: "postgres://user:password@host:5432/database: keep the catalog, ledger and notifications in PostgreSQL (shared by replicas) instead of <data>/catalog.sqlite.")
+    @Option(
+        help:
+            "postgres://user@host:5432/database, read as psql reads it (sslmode, sslrootcert; the password from the URL, PGPASSWORD or ~/.pgpass): keep the catalog, ledger and notifications in PostgreSQL (shared by replicas) instead of <data>/catalog.sqlite."
+    )
     var database: String?
     @Option(help: "The archive folder, e.g. a mount every replica shares (default <data>/archives).") var archives: String?
 

@@ -45,10 +45,14 @@ public final class PostgresServer: @unchecked Sendable {
     /// One server for the whole test process, started on first use; tests take a database each.
     public static func shared() async throws -> PostgresServer { try await sharedServer.server().value }
 
-    /// A server of its own (for a test that stops and restarts it, or one that needs TLS).
-    public static func start(tls: TLS? = nil) async throws -> PostgresServer { try await offThread { try PostgresServer(tls: tls) } }
+    /// A server of its own (for a test that stops and restarts it, or one that needs TLS). With
+    /// `passwords`, TCP logins need the role's password (`scram-sha-256`), as Debian's default
+    /// `pg_hba.conf` asks.
+    public static func start(tls: TLS? = nil, passwords: Bool = false) async throws -> PostgresServer {
+        try await offThread { try PostgresServer(tls: tls, passwords: passwords) }
+    }
 
-    private init(tls: TLS? = nil) throws {
+    private init(tls: TLS? = nil, passwords: Bool = false) throws {
         let versions = ((try? FileManager.default.contentsOfDirectory(atPath: "/usr/lib/postgresql")) ?? []).sorted { $0.compare($1, options: .numeric) == .orderedDescending }
         guard let version = versions.first(where: { FileManager.default.isExecutableFile(atPath: "/usr/lib/postgresql/\($0)/bin/postgres") }) else {
             throw ServerError(description: "PostgreSQL is not installed: run tools/install-deps.sh (Debian: apt-get install postgresql)")
@@ -84,6 +88,10 @@ public final class PostgresServer: @unchecked Sendable {
             try hba.write(toFile: folder + "/db/pg_hba.conf", atomically: true, encoding: .utf8)
             if getuid() == 0 { try Self.check(run("/bin/chown", ["-R", "postgres:postgres", folder + "/db"]), "chown") }
             self.settings = settings
+        } else if passwords {
+            try "local all all trust\nhost all all 127.0.0.1/32 scram-sha-256\n".write(toFile: folder + "/db/pg_hba.conf", atomically: true, encoding: .utf8)
+            if getuid() == 0 { try Self.check(run("/bin/chown", ["-R", "postgres:postgres", folder + "/db"]), "chown") }
+            settings = []
         } else {
             settings = []
         }
@@ -132,16 +140,17 @@ public final class PostgresServer: @unchecked Sendable {
 
     private func psqlBlocking(_ url: String, _ sql: String) throws -> String {
         let database = String(url.split(separator: "/").last!.split(separator: "?").first!)
-        let result = try run(bin + "/psql", ["-h", "127.0.0.1", "-p", String(port), "-U", "iap", "-d", database, "-At", "-c", sql])
+        let result = try run(bin + "/psql", ["-h", folder, "-p", String(port), "-U", "iap", "-d", database, "-At", "-c", sql])
         try Self.check(result, "psql")
         return result.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
     }
 
     /// Whether `psql` connects with `url` (libpq's reading of it, the reference for ours), and
     /// what it said.
-    public func psqlConnects(_ url: String) async throws -> (connected: Bool, output: String) {
+    public func psqlConnects(_ url: String, environment: [String: String] = [:]) async throws -> (connected: Bool, output: String) {
         try await offThread {
-            let result = try run(self.bin + "/psql", [url, "-At", "-c", "SELECT 1"])
+            // -w: no password prompt; without a password from the URL or environment, it fails.
+            let result = try run(self.bin + "/psql", [url, "-w", "-At", "-c", "SELECT 1"], environment: environment)
             return (result.status == 0, result.stderr + result.stdout)
         }
     }

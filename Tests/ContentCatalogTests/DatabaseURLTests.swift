@@ -4,11 +4,11 @@ import Foundation
 import IAPTestSupport
 import Testing
 
-/// The database URL's TLS parameters, read as libpq (psql) reads them: an operator's URL that
-/// works with psql works with --database. The servers here take TCP connections over TLS only
-/// (`hostssl` alone in pg_hba.conf), so a connection that opens at all was encrypted.
-@Suite("The database over TLS, as libpq reads the URL")
-struct DatabaseTLSTests {
+/// The database URL read as libpq (psql) reads it: an operator's URL that works with psql works
+/// with --database. The TLS servers here take TCP connections over TLS only (`hostssl` alone in
+/// pg_hba.conf), so a connection that opens at all was encrypted.
+@Suite("The database URL, read as libpq reads it")
+struct DatabaseURLTests {
     @Test("every sslmode, with and without sslrootcert, connects exactly where psql does")
     func agreesWithPsql() async throws {
         let folder = try TemporaryFolder()
@@ -120,6 +120,62 @@ struct DatabaseTLSTests {
             try await PostgresCatalog(url: base + "&sslcert=\(login.certificate)&sslkey=\(folder.path)/none.key")
         }
         #expect(keyless.message.contains("cannot read the client certificate's private key from \(folder.path)/none.key"), "\(keyless.message)")
+    }
+
+    @Test("a password from the URL, PGPASSWORD or the password file, where psql finds it")
+    func passwords() async throws {
+        let folder = try TemporaryFolder()
+        let server = try await PostgresServer.start(passwords: true)
+        let created = try await server.createDatabase()
+        let database = try Self.databaseName(created)
+        // @, : and / must be percent-encoded in a URL, and a colon escaped with \ in the password file.
+        _ = try await server.psql(created, "CREATE ROLE app LOGIN PASSWORD 'p@ss:w/rd'")
+        let bare = "postgres://app@127.0.0.1:\(server.port)/\(database)"
+        let home = folder.path + "/home"
+        try FileManager.default.createDirectory(atPath: home, withIntermediateDirectories: true)
+        // Nothing from this machine's own environment: an empty home, no PGPASSWORD.
+        let isolated = ["HOME": home]
+
+        // Logged in, but PostgreSQL 15 lets only the database's owner create the catalog's tables.
+        let notOwner = try await #require(throws: CatalogError.self) {
+            try await PostgresCatalog(url: "postgres://app:p%40ss%3Aw%2Frd@127.0.0.1:\(server.port)/\(database)", environment: isolated)
+        }
+        #expect(notOwner.message.contains("SQLSTATE 42501): the database user lacks a privilege the catalog needs; make it the database's owner"))
+        #expect(!notOwner.message.contains("check that it runs"), "\(notOwner.message)")
+        _ = try await server.psql(created, "ALTER DATABASE \(database) OWNER TO app")
+
+        func expectBoth(_ url: String, _ environment: [String: String], connect: Bool, _ what: String) async throws {
+            let psql = try await server.psqlConnects(url, environment: environment)
+            #expect(psql.connected == connect, "psql, \(what): \(psql.output)")
+            do throws(CatalogError) {
+                await (try await PostgresCatalog(url: url, environment: environment)).close()
+                #expect(connect, "connected, \(what)")
+            } catch {
+                #expect(!connect, "refused, \(what): \(error.message)")
+            }
+        }
+
+        let none = try await #require(throws: CatalogError.self) { try await PostgresCatalog(url: bare, environment: isolated) }
+        #expect(none.message.contains("the server asks for a password and the database URL gives none"), "\(none.message)")
+        try await expectBoth(bare, isolated, connect: false, "no password anywhere")
+        try await expectBoth("postgres://app:p%40ss%3Aw%2Frd@127.0.0.1:\(server.port)/\(database)", isolated, connect: true, "in the URL")
+        try await expectBoth(bare, isolated.merging(["PGPASSWORD": "p@ss:w/rd"]) { $1 }, connect: true, "PGPASSWORD")
+        try await expectBoth(bare, isolated.merging(["PGPASSWORD": "wrong"]) { $1 }, connect: false, "a wrong PGPASSWORD")
+
+        // ~/.pgpass: the first matching line wins; * matches anything.
+        let pgpass = home + "/.pgpass"
+        try "# comment\n127.0.0.1:1:*:app:not-this-port\n*:\(server.port):\(database):app:p@ss\\:w/rd\n*:*:*:app:not-reached\n"
+            .write(toFile: pgpass, atomically: true, encoding: .utf8)
+        try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: pgpass)
+        try await expectBoth(bare, isolated, connect: true, "~/.pgpass")
+        // One others may read is ignored, by both.
+        try FileManager.default.setAttributes([.posixPermissions: 0o644], ofItemAtPath: pgpass)
+        try await expectBoth(bare, isolated, connect: false, "~/.pgpass readable by others")
+        // passfile= in the URL names another.
+        let elsewhere = folder.path + "/passwords"
+        try "127.0.0.1:\(server.port):*:app:p@ss\\:w/rd\n".write(toFile: elsewhere, atomically: true, encoding: .utf8)
+        try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: elsewhere)
+        try await expectBoth(bare + "?passfile=\(elsewhere)", isolated, connect: true, "passfile=")
     }
 
     /// The database's name in a URL from ``PostgresServer/createDatabase()``.
