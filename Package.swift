@@ -194,13 +194,14 @@ let package = Package(
         .target(
             name: "ContentServer",
             dependencies: [
-                "AppStoreServerAPI", "AppStoreServerClient", "Base64URL", "CatalogPostgres", "ContentArchive", "ContentCatalog", "ContentDelivery",
+                "AppStoreServerAPI", "AppStoreServerClient", "Base64URL", "CatalogPostgres", "CertificateTrust", "ContentArchive", "ContentCatalog", "ContentDelivery",
                 "DownloadGrants", "DurableFiles", "IAPProtocol", "PurchaseVerification", "ReceiptVerification", "ServerStartup",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HummingbirdCore", package: "hummingbird"),
                 .product(name: "MultipartKit", package: "multipart-kit"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),

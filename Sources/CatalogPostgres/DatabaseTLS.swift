@@ -95,10 +95,10 @@ struct DatabaseTLS {
     }
 
     private static func authorities(_ path: String, parameter: String) throws(CatalogError) -> [NIOSSLCertificate] {
-        do throws(AuthorityFileProblem) {
+        do throws(AuthorityFileError) {
             return try AuthorityFile.load(path)
         } catch {
-            switch error {
+            switch error.problem {
             case .unreadable:
                 throw CatalogError(.storage, "cannot read the certificate authority file of \(parameter) in the database URL: check the path")
             case .noCertificate:
@@ -115,7 +115,7 @@ struct DatabaseTLS {
         guard let certificatePath = query["sslcert"] ?? defaultCertificate else { return }
         let keyPath = query["sslkey"] ?? defaults.map { $0 + "postgresql.key" } ?? ""
         let certificates: [NIOSSLCertificate]
-        do throws(AuthorityFileProblem) {
+        do throws(AuthorityFileError) {
             certificates = try AuthorityFile.load(certificatePath)
         } catch {
             throw CatalogError(.storage, "cannot read a PEM client certificate from \(certificatePath) (sslcert in the database URL): check the path and that it is PEM")

@@ -1,24 +1,39 @@
 import Foundation
 import NIOSSL
 
-/// Why a file of certificate authorities could not be used.
-public enum AuthorityFileProblem: Error, Sendable, Equatable {
-    /// Missing, or not readable by this process.
-    case unreadable
-    /// Readable, but holding no PEM certificate (DER, a key, an empty file).
-    case noCertificate
+/// A file of certificate authorities that could not be used.
+public struct AuthorityFileError: Error, Sendable, Equatable {
+    public enum Problem: Sendable, Equatable {
+        /// Missing, or not readable by this process.
+        case unreadable
+        /// Readable, but holding no PEM certificate (DER, a key, an empty file).
+        case noCertificate
+    }
+
+    public let path: String
+    public let problem: Problem
 }
 
 /// Reads certificate authorities from PEM files, for the clients that trust a private authority
-/// (iap-fetch's `--ca-file`, the database URL's `sslrootcert`). Each caller words the problem for
-/// the option it was given through.
+/// (iap-fetch's and iap-server's `--ca-file`, the database URL's `sslrootcert`). Each caller
+/// words the problem for the option it was given through.
 public enum AuthorityFile {
     /// The certificates in the PEM file at `path`, at least one.
-    public static func load(_ path: String) throws(AuthorityFileProblem) -> [NIOSSLCertificate] {
-        guard FileManager.default.isReadableFile(atPath: path) else { throw .unreadable }
+    public static func load(_ path: String) throws(AuthorityFileError) -> [NIOSSLCertificate] {
+        guard FileManager.default.isReadableFile(atPath: path) else { throw AuthorityFileError(path: path, problem: .unreadable) }
         let certificates = (try? NIOSSLCertificate.fromPEMFile(path)) ?? []
-        guard !certificates.isEmpty else { throw .noCertificate }
+        guard !certificates.isEmpty else { throw AuthorityFileError(path: path, problem: .noCertificate) }
         return certificates
+    }
+
+    /// A client's TLS settings trusting the system's authorities and those in `files`. Read now,
+    /// so that a wrong path is said at start, not on the first connection.
+    public static func clientConfiguration(adding files: [String]) throws(AuthorityFileError) -> TLSConfiguration {
+        var configuration = TLSConfiguration.makeClientConfiguration()
+        var added: [NIOSSLCertificate] = []
+        for file in files { added += try load(file) }
+        if !added.isEmpty { configuration.additionalTrustRoots = [.certificates(added)] }
+        return configuration
     }
 }
 

@@ -8,23 +8,17 @@ enum TLSTrust {
     /// The client's TLS settings: the system's roots plus the certificates in `files` (PEM). Read
     /// now, so that a wrong path is said before anything is fetched, not on the first connection.
     static func configuration(adding files: [String]) throws(FetchError) -> TLSConfiguration {
-        var configuration = TLSConfiguration.makeClientConfiguration()
-        var added: [NIOSSLCertificate] = []
-        for file in files {
-            do throws(AuthorityFileProblem) {
-                added += try AuthorityFile.load(file)
-            } catch {
-                switch error {
-                case .unreadable:
-                    throw FetchError(.tls, "cannot read the certificate authority file \(file): check the path given to --ca-file")
-                case .noCertificate:
-                    throw FetchError(
-                        .tls, "\(file) holds no PEM certificate: --ca-file takes the certificate authority's certificate as PEM (-----BEGIN CERTIFICATE-----)")
-                }
+        do throws(AuthorityFileError) {
+            return try AuthorityFile.clientConfiguration(adding: files)
+        } catch {
+            switch error.problem {
+            case .unreadable:
+                throw FetchError(.tls, "cannot read the certificate authority file \(error.path): check the path given to --ca-file")
+            case .noCertificate:
+                throw FetchError(
+                    .tls, "\(error.path) holds no PEM certificate: --ca-file takes the certificate authority's certificate as PEM (-----BEGIN CERTIFICATE-----)")
             }
         }
-        if !added.isEmpty { configuration.additionalTrustRoots = [.certificates(added)] }
-        return configuration
     }
 
     /// `error` as a `.tls` error naming the server and what to do, when it is a certificate the

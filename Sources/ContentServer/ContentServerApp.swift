@@ -58,9 +58,11 @@ public enum ContentServerApp {
             try await ServiceGroup(configuration: group).run()
         } catch {
             // An app embedding the server keeps running: its threads must not outlive the server.
+            try? await service.outbound.shutdown()
             try? await ownGroup?.shutdownGracefully()
             throw ServerStartError.reported(error, listening: service.boundPort.withLock { $0 } != 0, host: configuration.host, port: configuration.port)
         }
+        try? await service.outbound.shutdown()
         service.closeFiles()
         await service.store.database.close()
         try? await ownGroup?.shutdownGracefully()

@@ -1,4 +1,5 @@
 import AppStoreServerClient
+import AsyncHTTPClient
 import CatalogPostgres
 import ContentArchive
 import ContentCatalog
@@ -25,6 +26,8 @@ final class ContentService: ContentResolver, Sendable {
     let grants: GrantKeyRing
     /// Archives this replica lacks, fetched from the replica that received them.
     let peers: PeerArchives
+    /// The server's own requests (other replicas, verifyReceipt); shut down with the server.
+    let outbound: HTTPClient
     let metrics = ServerMetrics()
     /// The port actually bound (differs from the configuration's when that is 0).
     let boundPort = Mutex(0)
@@ -51,6 +54,9 @@ final class ContentService: ContentResolver, Sendable {
 
     init(configuration: ServerConfiguration) async throws {
         self.configuration = configuration
+        // The files are read before anything else, so a wrong --ca-file is said first; the
+        // client itself is made after the last step that can fail, so none is left unclosed.
+        let trust = try OutboundHTTP.trust(configuration.additionalTrustRootFiles)
         store = try await ContentStore.open(
             dataDirectory: configuration.dataDirectory, archivesDirectory: configuration.archivesDirectory, databaseURL: configuration.databaseURL)
         if let first = store.removedLeftoverUploads.first {
@@ -63,18 +69,20 @@ final class ContentService: ContentResolver, Sendable {
                 environments: configuration.environments))
         // Receipts chain to Apple Inc. Root (built in) or to an extra root (the sandbox's
         // receipt-root.cer); Apple Root CA - G3 signs StoreKit 2 data only.
-        receiptChecker = ReceiptChecker(
-            mode: configuration.receiptVerification,
-            local: try ReceiptVerifier(
-                bundleId: configuration.bundleId, trustRoots: configuration.trustRoots.filter { $0 != AppleRoots.rootCAG3 },
-                environments: configuration.environments),
-            apple: VerifyReceiptClient(
-                productionURL: configuration.verifyReceiptURL, sandboxURL: configuration.verifyReceiptSandboxURL,
-                sharedSecret: configuration.receiptSharedSecret, timeout: configuration.verifyReceiptTimeout),
-            bundleId: configuration.bundleId, environments: configuration.environments)
+        let localReceipts = try ReceiptVerifier(
+            bundleId: configuration.bundleId, trustRoots: configuration.trustRoots.filter { $0 != AppleRoots.rootCAG3 },
+            environments: configuration.environments)
         grants = try GrantKeyRing.loadOrCreate(path: configuration.grantKeysPath)
         revoked = Mutex(try await store.revokedTransactionIds())
-        peers = PeerArchives(store: store, grants: grants, ownURL: configuration.advertiseURL, logger: Logger(label: "iap-server.peers"))
+        outbound = OutboundHTTP.client(trust)
+        receiptChecker = ReceiptChecker(
+            mode: configuration.receiptVerification,
+            local: localReceipts,
+            apple: VerifyReceiptClient(
+                productionURL: configuration.verifyReceiptURL, sandboxURL: configuration.verifyReceiptSandboxURL,
+                sharedSecret: configuration.receiptSharedSecret, timeout: configuration.verifyReceiptTimeout, httpClient: outbound),
+            bundleId: configuration.bundleId, environments: configuration.environments)
+        peers = PeerArchives(store: store, grants: grants, ownURL: configuration.advertiseURL, http: outbound, logger: Logger(label: "iap-server.peers"))
     }
 
     /// Whether a transaction's access was cut (in memory, refreshed from the ledger).

@@ -18,15 +18,17 @@ final class PeerArchives: Sendable {
     private let store: ContentStore
     private let grants: GrantKeyRing
     private let ownURL: String?
+    private let http: HTTPClient
     private let logger: Logger
     /// Where to send requests for an archive this replica lacks: SHA-256 → the origin's base URL.
     private let origins = Mutex<[String: String]>([:])
     private let inFlight = Mutex<Set<String>>([])
 
-    init(store: ContentStore, grants: GrantKeyRing, ownURL: String?, logger: Logger) {
+    init(store: ContentStore, grants: GrantKeyRing, ownURL: String?, http: HTTPClient, logger: Logger) {
         self.store = store
         self.grants = grants
         self.ownURL = ownURL
+        self.http = http
         self.logger = logger
     }
 
@@ -87,7 +89,7 @@ final class PeerArchives: Sendable {
         } catch {
             logger.warning(
                 "cannot fetch an archive from its origin; requests for it are redirected there, and the fetch is tried again",
-                metadata: ["sha256": "\(version.sha256)", "origin": "\(origin)", "error": "\(error)"])
+                metadata: ["sha256": "\(version.sha256)", "origin": "\(origin)", "error": "\(OutboundHTTP.describe(error, url: origin))"])
         }
     }
 
@@ -96,7 +98,7 @@ final class PeerArchives: Sendable {
     }
 
     private func get(_ url: String) async throws -> HTTPClientResponse {
-        let response = try await HTTPClient.shared.execute(HTTPClientRequest(url: url), timeout: .seconds(3600))
+        let response = try await http.execute(HTTPClientRequest(url: url), timeout: .seconds(3600))
         guard response.status == .ok else { throw FetchError(description: "\(url) answered \(response.status.code)") }
         return response
     }

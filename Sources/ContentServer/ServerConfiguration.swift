@@ -16,6 +16,9 @@ public struct ServerConfiguration: Sendable {
     /// The URL other replicas reach this one at (e.g. http://10.0.0.5:8080): archives published
     /// here are recorded with it, and replicas without a shared archive folder fetch them from it.
     public var advertiseURL: String?
+    /// Certificate authorities (PEM files) trusted beside the system's for the server's own HTTPS
+    /// requests: other replicas' `--advertise-url` and `verifyReceipt`.
+    public var additionalTrustRootFiles: [String] = []
     /// The grant key file; replicas given the same one accept each other's download URLs.
     public var grantKeysPath: String
     public var bundleId: String
@@ -69,6 +72,7 @@ public struct ServerConfiguration: Sendable {
     /// The environment variables read, with their meaning.
     public static let environmentVariables: [(String, String)] = [
         ("IAP_DATA", "--data"), ("IAP_DATABASE_URL", "--database"), ("IAP_ARCHIVES", "--archives"), ("IAP_GRANT_KEYS", "--grant-keys"), ("IAP_ADVERTISE_URL", "--advertise-url"),
+        ("IAP_CA_FILES", "--ca-file, colon-separated"),
         ("IAP_BUNDLE_ID", "--bundle-id"), ("IAP_HOST", "--host"),
         ("IAP_PORT", "--port"),
         ("IAP_TRUST_ROOTS", "--trust-root, colon-separated"), ("IAP_ENVIRONMENT", "--environment"),

@@ -10,6 +10,8 @@ import NIOCore
 /// Why the server could not start: it cannot listen where it was told to.
 public enum ServerStartErrorCode: String, ErrorCode {
     case cannotListen = "cannot-listen"
+    /// A `--ca-file` that cannot be read or holds no certificate.
+    case caFile = "ca-file"
 }
 
 /// Why the server could not start, said so that the operator can act on it.

@@ -95,6 +95,11 @@ struct Serve: AsyncParsableCommand {
         name: .customLong("advertise-url"),
         help: "This replica's URL for the other replicas (e.g. http://10.0.0.5:8080): without a shared --archives folder, they fetch the archives published here from it.")
     var advertiseURL: String?
+    @Option(
+        name: .customLong("ca-file"),
+        help:
+            "A certificate authority (PEM) trusted beside the system's for this server's own HTTPS requests: other replicas' --advertise-url and verifyReceipt; repeatable.")
+    var caFiles: [String] = []
     @Option(name: .customLong("grant-keys"), help: "The grant key file every replica shares (default <data>/grant-keys.json; created with one key if missing).")
     var grantKeys: String?
     @Option(name: .customLong("bundle-id"), help: "The app's bundle identifier.") var bundleId: String?
@@ -179,6 +184,7 @@ struct Serve: AsyncParsableCommand {
         configuration.databaseURL = store.databaseURL
         configuration.archivesDirectory = store.archivesDirectory
         configuration.advertiseURL = try baseURL(advertiseURL, "IAP_ADVERTISE_URL", "--advertise-url")
+        configuration.additionalTrustRootFiles = caFiles + (env("IAP_CA_FILES")?.split(separator: ":").map(String.init) ?? [])
         configuration.grantKeysPath = grantKeys ?? env("IAP_GRANT_KEYS") ?? configuration.grantKeysPath
         configuration.host = host ?? env("IAP_HOST") ?? configuration.host
         if let value = try number(port, "IAP_PORT", "--port", 0...65535, "a port number") { configuration.port = value }

@@ -207,4 +207,38 @@ struct ReplicaTests {
         #expect(deleted != nil, "B kept its copy of the removed archive")
         #expect(tmp.files(in: "b/archives").contains(packed.manifest.archiveSHA256 + ".zip"), "B deleted a live archive")
     }
+
+    @Test("a replica advertised over HTTPS with a private authority: refused by name without --ca-file, fetched (on HTTP/1.1) with it")
+    func peerFetchOverHTTPS() async throws {
+        let tmp = try TemporaryFolder()
+        let url = try await PostgresServer.shared().createDatabase()
+        let sandbox = try ReplicaFixture.sandbox(tmp)
+        let authority = try TestCertificates(folder: tmp.sub("ca"))
+        // A's only address for the others is a TLS edge in front of it, offering HTTP/2 too.
+        let aPort = try freePort(), edgePort = try freePort()
+        let a = try ReplicaFixture.replica(
+            tmp, "a", sandbox: sandbox, databaseURL: url, sharedArchives: false,
+            extra: ["--port", String(aPort), "--advertise-url", "https://127.0.0.1:\(edgePort)"], fixedPort: true)
+        let edge = try NginxServer(
+            replicaPorts: [aPort], folder: tmp, port: edgePort, certificate: try authority.server("edge", names: ["IP:127.0.0.1"]), http2: true)
+        let packed = try packSample(tmp)
+        #expect(try upload(packed.archivePath, to: a, tmp).status == 201)
+        let archive = packed.manifest.archiveSHA256 + ".zip"
+
+        var b = try ReplicaFixture.replica(tmp, "b", sandbox: sandbox, databaseURL: url, sharedArchives: false)
+        let refused = await waitUntil(.seconds(20)) {
+            ((try? String(contentsOfFile: b.log, encoding: .utf8)) ?? "").contains("is not trusted: start this replica with --ca-file")
+        }
+        #expect(refused != nil, "B did not say why it could not fetch: \((try? String(contentsOfFile: b.log, encoding: .utf8)) ?? "")")
+        #expect(!tmp.files(in: "b/archives").contains(archive))
+        #expect(b.stop() == 0)
+
+        b = try ReplicaFixture.replica(tmp, "b", sandbox: sandbox, databaseURL: url, sharedArchives: false, extra: ["--ca-file", authority.authority])
+        let fetched = await waitUntil(.seconds(20)) { tmp.files(in: "b/archives").contains(archive) }
+        #expect(fetched != nil, "B never fetched the archive over HTTPS")
+        #expect(try Data(contentsOf: URL(fileURLWithPath: tmp.sub("b/archives/" + archive))) == Data(contentsOf: URL(fileURLWithPath: packed.archivePath)))
+        let log = try String(contentsOfFile: edge.accessLog, encoding: .utf8)
+        #expect(log.contains("GET /v1/content/<grant>/\(product)-1.0.zip HTTP/1.1"), "\(log)")
+        #expect(!log.contains("HTTP/2"), "\(log)")
+    }
 }
