@@ -128,9 +128,11 @@ final class DirectBodyReader: Sendable {
     // MARK: - The reader thread
 
     private func run(url: String, headers: [(String, String)], fd: SystemPackage.FileDescriptor) throws {
-        guard let components = URLComponents(string: url), let host = components.host else {
+        guard let components = URLComponents(string: url), let named = components.host else {
             throw Unsupported(description: "not an http URL")
         }
+        // Foundation may keep an IPv6 literal's brackets ([::1]); getaddrinfo takes it bare.
+        let host = named.hasPrefix("[") && named.hasSuffix("]") ? String(named.dropFirst().dropLast()) : named
         let port = components.port ?? 80
         let socket = try connect(host: host, port: port)
         var target = components.percentEncodedPath.isEmpty ? "/" : components.percentEncodedPath
@@ -286,7 +288,7 @@ final class DirectBodyReader: Sendable {
                 state.socket = -1
             }
         }
-        throw Unreachable(reason: FetchError(.network, "cannot connect to \(host):\(port): \(String(cString: strerror(lastError)))"))
+        throw Unreachable(reason: FetchError(.network, "cannot connect to \(host.contains(":") ? "[\(host)]" : host):\(port): \(String(cString: strerror(lastError)))"))
     }
 
     private func setTimeout(_ socket: Int32, _ option: Int32, _ duration: Duration) {

@@ -103,7 +103,7 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .customLong("grant-keys"), help: "The grant key file every replica shares (default <data>/grant-keys.json; created with one key if missing).")
     var grantKeys: String?
     @Option(name: .customLong("bundle-id"), help: "The app's bundle identifier.") var bundleId: String?
-    @Option(help: "The address to listen on.") var host: String?
+    @Option(help: "The address to listen on: 127.0.0.1, 0.0.0.0 for all, ::1 or [::1] for IPv6.") var host: String?
     @Option(help: "The port to listen on (default 8080); 0 picks a free one.") var port: Int?
     @Option(name: .customLong("trust-root"), help: "Another trusted root certificate (DER or PEM), e.g. the sandbox's root.cer; repeatable.") var trustRoots: [String] = []
     @Option(help: "production, sandbox or both. App Review buys in the sandbox against production servers: use both there.") var environment: EnvironmentChoice?
@@ -186,7 +186,7 @@ struct Serve: AsyncParsableCommand {
         configuration.advertiseURL = try baseURL(advertiseURL, "IAP_ADVERTISE_URL", "--advertise-url")
         configuration.additionalTrustRootFiles = caFiles + (env("IAP_CA_FILES")?.split(separator: ":").map(String.init) ?? [])
         configuration.grantKeysPath = grantKeys ?? env("IAP_GRANT_KEYS") ?? configuration.grantKeysPath
-        configuration.host = host ?? env("IAP_HOST") ?? configuration.host
+        configuration.host = ListenHost.bindable(host ?? env("IAP_HOST") ?? configuration.host)
         if let value = try number(port, "IAP_PORT", "--port", 0...65535, "a port number") { configuration.port = value }
         let environmentName = env("IAP_ENVIRONMENT") ?? "production"
         guard var policy = (environment ?? EnvironmentChoice(argument: environmentName))?.policy else {
@@ -227,9 +227,9 @@ struct Serve: AsyncParsableCommand {
         if let loops = try number(eventLoops, "IAP_EVENT_LOOPS", "--event-loops", 1...1024, "a number of threads") { configuration.eventLoops = loops }
         var logger = Logger(label: "iap-server")
         logger.logLevel = env("LOG_LEVEL").flatMap(Logger.Level.init(rawValue:)) ?? .info
-        if configuration.publicURL == nil && ["0.0.0.0", "::", "[::]"].contains(configuration.host) {
+        if configuration.publicURL == nil && ["0.0.0.0", "::"].contains(configuration.host) {
             logger.warning(
-                "download URLs will name http://\(configuration.host):<port>, which no device can reach: give --public-url (IAP_PUBLIC_URL), the address devices use, such as https://content.example.com"
+                "download URLs will name http://\(ListenHost.inURL(configuration.host)):<port>, which no device can reach: give --public-url (IAP_PUBLIC_URL), the address devices use, such as https://content.example.com"
             )
         }
         if let raised = OpenFileLimit.raiseToHardLimit(), raised.after > raised.before {
@@ -239,7 +239,7 @@ struct Serve: AsyncParsableCommand {
         let host = configuration.host
         do {
             try await ContentServerApp.run(configuration: configuration, logger: logger) { port in
-                Console.out("iap-server listening on http://\(host):\(port)\n")
+                Console.out("iap-server listening on http://\(ListenHost.inURL(host)):\(port)\n")
                 if let portFile { try? String(port).write(toFile: portFile, atomically: true, encoding: .utf8) }
             }
         } catch let error as CatalogError {

@@ -67,4 +67,30 @@ struct EndToEndTests {
         #expect(other.status == 200)
         #expect(server.stop() == 0)
     }
+
+    @Test("over IPv6: a server on [::1] hands out download URLs that name it as a URL must ([::1]); iap-fetch installs and finishes")
+    func ipv6Loopback() throws {
+        let tmp = try TemporaryFolder()
+        let repository = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent().path
+        let product = "com.example.cosmos.levels1"
+        _ = try tool("iap-pack", ["build", repository + "/content/" + product, "--output", tmp.sub("archives")])
+        _ = try tool("iap-sandbox", ["init", "--dir", tmp.sub("sandbox"), "--bundle-id", "com.example.demo"])
+        _ = try tool("iap-server", ["publish", "--data", tmp.sub("data"), tmp.sub("archives/\(product)-1.0.zip")])
+        // Bracketed, as in a URL: the server takes either form.
+        let server = try ServerProcess(
+            data: tmp.sub("data"),
+            arguments: ["--host", "[::1]", "--bundle-id", "com.example.demo", "--trust-root", tmp.sub("sandbox/root.cer"), "--environment", "sandbox"],
+            folder: tmp)
+        let base = "http://[::1]:\(server.port)"
+        #expect(try String(contentsOfFile: server.log, encoding: .utf8).contains("iap-server listening on \(base)"))
+        _ = try tool("iap-sandbox", ["purchase", "--dir", tmp.sub("sandbox"), "--product-id", product])
+        // The archive comes from the grant's URL, the server's default public URL: before, that
+        // was http://::1:<port>/…, which no client parses, and the download failed.
+        _ = try tool("iap-fetch", ["run", "--server", base, "--queue", tmp.sub("sandbox/queue"), "--content-dir", tmp.sub("device")])
+        #expect(try run("diff", ["-r", repository + "/content/" + product, tmp.sub("device/\(product)/1.0")]).status == 0)
+        let listing = try tool("iap-sandbox", ["transactions", "--dir", tmp.sub("sandbox"), "--json"]).stdout
+        let records = try JSONSerialization.jsonObject(with: Data(listing.utf8)) as? [[String: Any]] ?? []
+        #expect(records.count == 1 && records.allSatisfy { $0["finishedAt"] != nil })
+        #expect(server.stop() == 0)
+    }
 }
