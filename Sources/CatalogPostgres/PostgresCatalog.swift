@@ -65,55 +65,31 @@ public final class PostgresCatalog: CatalogDatabase {
     static func configuration(
         _ url: String, environment: [String: String], logger: Logger
     ) throws(CatalogError) -> (PostgresClient.Configuration, PostgresConnection.Configuration, DatabaseTLS) {
-        let hint = "give --database as postgres://user:password@host:5432/database"
-        // The URL may hold a password: messages name its parts, never the URL itself.
-        guard let parts = URLComponents(string: url), let scheme = parts.scheme, ["postgres", "postgresql"].contains(scheme) else {
-            let scheme = URLComponents(string: url)?.scheme.map { "'\($0):'" } ?? "no scheme"
-            throw CatalogError(.storage, "the database URL (\(scheme)) is not a PostgreSQL URL: \(hint)")
-        }
-        guard let user = parts.user, !user.isEmpty else { throw CatalogError(.storage, "the database URL names no user: \(hint)") }
-        let database = parts.path.hasPrefix("/") ? String(parts.path.dropFirst()) : parts.path
-        let query = Dictionary((parts.queryItems ?? []).map { ($0.name, $0.value ?? "") }, uniquingKeysWith: { $1 })
-        let tls = try DatabaseTLS(query: query, home: environment["HOME"])
+        let url = try DatabaseURL(url, environment: environment, logger: logger)
         let probeTLS: PostgresConnection.Configuration.TLS
         do {
-            probeTLS = try tls.connection()
+            probeTLS = try url.tls.connection()
         } catch {
             throw CatalogError(.storage, "cannot set up TLS for the database with these certificates: \(error)")
         }
-        let name = database.isEmpty ? nil : database
-        let socket = query["host"].flatMap { $0.hasPrefix("/") ? $0 : nil }
-        guard let host = socket ?? parts.host, !host.isEmpty else { throw CatalogError(.storage, "the database URL names no host: \(hint)") }
-        let port = parts.port ?? 5432
-        // Where psql finds it when the URL holds none: PGPASSWORD, then the password file.
-        let password =
-            parts.password ?? environment["PGPASSWORD"]
-            ?? PasswordFile.path(query: query, environment: environment).flatMap {
-                PasswordFile(path: $0).password(host: host, port: port, database: name ?? user, user: user) { logger.warning("\($0)") }
-            }
         var configuration: PostgresClient.Configuration
-        let probe: PostgresConnection.Configuration
-        if let socket {
-            let path = socket + "/.s.PGSQL.\(port)"
-            configuration = .init(unixSocketPath: path, username: user, password: password, database: name)
-            probe = .init(unixSocketPath: path, username: user, password: password, database: name)
+        var probe: PostgresConnection.Configuration
+        if url.isSocket {
+            let path = url.host + "/.s.PGSQL.\(url.port)"
+            configuration = .init(unixSocketPath: path, username: url.user, password: url.password, database: url.database)
+            probe = .init(unixSocketPath: path, username: url.user, password: url.password, database: url.database)
         } else {
-            configuration = .init(host: host, port: port, username: user, password: password, database: name, tls: tls.client)
-            probe = .init(host: host, port: port, username: user, password: password, database: name, tls: probeTLS)
+            configuration = .init(host: url.host, port: url.port, username: url.user, password: url.password, database: url.database, tls: url.tls.client)
+            probe = .init(host: url.host, port: url.port, username: url.user, password: url.password, database: url.database, tls: probeTLS)
         }
         // A replica that lost the database answers 503 soon rather than holding grant requests.
-        configuration.options.connectTimeout = .seconds(3)
+        configuration.options.connectTimeout = url.connectTimeout ?? .seconds(3)
+        if let timeout = url.connectTimeout { probe.options.connectTimeout = .nanoseconds(Int64(timeout.components.seconds) * 1_000_000_000) }
+        configuration.options.additionalStartupParameters = url.startupParameters
+        probe.options.additionalStartupParameters = url.startupParameters
         // pgx's name for it: replicas times this must stay under the server's max_connections.
-        if let text = query["pool_max_conns"] {
-            guard let limit = Int(text), (2...1000).contains(limit) else {
-                throw CatalogError(
-                    .storage,
-                    "pool_max_conns=\(text) in the database URL is not a number from 2 to 1000 (one connection listens for refunds, the others answer requests): give, say, pool_max_conns=10"
-                )
-            }
-            configuration.options.maximumConnections = limit
-        }
-        return (configuration, probe, tls)
+        if let limit = url.poolLimit { configuration.options.maximumConnections = limit }
+        return (configuration, probe, url.tls)
     }
 
     // MARK: Schema

@@ -178,6 +178,41 @@ struct DatabaseURLTests {
         try await expectBoth(bare + "?passfile=\(elsewhere)", isolated, connect: true, "passfile=")
     }
 
+    @Test("query parameters as psql takes them: a misspelt one refused, host, port, user and dbname winning over the URL's parts, application_name sent")
+    func parameters() async throws {
+        let server = try await PostgresServer.shared()
+        let created = try await server.createDatabase()
+        let database = try Self.databaseName(created)
+        let base = "postgres://iap@127.0.0.1:\(server.port)/\(database)?sslmode=disable"
+        for (url, connects) in [
+            (base + "&sslmod=require", false),
+            (base + "&port=1", false),
+            (base + "&user=nobody", false),
+            ("postgres://nobody@127.0.0.1:1/none?host=127.0.0.1&port=\(server.port)&user=iap&dbname=\(database)&sslmode=disable", true),
+            (base + "&gssencmode=disable&connect_timeout=5", true),
+        ] {
+            let psql = try await server.psqlConnects(url)
+            #expect(psql.connected == connects, "psql: \(url): \(psql.output)")
+            do throws(CatalogError) {
+                await (try await PostgresCatalog(url: url, environment: [:])).close()
+                #expect(connects, "connected: \(url)")
+            } catch {
+                #expect(!connects, "refused: \(url): \(error.message)")
+            }
+        }
+        let typo = try await #require(throws: CatalogError.self) { try await PostgresCatalog(url: base + "&sslmod=require", environment: [:]) }
+        #expect(typo.message.contains("sslmod in the database URL is not a parameter PostgreSQL clients know"), "\(typo.message)")
+        let timeout = try await #require(throws: CatalogError.self) { try await PostgresCatalog(url: base + "&connect_timeout=soon", environment: [:]) }
+        #expect(timeout.message.contains("connect_timeout=soon in the database URL is not a number of seconds"), "\(timeout.message)")
+
+        // The server sees the name, as it does psql's (pg_stat_activity).
+        let name = "iap-test-" + UUID().uuidString.prefix(8)
+        let catalog = try await PostgresCatalog(url: base + "&application_name=\(name)", environment: [:])
+        _ = try await catalog.versions(productId: nil)
+        #expect(try await server.psql(created, "SELECT COUNT(*) > 0 FROM pg_stat_activity WHERE application_name = '\(name)'") == "t")
+        await catalog.close()
+    }
+
     /// The database's name in a URL from ``PostgresServer/createDatabase()``.
     static func databaseName(_ url: String) throws -> String {
         try #require(url.split(separator: "/").last?.split(separator: "?").first.map(String.init))
