@@ -2,7 +2,8 @@
 # Installs the Debian packages the project needs, only those missing (run as root, or with sudo).
 set -euo pipefail
 # postgresql and nginx: the catalog, replica and edge tests start their own servers from their binaries.
-packages=(libdeflate-dev zlib1g-dev libsqlite3-dev libssl-dev curl unzip zip python3 util-linux openssl postgresql nginx)
+# systemd: its systemd-analyze checks the shipped unit (deploy/systemd); nothing is started with it.
+packages=(libdeflate-dev zlib1g-dev libsqlite3-dev libssl-dev curl unzip zip python3 util-linux openssl postgresql nginx systemd)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -70,31 +70,29 @@ public final class PostgresServer: @unchecked Sendable {
                 asPostgres.first ?? bin + "/initdb",
                 Array(asPostgres.dropFirst()) + (asPostgres.isEmpty ? [] : [bin + "/initdb"]) + ["-D", folder + "/db", "-U", "iap", "--auth=trust", "-E", "UTF8", "--no-sync"]),
             "initdb")
+        // The access rules and TLS files a variant asks for, written as PostgreSQL's own user reads them.
+        var hba: String?
+        var settings: [String] = []
         if let tls {
-            // PostgreSQL refuses a key that others may read, and reads both as its own user.
+            // PostgreSQL refuses a key that others may read.
             let key = folder + "/db/server.key", certificate = folder + "/db/server.crt"
             try FileManager.default.copyItem(atPath: tls.key, toPath: key)
             try FileManager.default.copyItem(atPath: tls.certificate, toPath: certificate)
             try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: key)
-            var hba = "local all all trust\n"
-            var settings = ["ssl=on", "ssl_cert_file=\(certificate)", "ssl_key_file=\(key)"]
+            settings = ["ssl=on", "ssl_cert_file=\(certificate)", "ssl_key_file=\(key)"]
             if let authority = tls.clientAuthority {
                 try FileManager.default.copyItem(atPath: authority, toPath: folder + "/db/client-ca.pem")
                 settings.append("ssl_ca_file=\(folder)/db/client-ca.pem")
-                hba += "hostssl all all 127.0.0.1/32 cert\n"
-            } else {
-                hba += "hostssl all all 127.0.0.1/32 trust\n"
             }
+            hba = "local all all trust\nhostssl all all 127.0.0.1/32 \(tls.clientAuthority == nil ? "trust" : "cert")\n"
+        } else if passwords {
+            hba = "local all all trust\nhost all all 127.0.0.1/32 scram-sha-256\n"
+        }
+        if let hba {
             try hba.write(toFile: folder + "/db/pg_hba.conf", atomically: true, encoding: .utf8)
             if getuid() == 0 { try Self.check(run("/bin/chown", ["-R", "postgres:postgres", folder + "/db"]), "chown") }
-            self.settings = settings
-        } else if passwords {
-            try "local all all trust\nhost all all 127.0.0.1/32 scram-sha-256\n".write(toFile: folder + "/db/pg_hba.conf", atomically: true, encoding: .utf8)
-            if getuid() == 0 { try Self.check(run("/bin/chown", ["-R", "postgres:postgres", folder + "/db"]), "chown") }
-            settings = []
-        } else {
-            settings = []
         }
+        self.settings = settings
         watchdog = try launch(
             "/bin/sh", ["-c", "read _; \(asPostgres.joined(separator: " ")) \(bin)/pg_ctl -D '\(folder)/db' -m immediate -w stop >/dev/null 2>&1; rm -rf '\(folder)'"],
             stdin: watchdogInput)

@@ -56,7 +56,7 @@ public final class ServerProcess: @unchecked Sendable {
     /// `dataFlag` start another server, e.g. `iap-sandbox serve --dir`.
     public init(
         data: String, arguments: [String], folder: TemporaryFolder, fixedPort: Bool = false, launcher: [String] = [],
-        tool: String = "iap-server", dataFlag: String = "--data"
+        tool: String = "iap-server", dataFlag: String = "--data", environment: [String: String] = [:]
     ) throws {
         let portFile = folder.sub("port-\(UUID().uuidString)")
         log = folder.sub("server-\(UUID().uuidString).log")
@@ -69,6 +69,7 @@ public final class ServerProcess: @unchecked Sendable {
             process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
             process.arguments = launcher + [productsDirectory() + "/" + tool] + serve
         }
+        if !environment.isEmpty { process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 } }
         process.standardOutput = FileHandle(forWritingAtPath: log)
         process.standardError = FileHandle(forWritingAtPath: log)
         try process.run()
