@@ -46,11 +46,11 @@ struct DatabaseTLS {
             }
             authority = "the system's certificate authorities"
         case let path?:
-            tls.trustRoots = .certificates(try Self.authorities(path, parameter: "sslrootcert=\(path)"))
+            tls.trustRoots = .certificates(try Self.authorities(path, parameter: "sslrootcert in the database URL"))
             authority = "sslrootcert=\(path)"
         case nil:
             if let path = defaults.map({ $0 + "root.crt" }), FileManager.default.fileExists(atPath: path) {
-                tls.trustRoots = .certificates(try Self.authorities(path, parameter: path))
+                tls.trustRoots = .certificates(try Self.authorities(path, parameter: "libpq's default authority file"))
                 authority = path
             } else if verify {
                 throw CatalogError(
@@ -98,13 +98,7 @@ struct DatabaseTLS {
         do throws(AuthorityFileError) {
             return try AuthorityFile.load(path)
         } catch {
-            switch error.problem {
-            case .unreadable:
-                throw CatalogError(.storage, "cannot read the certificate authority file of \(parameter) in the database URL: check the path")
-            case .noCertificate:
-                throw CatalogError(
-                    .storage, "\(parameter) in the database URL holds no PEM certificate: give the authority's certificate as PEM (-----BEGIN CERTIFICATE-----)")
-            }
+            throw CatalogError(.storage, error.explanation(givenAs: parameter))
         }
     }
 

@@ -12,11 +12,20 @@ public struct AuthorityFileError: Error, Sendable, Equatable {
 
     public let path: String
     public let problem: Problem
+
+    /// What to tell the user, naming the setting the file was given through (`--ca-file`).
+    public func explanation(givenAs setting: String) -> String {
+        switch problem {
+        case .unreadable:
+            "cannot read the certificate authority file \(path): check the path given to \(setting)"
+        case .noCertificate:
+            "\(path) holds no PEM certificate: \(setting) takes the certificate authority's certificate as PEM (-----BEGIN CERTIFICATE-----)"
+        }
+    }
 }
 
 /// Reads certificate authorities from PEM files, for the clients that trust a private authority
-/// (iap-fetch's and iap-server's `--ca-file`, the database URL's `sslrootcert`). Each caller
-/// words the problem for the option it was given through.
+/// (iap-fetch's and iap-server's `--ca-file`, the database URL's `sslrootcert`).
 public enum AuthorityFile {
     /// The certificates in the PEM file at `path`, at least one.
     public static func load(_ path: String) throws(AuthorityFileError) -> [NIOSSLCertificate] {

@@ -11,13 +11,7 @@ enum TLSTrust {
         do throws(AuthorityFileError) {
             return try AuthorityFile.clientConfiguration(adding: files)
         } catch {
-            switch error.problem {
-            case .unreadable:
-                throw FetchError(.tls, "cannot read the certificate authority file \(error.path): check the path given to --ca-file")
-            case .noCertificate:
-                throw FetchError(
-                    .tls, "\(error.path) holds no PEM certificate: --ca-file takes the certificate authority's certificate as PEM (-----BEGIN CERTIFICATE-----)")
-            }
+            throw FetchError(.tls, error.explanation(givenAs: "--ca-file"))
         }
     }
 

@@ -12,13 +12,7 @@ public enum OutboundHTTP {
         do throws(AuthorityFileError) {
             return try AuthorityFile.clientConfiguration(adding: files)
         } catch {
-            switch error.problem {
-            case .unreadable:
-                throw ServerStartError(.caFile, "cannot read the certificate authority file \(error.path): check the path given to --ca-file (IAP_CA_FILES)")
-            case .noCertificate:
-                throw ServerStartError(
-                    .caFile, "\(error.path) holds no PEM certificate: --ca-file takes the certificate authority's certificate as PEM (-----BEGIN CERTIFICATE-----)")
-            }
+            throw ServerStartError(.caFile, error.explanation(givenAs: "--ca-file (IAP_CA_FILES)"))
         }
     }
 

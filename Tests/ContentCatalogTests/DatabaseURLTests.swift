@@ -81,7 +81,10 @@ struct DatabaseURLTests {
             ("sslmode=verify-ca", "names no authority to check it against: add sslrootcert=<file>"),
             ("sslmode=verify-full", "names no authority to check it against: add sslrootcert=<file>"),
             ("sslmode=require&sslrootcert=system", "sslrootcert=system in the database URL needs sslmode=verify-full"),
-            ("sslmode=verify-ca&sslrootcert=\(folder.path)/missing.pem", "cannot read the certificate authority file of sslrootcert=\(folder.path)/missing.pem"),
+            (
+                "sslmode=verify-ca&sslrootcert=\(folder.path)/missing.pem",
+                "cannot read the certificate authority file \(folder.path)/missing.pem: check the path given to sslrootcert in the database URL"
+            ),
             ("sslmode=verify-ca&sslrootcert=\(notPEM)", "holds no PEM certificate"),
             ("sslmode=verify-ca&sslrootcert=\(authority.authority)&sslcert=\(folder.path)/missing.pem", "cannot read a PEM client certificate"),
             ("sslmode=always", "is not one of disable, allow, prefer, require, verify-ca, verify-full"),

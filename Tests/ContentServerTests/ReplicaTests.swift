@@ -227,6 +227,13 @@ struct ReplicaTests {
         #expect(try upload(packed.archivePath, to: a, tmp).status == 201)
         let archive = packed.manifest.archiveSHA256 + ".zip"
 
+        // A --ca-file that cannot be used stops the start, before the data folder is made.
+        for (file, expected) in [(tmp.sub("missing.pem"), "cannot read the certificate authority file"), (packed.archivePath, "holds no PEM certificate")] {
+            let refused = try run(productsDirectory() + "/iap-server", ["serve", "--data", tmp.sub("never"), "--bundle-id", ReplicaFixture.bundleId, "--ca-file", file])
+            #expect(refused.status == 1 && refused.stderr.contains(expected) && refused.stderr.contains("--ca-file"), "\(refused.stderr)")
+            #expect(!FileManager.default.fileExists(atPath: tmp.sub("never")))
+        }
+
         var b = try ReplicaFixture.replica(tmp, "b", sandbox: sandbox, databaseURL: url, sharedArchives: false)
         let refused = await waitUntil(.seconds(20)) {
             ((try? String(contentsOfFile: b.log, encoding: .utf8)) ?? "").contains("is not trusted: start this replica with --ca-file")
