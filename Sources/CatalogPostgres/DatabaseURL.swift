@@ -63,7 +63,9 @@ struct DatabaseURL {
         self.user = user
         let path = parts.path.hasPrefix("/") ? String(parts.path.dropFirst()) : parts.path
         database = query["dbname"] ?? (path.isEmpty ? nil : path)
-        let host = query["host"] ?? parts.host.flatMap { $0.isEmpty ? nil : $0 }
+        // Foundation may keep an IPv6 literal's brackets (postgres://iap@[::1]/iap); the socket wants it bare.
+        let given = query["host"] ?? parts.host.flatMap { $0.isEmpty ? nil : $0 }
+        let host = given.map { $0.hasPrefix("[") && $0.hasSuffix("]") ? String($0.dropFirst().dropLast()) : $0 }
         guard let host, !host.isEmpty else { throw CatalogError(.storage, "the database URL names no host: \(hint)") }
         // A folder in `host` is a Unix socket's, as libpq takes it (postgres://user@/db?host=/run/postgresql).
         let socket = query["host"].flatMap { $0.hasPrefix("/") ? $0 : nil }

@@ -33,7 +33,8 @@ public final class PostgresCatalog: CatalogDatabase {
     ) async throws(CatalogError) {
         self.operationTimeout = operationTimeout
         let (configuration, probe, tls) = try Self.configuration(url, environment: environment, logger: logger)
-        location = "PostgreSQL at \(configuration.host ?? configuration.unixSocketPath ?? "?")\(configuration.port.map { ":\($0)" } ?? "")/\(configuration.database ?? configuration.username)"
+        let host = configuration.host.map { $0.contains(":") ? "[\($0)]" : $0 }
+        location = "PostgreSQL at \(host ?? configuration.unixSocketPath ?? "?")\(configuration.port.map { ":\($0)" } ?? "")/\(configuration.database ?? configuration.username)"
         // PostgresNIO logs each failed connection attempt at info; an operator needs the warnings.
         var logger = logger
         if logger.logLevel < .warning { logger.logLevel = .warning }

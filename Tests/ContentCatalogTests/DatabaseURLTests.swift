@@ -181,7 +181,7 @@ struct DatabaseURLTests {
         try await expectBoth(bare + "?passfile=\(elsewhere)", isolated, connect: true, "passfile=")
     }
 
-    @Test("query parameters as psql takes them: a misspelt one refused, host, port, user and dbname winning over the URL's parts, application_name sent")
+    @Test("query parameters as psql takes them: a misspelt one refused, host, port, user and dbname winning over the URL's parts, an IPv6 host, application_name sent")
     func parameters() async throws {
         let server = try await PostgresServer.shared()
         let created = try await server.createDatabase()
@@ -193,6 +193,7 @@ struct DatabaseURLTests {
             (base + "&user=nobody", false),
             ("postgres://nobody@127.0.0.1:1/none?host=127.0.0.1&port=\(server.port)&user=iap&dbname=\(database)&sslmode=disable", true),
             (base + "&gssencmode=disable&connect_timeout=5", true),
+            ("postgres://iap@[::1]:\(server.port)/\(database)?sslmode=disable", true),
         ] {
             let psql = try await server.psqlConnects(url)
             #expect(psql.connected == connects, "psql: \(url): \(psql.output)")

@@ -103,7 +103,9 @@ public final class PostgresServer: @unchecked Sendable {
     public func restart() async throws { try await offThread { try self.startBlocking() } }
 
     private func startBlocking() throws {
-        try pgCtl(["-l", folder + "/server.log", "-w", "-t", "30", "-o", (["-p \(port) -k \(folder) -c listen_addresses=127.0.0.1"] + settings.map { "-c " + $0 }).joined(separator: " "), "start"])
+        // IPv6 loopback too, for database URLs that name [::1].
+        let options = ["-p \(port) -k \(folder) -c listen_addresses='127.0.0.1,::1'"] + settings.map { "-c " + $0 }
+        try pgCtl(["-l", folder + "/server.log", "-w", "-t", "30", "-o", options.joined(separator: " "), "start"])
     }
 
     /// Stops the server: `fast` disconnects clients and shuts down cleanly, `immediate` is a crash.
