@@ -1,5 +1,6 @@
 import ContentCatalog
 import Foundation
+import IAPProtocol
 import Logging
 
 /// A `postgres://` URL read as libpq (psql) reads it, so that the URL an operator checked with
@@ -63,9 +64,8 @@ struct DatabaseURL {
         self.user = user
         let path = parts.path.hasPrefix("/") ? String(parts.path.dropFirst()) : parts.path
         database = query["dbname"] ?? (path.isEmpty ? nil : path)
-        // Foundation may keep an IPv6 literal's brackets (postgres://iap@[::1]/iap); the socket wants it bare.
-        let given = query["host"] ?? parts.host.flatMap { $0.isEmpty ? nil : $0 }
-        let host = given.map { $0.hasPrefix("[") && $0.hasSuffix("]") ? String($0.dropFirst().dropLast()) : $0 }
+        // postgres://iap@[::1]/iap: the socket wants the address bare.
+        let host = (query["host"] ?? parts.host.flatMap { $0.isEmpty ? nil : $0 }).map(URLHost.bare)
         guard let host, !host.isEmpty else { throw CatalogError(.storage, "the database URL names no host: \(hint)") }
         // A folder in `host` is a Unix socket's, as libpq takes it (postgres://user@/db?host=/run/postgresql).
         let socket = query["host"].flatMap { $0.hasPrefix("/") ? $0 : nil }

@@ -33,7 +33,7 @@ public final class PostgresCatalog: CatalogDatabase {
     ) async throws(CatalogError) {
         self.operationTimeout = operationTimeout
         let (configuration, probe, tls) = try Self.configuration(url, environment: environment, logger: logger)
-        let host = configuration.host.map { $0.contains(":") ? "[\($0)]" : $0 }
+        let host = configuration.host.map(URLHost.inURL)
         location = "PostgreSQL at \(host ?? configuration.unixSocketPath ?? "?")\(configuration.port.map { ":\($0)" } ?? "")/\(configuration.database ?? configuration.username)"
         // PostgresNIO logs each failed connection attempt at info; an operator needs the warnings.
         var logger = logger

@@ -1,4 +1,5 @@
 import Foundation
+import IAPProtocol
 import NIOCore
 import NIOHTTP1
 import Synchronization
@@ -131,13 +132,12 @@ final class DirectBodyReader: Sendable {
         guard let components = URLComponents(string: url), let named = components.host else {
             throw Unsupported(description: "not an http URL")
         }
-        // Foundation may keep an IPv6 literal's brackets ([::1]); getaddrinfo takes it bare.
-        let host = named.hasPrefix("[") && named.hasSuffix("]") ? String(named.dropFirst().dropLast()) : named
+        let host = URLHost.bare(named)
         let port = components.port ?? 80
         let socket = try connect(host: host, port: port)
         var target = components.percentEncodedPath.isEmpty ? "/" : components.percentEncodedPath
         if let query = components.percentEncodedQuery { target += "?" + query }
-        var request = "GET \(target) HTTP/1.1\r\nHost: \(host.contains(":") ? "[\(host)]" : host)\(components.port.map { ":\($0)" } ?? "")\r\n"
+        var request = "GET \(target) HTTP/1.1\r\nHost: \(URLHost.inURL(host))\(components.port.map { ":\($0)" } ?? "")\r\n"
         for (name, value) in headers { request += "\(name): \(value)\r\n" }
         request += "Connection: close\r\n\r\n"
         try send(Array(request.utf8), on: socket)
@@ -288,7 +288,7 @@ final class DirectBodyReader: Sendable {
                 state.socket = -1
             }
         }
-        throw Unreachable(reason: FetchError(.network, "cannot connect to \(host.contains(":") ? "[\(host)]" : host):\(port): \(String(cString: strerror(lastError)))"))
+        throw Unreachable(reason: FetchError(.network, "cannot connect to \(URLHost.inURL(host)):\(port): \(String(cString: strerror(lastError)))"))
     }
 
     private func setTimeout(_ socket: Int32, _ option: Int32, _ duration: Duration) {

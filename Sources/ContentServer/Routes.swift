@@ -10,7 +10,6 @@ import NIOCore
 import NIOPosix
 import PurchaseVerification
 import ReceiptVerification
-import ServerStartup
 import Synchronization
 import SystemPackage
 
@@ -234,7 +233,7 @@ struct APIRoutes: Sendable {
                 Grant(
                     transactionId: transactionId, productId: productId, contentVersion: version.contentVersion,
                     sha256: version.sha256, expiresAt: Int64(expires.timeIntervalSince1970)))
-            let base = service.configuration.publicURL ?? "http://\(ListenHost.inURL(service.configuration.host)):\(service.boundPort.withLock { $0 })"
+            let base = service.configuration.publicURL ?? "http://\(URLHost.inURL(service.configuration.host)):\(service.boundPort.withLock { $0 })"
             let url = base + Route.content(token: token, productId: productId, contentVersion: version.contentVersion)
             service.metrics.grant("granted")
             return .success(

@@ -76,19 +76,3 @@ public enum OpenFileLimit {
         private static let resourceNumber = RLIMIT_NOFILE
     #endif
 }
-
-/// A listening address as `--host` gives it, as a socket binds it and as a URL names it: an IPv6
-/// literal is bracketed in URLs (`http://[::1]:8080`) and not when bound, and either form is
-/// taken from the operator.
-public enum ListenHost {
-    /// For binding: `[::1]` → `::1`; anything else as given.
-    public static func bindable(_ host: String) -> String {
-        host.hasPrefix("[") && host.hasSuffix("]") ? String(host.dropFirst().dropLast()) : host
-    }
-
-    /// For a URL's authority: `::1` → `[::1]`; a name or IPv4 address as given.
-    public static func inURL(_ host: String) -> String {
-        let bare = bindable(host)
-        return bare.contains(":") ? "[\(bare)]" : bare
-    }
-}

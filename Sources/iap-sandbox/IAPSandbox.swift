@@ -309,10 +309,10 @@ struct Serve: AsyncParsableCommand {
         do { store = try SandboxStore(folder: dir) } catch { throw reporter.failure(error) }
         var logger = Logger(label: "iap-sandbox")
         logger.logLevel = .notice
-        let host = ListenHost.bindable(self.host), portFile = self.portFile
+        let host = URLHost.bare(self.host), portFile = self.portFile
         do {
             try await SandboxAPIServer.run(api: SandboxStoreAPI(store: store, environment: environment.value), host: host, port: port, logger: logger) { port in
-                Console.out("iap-sandbox App Store Server API on http://\(ListenHost.inURL(host)):\(port)\n")
+                Console.out("iap-sandbox App Store Server API on http://\(URLHost.inURL(host)):\(port)\n")
                 if let portFile { try? AtomicFile.write(Data(String(port).utf8), to: portFile, permissions: 0o644) }
             }
         } catch let error as ServerStartError {

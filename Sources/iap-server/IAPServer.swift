@@ -186,7 +186,7 @@ struct Serve: AsyncParsableCommand {
         configuration.advertiseURL = try baseURL(advertiseURL, "IAP_ADVERTISE_URL", "--advertise-url")
         configuration.additionalTrustRootFiles = caFiles + (env("IAP_CA_FILES")?.split(separator: ":").map(String.init) ?? [])
         configuration.grantKeysPath = grantKeys ?? env("IAP_GRANT_KEYS") ?? configuration.grantKeysPath
-        configuration.host = ListenHost.bindable(host ?? env("IAP_HOST") ?? configuration.host)
+        configuration.host = URLHost.bare(host ?? env("IAP_HOST") ?? configuration.host)
         if let value = try number(port, "IAP_PORT", "--port", 0...65535, "a port number") { configuration.port = value }
         let environmentName = env("IAP_ENVIRONMENT") ?? "production"
         guard var policy = (environment ?? EnvironmentChoice(argument: environmentName))?.policy else {
@@ -229,7 +229,7 @@ struct Serve: AsyncParsableCommand {
         logger.logLevel = env("LOG_LEVEL").flatMap(Logger.Level.init(rawValue:)) ?? .info
         if configuration.publicURL == nil && ["0.0.0.0", "::"].contains(configuration.host) {
             logger.warning(
-                "download URLs will name http://\(ListenHost.inURL(configuration.host)):<port>, which no device can reach: give --public-url (IAP_PUBLIC_URL), the address devices use, such as https://content.example.com"
+                "download URLs will name http://\(URLHost.inURL(configuration.host)):<port>, which no device can reach: give --public-url (IAP_PUBLIC_URL), the address devices use, such as https://content.example.com"
             )
         }
         if let raised = OpenFileLimit.raiseToHardLimit(), raised.after > raised.before {
@@ -239,7 +239,7 @@ struct Serve: AsyncParsableCommand {
         let host = configuration.host
         do {
             try await ContentServerApp.run(configuration: configuration, logger: logger) { port in
-                Console.out("iap-server listening on http://\(ListenHost.inURL(host)):\(port)\n")
+                Console.out("iap-server listening on http://\(URLHost.inURL(host)):\(port)\n")
                 if let portFile { try? String(port).write(toFile: portFile, atomically: true, encoding: .utf8) }
             }
         } catch let error as CatalogError {
