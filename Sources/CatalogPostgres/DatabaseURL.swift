@@ -41,14 +41,51 @@ struct DatabaseURL {
         "target_session_attrs", "load_balance_hosts", "sslcertmode", "require_auth", "sslnegotiation",
     ]
 
+    /// Where Debian's PostgreSQL puts its socket, libpq's default there.
+    static let defaultSocketFolder = "/var/run/postgresql"
+
+    /// The name this process's user logs in with, libpq's default database user.
+    static func loginName() -> String? {
+        guard let entry = getpwuid(geteuid()), let name = entry.pointee.pw_name else { return nil }
+        return String(cString: name)
+    }
+
+    /// libpq's environment variables, each the default of a parameter the URL leaves out.
+    static let environmentDefaults: [(parameter: String, variable: String)] = [
+        ("host", "PGHOST"), ("port", "PGPORT"), ("dbname", "PGDATABASE"), ("user", "PGUSER"), ("password", "PGPASSWORD"),
+        ("passfile", "PGPASSFILE"), ("sslmode", "PGSSLMODE"), ("sslrootcert", "PGSSLROOTCERT"), ("sslcert", "PGSSLCERT"), ("sslkey", "PGSSLKEY"),
+        ("connect_timeout", "PGCONNECT_TIMEOUT"), ("application_name", "PGAPPNAME"), ("options", "PGOPTIONS"),
+    ]
+
     init(_ url: String, environment: [String: String], logger: Logger) throws(CatalogError) {
-        let hint = Self.hint
         // The URL may hold a password: messages name its parts, never the URL itself.
         guard let parts = URLComponents(string: url), let scheme = parts.scheme, ["postgres", "postgresql"].contains(scheme) else {
             let scheme = URLComponents(string: url)?.scheme.map { "'\($0):'" } ?? "no scheme"
-            throw CatalogError(.storage, "the database URL (\(scheme)) is not a PostgreSQL URL: \(hint)")
+            throw CatalogError(.storage, "the database URL (\(scheme)) is not a PostgreSQL URL: \(Self.hint)")
         }
-        let query = Dictionary((parts.queryItems ?? []).map { ($0.name, $0.value ?? "") }, uniquingKeysWith: { $1 })
+        var query = Dictionary((parts.queryItems ?? []).map { ($0.name, $0.value ?? "") }, uniquingKeysWith: { $1 })
+        try Self.checkNames(query, logger: logger)
+        // What the URL leaves out, the environment gives, as for psql: query, then the URL's parts, then PG*.
+        let inParts: [String: Bool] = [
+            "host": parts.host.map { !$0.isEmpty } ?? false, "port": parts.port != nil, "user": parts.user.map { !$0.isEmpty } ?? false,
+            "dbname": parts.path.count > 1, "password": parts.password != nil,
+        ]
+        var fromEnvironment: [String] = []
+        for (parameter, variable) in Self.environmentDefaults where query[parameter] == nil && inParts[parameter] != true {
+            guard let value = environment[variable], !value.isEmpty else { continue }
+            query[parameter] = value
+            if parameter != "password" { fromEnvironment.append("\(variable)=\(value)") }
+        }
+        do {
+            try self.init(parts, query, environment: environment, logger: logger)
+        } catch {
+            guard !fromEnvironment.isEmpty else { throw error }
+            throw CatalogError(error.code, error.message + " (from the environment: \(fromEnvironment.joined(separator: ", ")))")
+        }
+    }
+
+    /// A name libpq does not know is refused; one it knows that has no meaning here is warned of.
+    private static func checkNames(_ query: [String: String], logger: Logger) throws(CatalogError) {
         for name in query.keys.sorted() where !Self.honoured.contains(name) && name != "pool_max_conns" {
             guard Self.ignored.contains(name) else {
                 throw CatalogError(
@@ -58,19 +95,22 @@ struct DatabaseURL {
             }
             logger.warning("\(name) in the database URL has no effect here: iap-server does not implement it")
         }
-        guard let user = query["user"] ?? parts.user.flatMap({ $0.isEmpty ? nil : $0 }) else {
-            throw CatalogError(.storage, "the database URL names no user: \(hint)")
+    }
+
+    private init(_ parts: URLComponents, _ query: [String: String], environment: [String: String], logger: Logger) throws(CatalogError) {
+        // libpq's defaults for what neither the URL nor the environment gives: the user's own
+        // login name, and the server's Unix socket in Debian's folder.
+        guard let user = query["user"] ?? parts.user.flatMap({ $0.isEmpty ? nil : $0 }) ?? Self.loginName() else {
+            throw CatalogError(.storage, "the database URL names no user, and this process has no login name: \(Self.hint)")
         }
         self.user = user
         let path = parts.path.hasPrefix("/") ? String(parts.path.dropFirst()) : parts.path
         database = query["dbname"] ?? (path.isEmpty ? nil : path)
         // postgres://iap@[::1]/iap: the socket wants the address bare.
-        let host = (query["host"] ?? parts.host.flatMap { $0.isEmpty ? nil : $0 }).map(URLHost.bare)
-        guard let host, !host.isEmpty else { throw CatalogError(.storage, "the database URL names no host: \(hint)") }
-        // A folder in `host` is a Unix socket's, as libpq takes it (postgres://user@/db?host=/run/postgresql).
-        let socket = query["host"].flatMap { $0.hasPrefix("/") ? $0 : nil }
-        self.host = socket ?? host
-        isSocket = socket != nil
+        let host = (query["host"] ?? parts.host.flatMap { $0.isEmpty ? nil : $0 }).map(URLHost.bare) ?? Self.defaultSocketFolder
+        // A folder is a Unix socket's, as libpq takes it (postgres://user@/db?host=/run/postgresql).
+        self.host = host
+        isSocket = host.hasPrefix("/")
         if let text = query["port"] {
             guard let port = Int(text), (1...65535).contains(port) else { throw CatalogError(.storage, "port=\(text) in the database URL is not a port number") }
             self.port = port
@@ -81,7 +121,7 @@ struct DatabaseURL {
         // Where psql finds it when the URL holds none: PGPASSWORD, then the password file.
         let (server, port, named) = (self.host, self.port, self.database ?? user)
         password =
-            query["password"] ?? parts.password ?? environment["PGPASSWORD"]
+            query["password"] ?? parts.password
             ?? PasswordFile.path(query: query, environment: environment).flatMap {
                 PasswordFile(path: $0).password(host: server, port: port, database: named, user: user) { logger.warning("\($0)") }
             }

@@ -7,9 +7,9 @@ import Foundation
 struct PasswordFile {
     let path: String
 
-    /// The file libpq would read: `passfile` in the URL, else `PGPASSFILE`, else `~/.pgpass`.
+    /// The file libpq would read: `passfile` (in the URL, else `PGPASSFILE`), else `~/.pgpass`.
     static func path(query: [String: String], environment: [String: String]) -> String? {
-        query["passfile"] ?? environment["PGPASSFILE"] ?? environment["HOME"].map { $0 + "/.pgpass" }
+        query["passfile"] ?? environment["HOME"].map { $0 + "/.pgpass" }
     }
 
     /// The password for the connection, or nil when the file is missing, matches nothing, or may

@@ -181,7 +181,7 @@ struct DatabaseURLTests {
         try await expectBoth(bare + "?passfile=\(elsewhere)", isolated, connect: true, "passfile=")
     }
 
-    @Test("query parameters as psql takes them: a misspelt one refused, host, port, user and dbname winning over the URL's parts, an IPv6 host, application_name sent")
+    @Test("parameters as psql takes them: a misspelt one refused, the query over the URL's parts over the PG* environment, an IPv6 host, application_name sent")
     func parameters() async throws {
         let server = try await PostgresServer.shared()
         let created = try await server.createDatabase()
@@ -208,6 +208,32 @@ struct DatabaseURLTests {
         #expect(typo.message.contains("sslmod in the database URL is not a parameter PostgreSQL clients know"), "\(typo.message)")
         let timeout = try await #require(throws: CatalogError.self) { try await PostgresCatalog(url: base + "&connect_timeout=soon", environment: [:]) }
         #expect(timeout.message.contains("connect_timeout=soon in the database URL is not a number of seconds"), "\(timeout.message)")
+
+        // libpq's environment: each PG* variable fills in what the URL leaves out, and only that.
+        let environment = [
+            "PGHOST": "127.0.0.1", "PGPORT": String(server.port), "PGUSER": "iap", "PGDATABASE": database, "PGSSLMODE": "disable",
+        ]
+        for (url, environment, connects) in [
+            ("postgres://", environment, true),
+            (base, ["PGPORT": "1", "PGUSER": "nobody", "PGDATABASE": "none"], true),
+            ("postgres://", environment.merging(["PGSSLMODE": "verify-full"]) { $1 }, false),
+        ] {
+            let psql = try await server.psqlConnects(url, environment: environment)
+            #expect(psql.connected == connects, "psql: \(url) \(environment): \(psql.output)")
+            do throws(CatalogError) {
+                await (try await PostgresCatalog(url: url, environment: environment)).close()
+                #expect(connects, "connected: \(url) \(environment)")
+            } catch {
+                #expect(!connects, "refused: \(url) \(environment): \(error.message)")
+                #expect(error.message.contains("(from the environment: "), "\(error.message)")
+            }
+        }
+        // No user anywhere: this process's login name, as psql takes it.
+        let anonymous = "postgres://127.0.0.1:\(server.port)/\(database)?sslmode=disable"
+        let psqlAnonymous = try await server.psqlConnects(anonymous).connected
+        let oursAnonymous = try? await PostgresCatalog(url: anonymous, environment: [:])
+        await oursAnonymous?.close()
+        #expect(psqlAnonymous == (oursAnonymous != nil), "psql connected: \(psqlAnonymous)")
 
         // The server sees the name, as it does psql's (pg_stat_activity).
         let name = "iap-test-" + UUID().uuidString.prefix(8)
