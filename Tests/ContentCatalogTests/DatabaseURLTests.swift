@@ -39,16 +39,9 @@ struct DatabaseURLTests {
         ]
         for (host, query, connects) in cases {
             let url = "postgres://iap@\(host):\(server.port)/\(database)" + (query.isEmpty ? "" : "?" + query)
-            let psql = try await server.psqlConnects(url)
-            #expect(psql.connected == connects, "psql with \(query): \(psql.output)")
-            do throws(CatalogError) {
-                let catalog = try await PostgresCatalog(url: url)
-                #expect(connects, "connected with \(query)")
-                await catalog.close()
-            } catch {
-                #expect(!connects, "refused with \(query): \(error.message)")
-                #expect(!error.message.contains("BoringSSL"), "\(error.message)")
-            }
+            // This machine's own environment on both sides (its ~/.postgresql, if any).
+            let refusal = try await Self.expectAgreement(server, url, environment: ProcessInfo.processInfo.environment, connects: connects)
+            #expect(refusal?.contains("BoringSSL") != true, "\(refusal ?? "")")
         }
     }
 
@@ -147,38 +140,27 @@ struct DatabaseURLTests {
         #expect(!notOwner.message.contains("check that it runs"), "\(notOwner.message)")
         _ = try await server.psql(created, "ALTER DATABASE \(database) OWNER TO app")
 
-        func expectBoth(_ url: String, _ environment: [String: String], connect: Bool, _ what: String) async throws {
-            let psql = try await server.psqlConnects(url, environment: environment)
-            #expect(psql.connected == connect, "psql, \(what): \(psql.output)")
-            do throws(CatalogError) {
-                await (try await PostgresCatalog(url: url, environment: environment)).close()
-                #expect(connect, "connected, \(what)")
-            } catch {
-                #expect(!connect, "refused, \(what): \(error.message)")
-            }
-        }
-
         let none = try await #require(throws: CatalogError.self) { try await PostgresCatalog(url: bare, environment: isolated) }
         #expect(none.message.contains("the server asks for a password and the database URL gives none"), "\(none.message)")
-        try await expectBoth(bare, isolated, connect: false, "no password anywhere")
-        try await expectBoth("postgres://app:p%40ss%3Aw%2Frd@127.0.0.1:\(server.port)/\(database)", isolated, connect: true, "in the URL")
-        try await expectBoth(bare, isolated.merging(["PGPASSWORD": "p@ss:w/rd"]) { $1 }, connect: true, "PGPASSWORD")
-        try await expectBoth(bare, isolated.merging(["PGPASSWORD": "wrong"]) { $1 }, connect: false, "a wrong PGPASSWORD")
+        try await Self.expectAgreement(server, bare, environment: isolated, connects: false, "no password anywhere")
+        try await Self.expectAgreement(server, "postgres://app:p%40ss%3Aw%2Frd@127.0.0.1:\(server.port)/\(database)", environment: isolated, connects: true, "in the URL")
+        try await Self.expectAgreement(server, bare, environment: isolated.merging(["PGPASSWORD": "p@ss:w/rd"]) { $1 }, connects: true, "PGPASSWORD")
+        try await Self.expectAgreement(server, bare, environment: isolated.merging(["PGPASSWORD": "wrong"]) { $1 }, connects: false, "a wrong PGPASSWORD")
 
         // ~/.pgpass: the first matching line wins; * matches anything.
         let pgpass = home + "/.pgpass"
         try "# comment\n127.0.0.1:1:*:app:not-this-port\n*:\(server.port):\(database):app:p@ss\\:w/rd\n*:*:*:app:not-reached\n"
             .write(toFile: pgpass, atomically: true, encoding: .utf8)
         try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: pgpass)
-        try await expectBoth(bare, isolated, connect: true, "~/.pgpass")
+        try await Self.expectAgreement(server, bare, environment: isolated, connects: true, "~/.pgpass")
         // One others may read is ignored, by both.
         try FileManager.default.setAttributes([.posixPermissions: 0o644], ofItemAtPath: pgpass)
-        try await expectBoth(bare, isolated, connect: false, "~/.pgpass readable by others")
+        try await Self.expectAgreement(server, bare, environment: isolated, connects: false, "~/.pgpass readable by others")
         // passfile= in the URL names another.
         let elsewhere = folder.path + "/passwords"
         try "127.0.0.1:\(server.port):*:app:p@ss\\:w/rd\n".write(toFile: elsewhere, atomically: true, encoding: .utf8)
         try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: elsewhere)
-        try await expectBoth(bare + "?passfile=\(elsewhere)", isolated, connect: true, "passfile=")
+        try await Self.expectAgreement(server, bare + "?passfile=\(elsewhere)", environment: isolated, connects: true, "passfile=")
     }
 
     @Test("parameters as psql takes them: a misspelt one refused, the query over the URL's parts over the PG* environment, an IPv6 host, application_name sent")
@@ -195,14 +177,7 @@ struct DatabaseURLTests {
             (base + "&gssencmode=disable&connect_timeout=5", true),
             ("postgres://iap@[::1]:\(server.port)/\(database)?sslmode=disable", true),
         ] {
-            let psql = try await server.psqlConnects(url)
-            #expect(psql.connected == connects, "psql: \(url): \(psql.output)")
-            do throws(CatalogError) {
-                await (try await PostgresCatalog(url: url, environment: [:])).close()
-                #expect(connects, "connected: \(url)")
-            } catch {
-                #expect(!connects, "refused: \(url): \(error.message)")
-            }
+            try await Self.expectAgreement(server, url, connects: connects)
         }
         let typo = try await #require(throws: CatalogError.self) { try await PostgresCatalog(url: base + "&sslmod=require", environment: [:]) }
         #expect(typo.message.contains("sslmod in the database URL is not a parameter PostgreSQL clients know"), "\(typo.message)")
@@ -218,15 +193,8 @@ struct DatabaseURLTests {
             (base, ["PGPORT": "1", "PGUSER": "nobody", "PGDATABASE": "none"], true),
             ("postgres://", environment.merging(["PGSSLMODE": "verify-full"]) { $1 }, false),
         ] {
-            let psql = try await server.psqlConnects(url, environment: environment)
-            #expect(psql.connected == connects, "psql: \(url) \(environment): \(psql.output)")
-            do throws(CatalogError) {
-                await (try await PostgresCatalog(url: url, environment: environment)).close()
-                #expect(connects, "connected: \(url) \(environment)")
-            } catch {
-                #expect(!connects, "refused: \(url) \(environment): \(error.message)")
-                #expect(error.message.contains("(from the environment: "), "\(error.message)")
-            }
+            let refusal = try await Self.expectAgreement(server, url, environment: environment, connects: connects)
+            #expect(refusal.map { $0.contains("(from the environment: ") } != false, "\(refusal ?? "")")
         }
         // No user anywhere: this process's login name, as psql takes it.
         let anonymous = "postgres://127.0.0.1:\(server.port)/\(database)?sslmode=disable"
@@ -241,6 +209,25 @@ struct DatabaseURLTests {
         _ = try await catalog.versions(productId: nil)
         #expect(try await server.psql(created, "SELECT COUNT(*) > 0 FROM pg_stat_activity WHERE application_name = '\(name)'") == "t")
         await catalog.close()
+    }
+
+    /// Opens `url` with psql and with the catalog, both in `environment`, and expects both to
+    /// connect or both to be refused, as `connects` says; returns the catalog's refusal.
+    @discardableResult
+    static func expectAgreement(
+        _ server: PostgresServer, _ url: String, environment: [String: String] = [:], connects: Bool, _ what: String = "",
+        sourceLocation: SourceLocation = #_sourceLocation
+    ) async throws -> String? {
+        let psql = try await server.psqlConnects(url, environment: environment)
+        #expect(psql.connected == connects, "psql, \(what) \(url): \(psql.output)", sourceLocation: sourceLocation)
+        do throws(CatalogError) {
+            await (try await PostgresCatalog(url: url, environment: environment)).close()
+            #expect(connects, "connected, \(what) \(url)", sourceLocation: sourceLocation)
+            return nil
+        } catch {
+            #expect(!connects, "refused, \(what) \(url): \(error.message)", sourceLocation: sourceLocation)
+            return error.message
+        }
     }
 
     /// The database's name in a URL from ``PostgresServer/createDatabase()``.
