@@ -60,6 +60,16 @@ struct DatabaseURL {
     init(_ url: String, environment: [String: String], logger: Logger) throws(CatalogError) {
         // The URL may hold a password: messages name its parts, never the URL itself.
         guard let parts = URLComponents(string: url), let scheme = parts.scheme, ["postgres", "postgresql"].contains(scheme) else {
+            if url.hasPrefix("postgres://") || url.hasPrefix("postgresql://") {
+                let authority = url.split(separator: "/", maxSplits: 3, omittingEmptySubsequences: false).dropFirst(2).first ?? ""
+                if authority.split(separator: "@").last?.contains(",") == true {
+                    throw CatalogError(
+                        .storage,
+                        "the database URL names several hosts, which iap-server does not take: give one, the primary's or a proxy's in front of the cluster (pgbouncer, HAProxy)"
+                    )
+                }
+                throw CatalogError(.storage, "the database URL does not parse: percent-encode @ : / and spaces in the user and password (%40 %3A %2F %20)")
+            }
             let scheme = URLComponents(string: url)?.scheme.map { "'\($0):'" } ?? "no scheme"
             throw CatalogError(.storage, "the database URL (\(scheme)) is not a PostgreSQL URL: \(Self.hint)")
         }

@@ -64,6 +64,8 @@ struct PostgresCatalogTests {
     func errors() async throws {
         for (url, expected) in [
             ("mysql://u:secret@h/db", "the database URL ('mysql:') is not a PostgreSQL URL"),
+            ("postgres://u:secret@h1:5432,h2:5432/db", "names several hosts, which iap-server does not take"),
+            ("postgres://u:se cret/x@h/db", "percent-encode @ : / and spaces"),
             ("postgres://u@127.0.0.1/db?sslmode=sometimes", "sslmode=sometimes"),
             ("postgres://u@127.0.0.1/db?pool_max_conns=1", "pool_max_conns=1 in the database URL is not a number from 2 to 1000"),
             ("postgres://u@127.0.0.1/db?pool_max_conns=many", "give, say, pool_max_conns=10"),
