@@ -66,17 +66,20 @@ struct DatabaseTLS {
         configuration = tls
     }
 
+    /// Whether a server without TLS is taken in plain text (libpq's `allow` and `prefer`).
+    private var plainAllowed: Bool { mode == .allow || mode == .prefer }
+
     /// For the pool.
     var client: PostgresClient.Configuration.TLS {
         guard let configuration else { return .disable }
-        return mode == .allow || mode == .prefer ? .prefer(configuration) : .require(configuration)
+        return plainAllowed ? .prefer(configuration) : .require(configuration)
     }
 
     /// For the one connection made first, whose failure is reported.
     func connection() throws -> PostgresConnection.Configuration.TLS {
         guard let configuration else { return .disable }
         let context = try NIOSSLContext(configuration: configuration)
-        return mode == .allow || mode == .prefer ? .prefer(context) : .require(context)
+        return plainAllowed ? .prefer(context) : .require(context)
     }
 
     /// What to say when the server's certificate was refused, or nil when `error` is not that.

@@ -25,8 +25,8 @@ public final class PostgresCatalog: CatalogDatabase {
     /// by default) and brings the schema up to date.
     /// `operationTimeout` bounds each operation, waiting for a connection included (PostgresNIO
     /// waits as long as the server is away): a grant request gets its 503 after that long.
-    /// `environment` is where `PGPASSWORD`, `PGPASSFILE` and `HOME` (for `~/.pgpass` and
-    /// `~/.postgresql`) are read, as libpq reads them.
+    /// `environment` is where libpq's variables (`PGHOST`, `PGPASSWORD`, `PGSSLMODE`, …, see
+    /// ``DatabaseURL``) and `HOME` (for `~/.pgpass` and `~/.postgresql`) are read.
     public init(
         url: String, operationTimeout: Duration = .seconds(10), environment: [String: String] = ProcessInfo.processInfo.environment,
         logger: Logger = Logger(label: "iap.catalog.postgres")
@@ -85,7 +85,7 @@ public final class PostgresCatalog: CatalogDatabase {
         }
         // A replica that lost the database answers 503 soon rather than holding grant requests.
         configuration.options.connectTimeout = url.connectTimeout ?? .seconds(3)
-        if let timeout = url.connectTimeout { probe.options.connectTimeout = .nanoseconds(Int64(timeout.components.seconds) * 1_000_000_000) }
+        if let timeout = url.connectTimeout { probe.options.connectTimeout = .seconds(timeout.components.seconds) }
         configuration.options.additionalStartupParameters = url.startupParameters
         probe.options.additionalStartupParameters = url.startupParameters
         // pgx's name for it: replicas times this must stay under the server's max_connections.
