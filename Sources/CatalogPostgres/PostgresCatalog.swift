@@ -12,8 +12,8 @@ import PostgresNIO
 /// refund when it commits (``watchRevocations(_:)``).
 public final class PostgresCatalog: CatalogDatabase {
     public let location: String
-    private let client: PostgresClient
-    private let runner: Task<Void, Never>
+    private let pool: PoolKeeper
+    private let keeper: Task<Void, Never>
     private let logger: Logger
 
     /// The channel changes are announced on; the payload is `+<transactionId>` (revoked),
@@ -36,6 +36,7 @@ public final class PostgresCatalog: CatalogDatabase {
         let host = configuration.host.map(URLHost.inURL)
         location = "PostgreSQL at \(host ?? configuration.unixSocketPath ?? "?")\(configuration.port.map { ":\($0)" } ?? "")/\(configuration.database ?? configuration.username)"
         // PostgresNIO logs each failed connection attempt at info; an operator needs the warnings.
+        let catalogLogger = logger
         var logger = logger
         if logger.logLevel < .warning { logger.logLevel = .warning }
         self.logger = logger
@@ -51,16 +52,20 @@ public final class PostgresCatalog: CatalogDatabase {
             throw CatalogError(
                 .storage, "cannot connect to \(location): \(Self.describe(error)); check that it runs and that --database is right")
         }
-        let client = PostgresClient(configuration: configuration, backgroundLogger: logger)
-        self.client = client
-        runner = Task { await client.run() }
+        let pool = await PoolKeeper(configuration: configuration, probe: probe, location: location, poolLogger: logger, logger: catalogLogger)
+        self.pool = pool
+        keeper = Task { await pool.watch() }
         do {
             try await migrate()
         } catch {
-            runner.cancel()
+            await close()
             throw error
         }
     }
+
+    /// How many times the pool was found waiting out PostgresNIO's backoff after the database
+    /// came back, and replaced (``PoolKeeper``).
+    public var poolReplacements: Int { pool.replacements }
 
     /// The client configuration for a `postgres://` URL, or an error naming what is wrong with it.
     static func configuration(
@@ -122,8 +127,8 @@ public final class PostgresCatalog: CatalogDatabase {
     ]
 
     private func migrate() async throws(CatalogError) {
-        try await run(timeout: Self.openTimeout) { client, logger in
-            try await client.withTransaction(logger: logger) { connection in
+        try await run(timeout: Self.openTimeout) { connection, logger in
+            try await connection.withTransaction(logger: logger) { connection in
                 // Replicas starting together wait here for the first one's migration.
                 try await connection.query("SELECT pg_advisory_xact_lock(7291530001)", logger: logger)
                 try await connection.query("CREATE TABLE IF NOT EXISTS iap_schema (version BIGINT PRIMARY KEY, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())", logger: logger)
@@ -142,8 +147,8 @@ public final class PostgresCatalog: CatalogDatabase {
     // MARK: CatalogDatabase
 
     public func versions(productId: String?) async throws(CatalogError) -> [PublishedVersion] {
-        try await run { client, logger in
-            try await client.withConnection { connection in try await Self.versions(productId: productId, on: connection, logger: logger) }
+        try await run { connection, logger in
+            try await Self.versions(productId: productId, on: connection, logger: logger)
         }
     }
 
@@ -168,8 +173,8 @@ public final class PostgresCatalog: CatalogDatabase {
     public func insert(
         _ version: PublishedVersion, unless decide: @escaping @Sendable ([PublishedVersion]) throws(CatalogError) -> PublishedVersion?
     ) async throws(CatalogError) -> PublishOutcome {
-        try await run { client, logger in
-            try await client.withTransaction(logger: logger) { connection -> PublishOutcome in
+        try await run { connection, logger in
+            try await connection.withTransaction(logger: logger) { connection -> PublishOutcome in
                 // One publisher of a product at a time, across replicas: the lock is the product's.
                 try await connection.query("SELECT pg_advisory_xact_lock(hashtext(\(version.productId)))", logger: logger)
                 let existing = try await Self.versions(productId: version.productId, on: connection, logger: logger)
@@ -189,8 +194,8 @@ public final class PostgresCatalog: CatalogDatabase {
     public func update(
         productId: String, contentVersion: String, _ change: @escaping @Sendable (inout PublishedVersion) -> Void
     ) async throws(CatalogError) -> PublishedVersion {
-        try await run { client, logger in
-            try await client.withTransaction(logger: logger) { connection -> PublishedVersion in
+        try await run { connection, logger in
+            try await connection.withTransaction(logger: logger) { connection -> PublishedVersion in
                 try await connection.query("SELECT pg_advisory_xact_lock(hashtext(\(productId)))", logger: logger)
                 let existing = try await Self.versions(productId: productId, on: connection, logger: logger)
                 guard var version = existing.first(where: { $0.contentVersion == contentVersion }) else { throw CatalogError.unpublished(productId, contentVersion) }
@@ -208,8 +213,8 @@ public final class PostgresCatalog: CatalogDatabase {
     }
 
     public func recordGrant(_ grant: GrantRecord) async throws(CatalogError) {
-        try await run { client, logger in
-            try await client.query(
+        try await run { connection, logger in
+            try await connection.query(
                 """
                 INSERT INTO grants (transaction_id, original_transaction_id, product_id, environment, first_granted_at, last_granted_at)
                 VALUES (\(grant.transactionId), \(grant.originalTransactionId), \(grant.productId), \(grant.environment), \(grant.grantedAt), \(grant.grantedAt))
@@ -223,23 +228,23 @@ public final class PostgresCatalog: CatalogDatabase {
     }
 
     public func isRevoked(transactionId: String) async throws(CatalogError) -> Bool {
-        try await run { client, logger in
-            for try await _ in try await client.query("SELECT 1 FROM revocations WHERE transaction_id = \(transactionId)", logger: logger) { return true }
+        try await run { connection, logger in
+            for try await _ in try await connection.query("SELECT 1 FROM revocations WHERE transaction_id = \(transactionId)", logger: logger) { return true }
             return false
         }
     }
 
     public func revokedTransactionIds() async throws(CatalogError) -> Set<String> {
-        try await run { client, logger in
+        try await run { connection, logger in
             var ids = Set<String>()
-            for try await id in try await client.query("SELECT transaction_id FROM revocations", logger: logger).decode(String.self) { ids.insert(id) }
+            for try await id in try await connection.query("SELECT transaction_id FROM revocations", logger: logger).decode(String.self) { ids.insert(id) }
             return ids
         }
     }
 
     public func apply(_ n: NotificationRecord) async throws(CatalogError) -> NotificationOutcome {
-        try await run { client, logger in
-            try await client.withTransaction(logger: logger) { connection -> NotificationOutcome in
+        try await run { connection, logger in
+            try await connection.withTransaction(logger: logger) { connection -> NotificationOutcome in
                 // The primary key decides between two replicas given the same notification at once.
                 var inserted = false
                 for try await _ in try await connection.query(
@@ -280,7 +285,7 @@ public final class PostgresCatalog: CatalogDatabase {
     public func watchRevocations(_ onChange: @escaping @Sendable (RevocationChange) -> Void) async -> Bool {
         while !Task.isCancelled {
             do {
-                try await client.withConnection { connection in
+                try await pool.withConnection(counted: false) { connection in
                     try await connection.listen(on: Self.channel) { notifications in
                         onChange(.resynchronize)
                         for try await notification in notifications {
@@ -305,15 +310,16 @@ public final class PostgresCatalog: CatalogDatabase {
     }
 
     public func close() async {
-        runner.cancel()
-        _ = await runner.value
+        keeper.cancel()
+        await keeper.value
+        await pool.close()
     }
 
     // MARK: Helpers
 
     private func count(_ sql: String) async throws(CatalogError) -> Int {
-        try await run { client, logger in
-            for try await value in try await client.query(PostgresQuery(unsafeSQL: sql), logger: logger).decode(Int.self) { return value }
+        try await run { connection, logger in
+            for try await value in try await connection.query(PostgresQuery(unsafeSQL: sql), logger: logger).decode(Int.self) { return value }
             return 0
         }
     }
@@ -326,12 +332,12 @@ public final class PostgresCatalog: CatalogDatabase {
 
     @discardableResult
     private func run<T: Sendable>(
-        timeout: Duration? = nil, _ body: @escaping @Sendable (PostgresClient, Logger) async throws -> T
+        timeout: Duration? = nil, _ body: @escaping @Sendable (PostgresConnection, Logger) async throws -> T
     ) async throws(CatalogError) -> T {
-        let client = client, logger = logger, timeout = timeout ?? operationTimeout
+        let pool = pool, logger = logger, timeout = timeout ?? operationTimeout
         do {
             return try await withThrowingTaskGroup(of: T.self) { group in
-                group.addTask { try await body(client, logger) }
+                group.addTask { try await pool.withConnection { connection in try await body(connection, logger) } }
                 group.addTask {
                     try await Task.sleep(for: timeout)
                     throw TimedOut()

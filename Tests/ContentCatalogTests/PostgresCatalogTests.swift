@@ -103,6 +103,81 @@ struct PostgresCatalogTests {
         #expect(counts == Array(repeating: 0, count: 6))
         let open = try await server.psql(url, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
         #expect(Int(open).map { $0 >= 1 && $0 <= 2 } == true, "connections open: \(open)")
+        // Connections held past the keeper's look are a busy pool, not a stuck one: it stays.
+        #expect(catalog.poolReplacements == 0)
         await catalog.close()
+    }
+
+    @Test("after an outage long enough for PostgresNIO's pool to back off for seconds, the catalog answers once the database is back: the waiting pool is replaced")
+    func stuckPoolReplaced() async throws {
+        let server = try await PostgresServer.start()
+        let url = try await server.createDatabase()
+        let catalog = try await testCatalog(url)
+        // As a replica's revocation listener does, something waits for a connection throughout.
+        let listens = Mutex(0)
+        let watching = Task { _ = await catalog.watchRevocations { if $0 == .resynchronize { listens.withLock { $0 += 1 } } } }
+        try await server.stop()
+        // The pool's attempts are counted at a stand-in on the database's port. At the 20th failed
+        // attempt it waits 6.9 s before the next: long after the database is back.
+        let standIn = try StandInListener(port: server.port)
+        let counted = await waitUntil(.seconds(120)) { standIn.poolAttempts >= 20 }
+        #expect(counted != nil, "the pool tried \(standIn.poolAttempts) times")
+        standIn.close()
+        try await server.restart()
+        #expect(try await catalog.versions(productId: nil).isEmpty)
+        #expect(catalog.poolReplacements == 1)
+        // The revocation listener, whose wait the old pool's shutdown ended, listens on the new one.
+        let listening = await waitUntil(.seconds(30)) { listens.withLock { $0 } >= 2 }
+        #expect(listening != nil, "the revocation listener did not listen again")
+        watching.cancel()
+        await catalog.close()
+        try await server.stop(mode: "immediate")
+    }
+}
+
+/// A listener on a stopped database's port that takes each connection, reads its startup message
+/// and closes it: to the client, a database that goes away at once. It counts the attempts that
+/// are not the catalog's own reconnect probe (named by its application_name).
+private final class StandInListener: Sendable {
+    private let socket: Int32
+    private let attempts = Mutex(0)
+
+    var poolAttempts: Int { attempts.withLock { $0 } }
+
+    init(port: Int) throws {
+        let fd = Glibc.socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        var yes: Int32 = 1
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, socklen_t(MemoryLayout<Int32>.size))
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        address.sin_port = UInt16(port).bigEndian
+        let bound = withUnsafePointer(to: &address) { pointer in
+            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
+        }
+        guard bound, listen(fd, 16) == 0 else {
+            Glibc.close(fd)
+            throw CocoaError(.fileWriteUnknown, userInfo: [NSLocalizedDescriptionKey: "cannot listen on 127.0.0.1:\(port): \(String(cString: strerror(errno)))"])
+        }
+        socket = fd
+        Thread { [self] in
+            while true {
+                let client = accept(fd, nil, nil)
+                guard client >= 0 else { return }
+                var timeout = timeval(tv_sec: 1, tv_usec: 0)
+                setsockopt(client, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+                var buffer = [UInt8](repeating: 0, count: 4096)
+                let count = read(client, &buffer, buffer.count)
+                let startup = count > 0 ? String(decoding: buffer[..<count], as: UTF8.self) : ""
+                if !startup.contains("reconnect probe") { self.attempts.withLock { $0 += 1 } }
+                Glibc.close(client)
+            }
+        }.start()
+    }
+
+    /// Stops taking connections and frees the port.
+    func close() {
+        shutdown(socket, Int32(SHUT_RDWR))
+        Glibc.close(socket)
     }
 }

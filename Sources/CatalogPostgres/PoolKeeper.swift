@@ -1,0 +1,178 @@
+import Foundation
+import Logging
+import PostgresNIO
+import Synchronization
+
+/// The catalog's connection pool, started afresh when the database is back but the pool is not.
+///
+/// PostgresNIO's pool retries a lost server on a backoff that grows by a quarter with every failed
+/// attempt, to a minute, and has no way to be told to try now: after a five-minute outage a replica
+/// would go on refusing grants for up to a minute more (`tools/bench-reconnect.sh` measured 7 s
+/// after one minute). The keeper checks the pool when no operation holds a connection and none has
+/// had one for a while; when the pool cannot lend a connection but a connection of the keeper's own
+/// opens, the pool is only waiting out its backoff, and a fresh one takes its place.
+final class PoolKeeper: Sendable {
+    private struct State {
+        var client: PostgresClient
+        var runner: Task<Void, Never>
+        /// Pools replaced and shut down; `close()` waits for them.
+        var retired: [Task<Void, Never>] = []
+        /// Operations holding a connection now: a pool that lends connections is not stuck.
+        var holding = 0
+        var lastLease = ContinuousClock.now
+        /// Whether the keeper has said that the database does not answer (said once per outage).
+        var away = false
+        var replacements = 0
+    }
+
+    private let state: Mutex<State>
+    private let configuration: PostgresClient.Configuration
+    private let probe: PostgresConnection.Configuration
+    /// PostgresNIO's logger (warnings and up) and the catalog's own (for the keeper's notices).
+    private let poolLogger: Logger, logger: Logger
+    private let location: String
+
+    /// How often the keeper looks, and how long a check may wait for the pool's connection.
+    static let interval: Duration = .seconds(1)
+    static let checkTimeout: Duration = .milliseconds(500)
+
+    init(configuration: PostgresClient.Configuration, probe: PostgresConnection.Configuration, location: String, poolLogger: Logger, logger: Logger) async {
+        (self.configuration, self.location, self.poolLogger, self.logger) = (configuration, location, poolLogger, logger)
+        // The keeper's own connections say what they are in pg_stat_activity.
+        var probe = probe
+        let name = probe.options.additionalStartupParameters.first { $0.0 == "application_name" }?.1 ?? "iap-server"
+        probe.options.additionalStartupParameters.removeAll { $0.0 == "application_name" }
+        probe.options.additionalStartupParameters.append(("application_name", name + " (reconnect probe)"))
+        self.probe = probe
+        let client = PostgresClient(configuration: configuration, backgroundLogger: poolLogger)
+        state = Mutex(State(client: client, runner: await Self.start(client)))
+    }
+
+    /// Runs `client` in a task of its own, returning once its `run()` is under way: PostgresNIO
+    /// warns of every lease asked for before that.
+    private static func start(_ client: PostgresClient) async -> Task<Void, Never> {
+        let (started, signal) = AsyncStream.makeStream(of: Void.self)
+        let runner = Task {
+            signal.finish()
+            await client.run()
+        }
+        for await _ in started {}
+        return runner
+    }
+
+    /// The pool operations use now.
+    var client: PostgresClient { state.withLock { $0.client } }
+
+    /// How many times a stuck pool was replaced (for tests and operators' curiosity).
+    var replacements: Int { state.withLock { $0.replacements } }
+
+    /// Runs `body` on a connection of the pool. An operation's connection is `counted` as held
+    /// while it runs; a listener's, held for good, is not (it would hide a pool that lends no other).
+    func withConnection<T: Sendable>(counted: Bool = true, _ body: @escaping @Sendable (PostgresConnection) async throws -> T) async throws -> T {
+        while true {
+            let client = client
+            var leased = false
+            do {
+                return try await client.withConnection { connection in
+                    leased = true
+                    guard counted else { return try await body(connection) }
+                    state.withLock {
+                        $0.holding += 1
+                        $0.lastLease = .now
+                    }
+                    defer {
+                        state.withLock {
+                            $0.holding -= 1
+                            $0.lastLease = .now
+                        }
+                    }
+                    return try await body(connection)
+                }
+            } catch {
+                // Still waiting for a connection when its pool was replaced: the new pool takes
+                // the request, within the caller's deadline. Work that began on a connection is not
+                // run twice.
+                if !leased, self.client !== client, !Task.isCancelled { continue }
+                throw error
+            }
+        }
+    }
+
+    /// Looks at the pool every ``interval`` until cancelled.
+    func watch() async {
+        while !Task.isCancelled {
+            do { try await Task.sleep(for: Self.interval) } catch { return }
+            await check()
+        }
+    }
+
+    private func check() async {
+        // Connections lent lately, or held now (a slow query, a lock wait): the pool is working.
+        let busy = state.withLock { $0.holding > 0 || ContinuousClock.now - $0.lastLease < Self.interval * 2 }
+        if busy { return }
+        if await poolLends() {
+            let wasAway = state.withLock { state in
+                defer { state.away = false }
+                return state.away
+            }
+            if wasAway { logger.notice("\(location) answers again") }
+            return
+        }
+        let reason: String
+        do {
+            let connection = try await PostgresConnection.connect(configuration: probe, id: 0, logger: poolLogger)
+            try? await connection.close()
+            await replace()
+            return
+        } catch {
+            reason = PostgresCatalog.describe(error)
+        }
+        let first = state.withLock { state in
+            defer { state.away = true }
+            return !state.away
+        }
+        if first { logger.warning("\(location) does not answer (\(reason)); what needs it fails (grants answer 503) until it does") }
+    }
+
+    /// Whether the pool lends a connection within ``checkTimeout``.
+    private func poolLends() async -> Bool {
+        await withTaskGroup(of: Bool.self) { group in
+            group.addTask {
+                (try? await self.withConnection { connection in try await connection.query("SELECT 1", logger: self.poolLogger) }) != nil
+            }
+            group.addTask {
+                try? await Task.sleep(for: Self.checkTimeout)
+                return false
+            }
+            defer { group.cancelAll() }
+            return await group.next() ?? false
+        }
+    }
+
+    /// A fresh pool in the stuck one's place. The old one is shut down: its waiting requests fail
+    /// at once, and their callers (a grant, the revocation listener) try again on the new one.
+    private func replace() async {
+        let fresh = PostgresClient(configuration: configuration, backgroundLogger: poolLogger)
+        let runner = await Self.start(fresh)
+        let old = state.withLock { state in
+            let old = state.runner
+            state.client = fresh
+            state.runner = runner
+            state.retired.append(old)
+            state.replacements += 1
+            state.lastLease = .now
+            state.away = false
+            return old
+        }
+        old.cancel()
+        logger.notice(
+            "\(location) answers again, but its connection pool was still waiting to retry (PostgresNIO's backoff grows to a minute): started a fresh pool")
+    }
+
+    /// Shuts every pool down and waits for them.
+    func close() async {
+        let runners = state.withLock { [$0.runner] + $0.retired }
+        for runner in runners { runner.cancel() }
+        for runner in runners { await runner.value }
+    }
+}
