@@ -1,5 +1,6 @@
 import AsyncHTTPClient
 import Foundation
+import IAPProtocol
 import NIOCore
 import NIOPosix
 
@@ -43,16 +44,16 @@ func connectionFailure(_ error: any Error, url: String) -> (any Error)? {
 
 /// How messages name the server of a URL (the URL itself when it does not parse).
 struct ServerAddress {
-    /// `content.example.com`.
+    /// `content.example.com`, or `[::1]`: an IPv6 address in brackets, as in a URL.
     let host: String
-    /// `content.example.com:8443`, or the host alone when the URL gives no port.
+    /// `content.example.com:8443`, `[::1]:8443`, or the host alone when the URL gives no port.
     let hostAndPort: String
     /// `https://content.example.com:8443`.
     let origin: String
 
     init(_ url: String) {
         let parsed = URL(string: url)
-        let host = parsed?.host ?? url
+        let host = parsed?.host.map(URLHost.inURL) ?? url
         let hostAndPort = parsed?.port.map { "\(host):\($0)" } ?? host
         self.host = host
         self.hostAndPort = hostAndPort

@@ -279,6 +279,9 @@ import TransactionQueue
         let url = "https://content.example.com:8443/v1/content/grant/a.zip"
         let refused = connectionFailure(IOError(errnoCode: ECONNREFUSED, reason: "connection reset (error set)"), url: url) as? Unreachable
         #expect(refused?.reason.message == "cannot reach https://content.example.com:8443: connection refused: is the server running, and listening at that address and port?")
+        // An IPv6 address is named as a URL writes it, so that the port is told apart.
+        let v6 = connectionFailure(IOError(errnoCode: ECONNREFUSED, reason: "connect"), url: "http://[::1]:8080/v1/content/g/a.zip") as? Unreachable
+        #expect(v6?.reason.message.hasPrefix("cannot reach http://[::1]:8080: ") == true, "\(v6?.reason.message ?? "nil")")
         for error: any Error in [IOError(errnoCode: ENETUNREACH, reason: "connect"), HTTPClientError.connectTimeout, ChannelError.connectTimeout(.seconds(10))] {
             #expect(connectionFailure(error, url: url) is Unreachable, "\(error)")
         }
