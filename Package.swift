@@ -110,7 +110,7 @@ let package = Package(
         .target(
             name: "AppStoreServerClient",
             dependencies: [
-                "AppStoreServerAPI", "IAPProtocol",
+                "AppStoreServerAPI", "CertificateTrust", "IAPProtocol",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
@@ -241,6 +241,7 @@ let package = Package(
                 "AppStoreServerAPI", "AppStoreServerClient", "CommandLineReporting", "ContentCatalog", "ContentServer", "IAPProtocol",
                 "PurchaseVerification", "ReceiptVerification", "ServerStartup",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
             ]
         ),
         .target(name: "BenchSupport", path: "tools/bench-support"),

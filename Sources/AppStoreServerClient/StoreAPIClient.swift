@@ -1,5 +1,6 @@
 import AppStoreServerAPI
 import AsyncHTTPClient
+import CertificateTrust
 import Foundation
 import IAPProtocol
 import NIOCore
@@ -9,6 +10,9 @@ import NIOHTTP1
 public enum StoreAPIClientErrorCode: String, ErrorCode {
     /// No answer: the URL is wrong or the service is down.
     case unreachable
+    /// The API's TLS certificate was refused: a proxy or private authority signs it, or it is
+    /// for another name.
+    case tls
     /// 401: the key id, issuer id, bundle id or key file is wrong.
     case unauthorized
     /// 4xx with Apple's error code: the request itself is wrong.
@@ -124,6 +128,23 @@ public struct StoreAPIClient: Sendable {
         }
     }
 
+    /// A request that got no answer, said with what to change: a refused certificate names
+    /// `--ca-file` (a TLS-inspecting proxy or a private authority signs it) or the URL's name.
+    static func failure(_ error: any Error, baseURL: String) -> StoreAPIClientError {
+        let server = URL(string: baseURL).flatMap { url in url.host.map { URLHost.inURL($0) + ":\(url.port ?? 443)" } } ?? baseURL
+        switch CertificateRefusal(error) {
+        case .untrusted:
+            return StoreAPIClientError(
+                .tls,
+                "the TLS certificate of \(baseURL) is not trusted: when a proxy that inspects TLS or a private certificate authority signs it, pass that authority's certificate (PEM) with --ca-file (IAP_CA_FILES); `openssl s_client -connect \(server) -showcerts` shows who signed it"
+            )
+        case .otherName:
+            return StoreAPIClientError(.tls, "the TLS certificate of \(baseURL) is for another name: give --api-url with a name the certificate holds")
+        case nil:
+            return StoreAPIClientError(.unreachable, "cannot reach \(baseURL): \(error); check the URL and the network")
+        }
+    }
+
     private func once(_ method: HTTPMethod, _ path: String, body: Data?) async -> Result<(Int, Data), StoreAPIClientError> {
         var request = HTTPClientRequest(url: baseURL + path)
         request.method = method
@@ -142,7 +163,7 @@ public struct StoreAPIClient: Sendable {
             _ = error
             return .failure(StoreAPIClientError(.malformedResponse, "\(baseURL)\(path) answered with more than \(Self.maximumResponse) bytes"))
         } catch {
-            return .failure(StoreAPIClientError(.unreachable, "cannot reach \(baseURL): \(error); check the URL and the network"))
+            return .failure(Self.failure(error, baseURL: baseURL))
         }
     }
 }

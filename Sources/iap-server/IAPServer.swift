@@ -1,6 +1,7 @@
 import AppStoreServerAPI
 import AppStoreServerClient
 import ArgumentParser
+import AsyncHTTPClient
 import CatalogPostgres
 import CommandLineReporting
 import ContentArchive
@@ -566,6 +567,10 @@ struct Reconcile: AsyncParsableCommand {
     var apiURL: String?
     @Option(name: .customLong("trust-root"), help: "Another trusted root certificate (DER or PEM); repeatable.") var trustRoots: [String] = []
     @Option(help: "Seconds one API request may take, connecting included.") var timeout = 30
+    @Option(
+        name: .customLong("ca-file"),
+        help: "A certificate authority (PEM) trusted beside the system's for the API's HTTPS: a proxy that inspects TLS, or a sandbox behind a private one; repeatable.")
+    var caFiles: [String] = []
     @Option(help: "production, sandbox or both: which environments' notifications are accepted (and, without --api-url, which of Apple's hosts are asked).")
     var environment: EnvironmentChoice?
     @Flag(help: "Print the report as JSON.") var json = false
@@ -615,20 +620,32 @@ struct Reconcile: AsyncParsableCommand {
                 case .both: [StoreAPIRoute.productionURL, StoreAPIRoute.sandboxURL]
                 }
             }
-        let report: Reconciler.Report
+        let http: HTTPClient
+        do {
+            http = OutboundHTTP.client(try OutboundHTTP.trust(caFiles + (env("IAP_CA_FILES")?.split(separator: ":").map(String.init) ?? [])))
+        } catch {
+            throw reporter.failure(error)
+        }
+        let outcome: Result<Reconciler.Report, any Error>
         do {
             var roots = [AppleRoots.rootCAG3]
             for path in trustRoots + (env("IAP_TRUST_ROOTS")?.split(separator: ":").map(String.init) ?? []) { roots.append(try AppleRoots.load(path: path)) }
             let verifier = SignedDataVerifier(configuration: .init(bundleId: bundle, trustRoots: roots, environments: choice.policy))
             let store = try await storeOptions.open(data: dataDirectory)
-            let reconciler = Reconciler(store: store, verifier: verifier, clients: urls.map { StoreAPIClient(baseURL: $0, key: key, timeout: .seconds(timeout)) })
+            let reconciler = Reconciler(store: store, verifier: verifier, clients: urls.map { StoreAPIClient(baseURL: $0, key: key, timeout: .seconds(timeout), httpClient: http) })
             do {
-                report = try await reconciler.run(since: start, until: end)
+                outcome = .success(try await reconciler.run(since: start, until: end))
             } catch {
-                await store.database.close()
-                throw error
+                outcome = .failure(error)
             }
             await store.database.close()
+        } catch {
+            outcome = .failure(error)
+        }
+        try? await http.shutdown()
+        let report: Reconciler.Report
+        do {
+            report = try outcome.get()
         } catch let error as VerificationError {
             throw reporter.failure(error)
         } catch let error as CatalogError {

@@ -75,6 +75,20 @@ extension ServerTests {
         #expect(try await ledger.notificationCount() == 1)
         await ledger.database.close()
 
+        // Through a proxy that inspects TLS (here the shipped edge, with a private authority's
+        // certificate): refused, naming --ca-file, until that authority is given.
+        if backend == .sqlite {
+            let authority = try TestCertificates(folder: tmp.sub("ca"))
+            let edge = try NginxServer(replicaPorts: [api.port], folder: tmp, certificate: try authority.server("api", names: ["IP:127.0.0.1"]))
+            let overTLS = credentials.map { $0 == api.base ? edge.base : $0 }
+            let refused = try run(reconcile, ["reconcile", "--timeout", "3", "--trust-root", store.rootCertificatePath] + overTLS)
+            #expect(refused.status == 2 && refused.stderr.contains("is not trusted") && refused.stderr.contains("--ca-file"), "\(refused.stderr)")
+            let trusted = try run(reconcile, ["reconcile", "--ca-file", authority.authority, "--trust-root", store.rootCertificatePath] + overTLS)
+            #expect(trusted.status == 0 && trusted.stdout.contains("0 applied, 1 already known"), "\(trusted.stdout)\(trusted.stderr)")
+            let missing = try run(reconcile, ["reconcile", "--ca-file", tmp.sub("none.pem")] + overTLS)
+            #expect(missing.status == 1 && missing.stderr.contains("--ca-file"), "\(missing.stderr)")
+        }
+
         // Clear errors: an API nobody answers, a wrong key, a window Apple does not keep.
         let closed = credentials.map { $0 == api.base ? "http://127.0.0.1:1" : $0 }
         let unreachable = try run(reconcile, ["reconcile", "--timeout", "2", "--trust-root", store.rootCertificatePath] + closed)
