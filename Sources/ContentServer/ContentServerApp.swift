@@ -71,7 +71,8 @@ public enum ContentServerApp {
 
 /// Keeps the in-memory revocations current with what other replicas write: PostgreSQL announces
 /// each one as it commits (LISTEN/NOTIFY), and a reload every few seconds covers SQLite shared
-/// by replicas and any announcement lost while the listening connection was down.
+/// by replicas and any announcement lost while the listening connection was down. The same
+/// beat reads the grant key file again when it changed (`iap-server grant-keys`).
 struct RevocationRefresher: Service {
     let service: ContentService
     let interval: Duration
@@ -88,6 +89,7 @@ struct RevocationRefresher: Service {
                         do { try await Task.sleep(for: interval) } catch { return }
                         try? await service.refreshRevocations()
                         await service.catchUpArchives()
+                        service.reloadGrantKeys()
                     }
                 }
                 await group.waitForAll()

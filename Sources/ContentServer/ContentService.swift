@@ -23,7 +23,8 @@ final class ContentService: ContentResolver, Sendable {
     let store: ContentStore
     let verifier: SignedDataVerifier
     let receiptChecker: ReceiptChecker
-    let grants: GrantKeyRing
+    /// Read again when the file changes (``reloadGrantKeys()``): keys rotate without a restart.
+    let grantKeys: GrantKeys
     /// Archives this replica lacks, fetched from the replica that received them.
     let peers: PeerArchives
     /// The server's own requests (other replicas, verifyReceipt); shut down with the server.
@@ -72,7 +73,7 @@ final class ContentService: ContentResolver, Sendable {
         let localReceipts = try ReceiptVerifier(
             bundleId: configuration.bundleId, trustRoots: configuration.trustRoots.filter { $0 != AppleRoots.rootCAG3 },
             environments: configuration.environments)
-        grants = try GrantKeyRing.loadOrCreate(path: configuration.grantKeysPath)
+        grantKeys = try GrantKeys(path: configuration.grantKeysPath)
         revoked = Mutex(try await store.revokedTransactionIds())
         outbound = OutboundHTTP.client(trust)
         receiptChecker = ReceiptChecker(
@@ -82,7 +83,7 @@ final class ContentService: ContentResolver, Sendable {
                 productionURL: configuration.verifyReceiptURL, sandboxURL: configuration.verifyReceiptSandboxURL,
                 sharedSecret: configuration.receiptSharedSecret, timeout: configuration.verifyReceiptTimeout, httpClient: outbound),
             bundleId: configuration.bundleId, environments: configuration.environments)
-        peers = PeerArchives(store: store, grants: grants, ownURL: configuration.advertiseURL, http: outbound, logger: Logger(label: "iap-server.peers"))
+        peers = PeerArchives(store: store, grants: grantKeys, ownURL: configuration.advertiseURL, http: outbound, logger: Logger(label: "iap-server.peers"))
     }
 
     /// Whether a transaction's access was cut (in memory, refreshed from the ledger).
@@ -112,6 +113,27 @@ final class ContentService: ContentResolver, Sendable {
         revoked.withLock { set in
             if set != current { stamp.add(1, ordering: .sequentiallyConsistent) }
             set = current
+        }
+    }
+
+    /// Reads the grant key file again if it changed. Tokens checked with the old keys are
+    /// forgotten, so a retired key's grants are refused from the next request on; a file that
+    /// cannot be used leaves the keys in force, and says why once.
+    func reloadGrantKeys() {
+        let log = Logger(label: "iap-server.grants")
+        switch grantKeys.reloadIfChanged() {
+        case nil:
+            return
+        case .success(let ring):
+            verifiedGrants.withLock { cache in
+                cache.removeAll()
+                stamp.add(1, ordering: .sequentiallyConsistent)
+            }
+            log.notice(
+                "read the grant keys again from \(grantKeys.path): new grants are signed with '\(ring.activeKeyId)'; grants signed with \(ring.keyIds.map { "'\($0)'" }.joined(separator: ", ")) are accepted"
+            )
+        case .failure(let error):
+            log.error("\(error.message); the grant keys read before stay in force")
         }
     }
 
@@ -168,13 +190,16 @@ final class ContentService: ContentResolver, Sendable {
         if let known = verifiedGrants.withLock({ $0[key] }), Int64(now.timeIntervalSince1970) < known.expiresAt {
             grant = known
         } else {
-            switch grants.verify(token, now: now) {
+            let (ring, generation) = grantKeys.current
+            switch ring.verify(token, now: now) {
             case .failure(let error):
                 return .failure(GrantRefusal(status: .unauthorized, error: APIError(APIErrorCode(rawValue: error.code), error.description)))
             case .success(let value):
                 grant = value
             }
             verifiedGrants.withLock { cache in
+                // Checked by a ring read again since (a key retired): not kept.
+                guard grantKeys.current.generation == generation else { return }
                 if cache.count >= Self.verifiedGrantsLimit { cache.removeAll(keepingCapacity: true) }
                 cache[key] = grant
             }

@@ -16,7 +16,7 @@ import Synchronization
 /// content requests for it are redirected (307) to that replica, so none fails meanwhile.
 final class PeerArchives: Sendable {
     private let store: ContentStore
-    private let grants: GrantKeyRing
+    private let grants: GrantKeys
     private let ownURL: String?
     private let http: HTTPClient
     private let logger: Logger
@@ -24,7 +24,7 @@ final class PeerArchives: Sendable {
     private let origins = Mutex<[String: String]>([:])
     private let inFlight = Mutex<Set<String>>([])
 
-    init(store: ContentStore, grants: GrantKeyRing, ownURL: String?, http: HTTPClient, logger: Logger) {
+    init(store: ContentStore, grants: GrantKeys, ownURL: String?, http: HTTPClient, logger: Logger) {
         self.store = store
         self.grants = grants
         self.ownURL = ownURL
@@ -68,7 +68,7 @@ final class PeerArchives: Sendable {
         guard let origin = version.originURL else { return }
         guard inFlight.withLock({ $0.insert(version.sha256).inserted }) else { return }
         defer { _ = inFlight.withLock { $0.remove(version.sha256) } }
-        let token = grants.mint(
+        let token = grants.ring.mint(
             Grant(
                 transactionId: "replica-fetch", productId: version.productId, contentVersion: version.contentVersion, sha256: version.sha256,
                 expiresAt: Int64(Date().timeIntervalSince1970) + 3600))

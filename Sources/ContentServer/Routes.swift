@@ -229,7 +229,7 @@ struct APIRoutes: Sendable {
                 transactionId: transactionId, originalTransactionId: transaction.originalTransactionId,
                 productId: productId, environment: transaction.environment?.rawValue)
             let expires = Date().addingTimeInterval(TimeInterval(service.configuration.tokenTTL.components.seconds))
-            let token = service.grants.mint(
+            let token = service.grantKeys.ring.mint(
                 Grant(
                     transactionId: transactionId, productId: productId, contentVersion: version.contentVersion,
                     sha256: version.sha256, expiresAt: Int64(expires.timeIntervalSince1970)))

@@ -3,6 +3,7 @@ import Crypto
 import DurableFiles
 import Foundation
 import IAPProtocol
+import Synchronization
 
 /// What a download grant allows: one archive (by hash) of one product version, for one
 /// transaction, until a time.
@@ -116,44 +117,81 @@ public struct GrantKeyRing: Sendable {
                 expiresAt: expires))
     }
 
-    /// Loads the key file, creating it (mode 0600) with one fresh key when missing. Format:
-    /// `{"active": "<id>", "keys": {"<id>": "<base64 secret>"}}`; to rotate, add a key and make it active.
+    /// Loads the key file, creating it (mode 0600) with one fresh key when missing. Format and
+    /// rotation: ``GrantKeyFile``.
     public static func loadOrCreate(path: String) throws(GrantKeyFileError) -> GrantKeyRing {
-        if let data = FileManager.default.contents(atPath: path) {
-            struct File: Decodable {
-                let active: String
-                let keys: [String: String]
-            }
-            guard let file = try? JSONDecoder().decode(File.self, from: data) else {
-                throw GrantKeyFileError(
-                    .invalid, "\(path) is not a grant key file ({\"active\": id, \"keys\": {id: base64}}): fix it or remove it to generate a new key (outstanding grants then stop working)")
-            }
-            var keys: [String: SymmetricKey] = [:]
-            for (id, secret) in file.keys {
-                guard let bytes = Data(base64Encoded: secret), bytes.count >= 32,
-                    id.utf8.allSatisfy({ ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x61 && $0 <= 0x7A) || $0 == 0x2D })
-                else {
-                    throw GrantKeyFileError(.invalid, "key '\(id)' in \(path) must be at least 32 bytes of base64 under an id of lowercase letters, digits and '-'")
-                }
-                keys[id] = SymmetricKey(data: bytes)
-            }
-            guard keys[file.active] != nil else {
-                throw GrantKeyFileError(.invalid, "the active key '\(file.active)' is not among the keys in \(path)")
-            }
-            return GrantKeyRing(activeKeyId: file.active, keys: keys)
-        }
-        let ring = generate()
-        let secret = ring.keys[ring.activeKeyId]!.withUnsafeBytes { Data($0).base64EncodedString() }
-        let json = "{\"active\": \"\(ring.activeKeyId)\", \"keys\": {\"\(ring.activeKeyId)\": \"\(secret)\"}}\n"
+        try GrantKeyFile.loadOrCreate(path: path).ring
+    }
+
+    /// The ids of the keys it accepts, in order.
+    public var keyIds: [String] { keys.keys.sorted { $0.compare($1, options: .numeric) == .orderedAscending } }
+}
+
+extension GrantKeyFile {
+    /// The file at `path`, created (mode 0600) with one fresh key when missing.
+    public static func loadOrCreate(path: String) throws(GrantKeyFileError) -> GrantKeyFile {
+        if let data = FileManager.default.contents(atPath: path) { return try parse(data, path: path) }
+        let file = generate()
         do {
-            try AtomicFile.create(Data(json.utf8), at: path, permissions: 0o600)
+            try AtomicFile.create(file.encoded, at: path, permissions: 0o600)
         } catch  where error.code == .exists {
             // Another replica sharing the folder created it first: use its key.
             return try loadOrCreate(path: path)
         } catch {
             throw GrantKeyFileError(.io, error.message)
         }
-        return ring
+        return file
+    }
+}
+
+/// A server's grant keys, read again when the file changes, so keys rotate without a restart.
+public final class GrantKeys: Sendable {
+    public let path: String
+    private struct Loaded {
+        var ring: GrantKeyRing
+        var generation = 0
+        /// The file as last read: device, inode, size and modification time.
+        var signature: [Int]
+    }
+    private let loaded: Mutex<Loaded>
+
+    /// Loads the file at `path`, creating it with one fresh key when missing.
+    public init(path: String) throws(GrantKeyFileError) {
+        self.path = path
+        let before = Self.signature(path)
+        let ring = try GrantKeyFile.loadOrCreate(path: path).ring
+        let after = Self.signature(path)
+        // Changed while being read: the file is read again at the first look.
+        loaded = Mutex(Loaded(ring: ring, signature: before.isEmpty || before == after ? after : []))
+    }
+
+    /// The ring in force now.
+    public var ring: GrantKeyRing { loaded.withLock { $0.ring } }
+
+    /// The ring in force now, and a number that changes with every ring read since: a cache of
+    /// checked tokens keeps an entry only while the ring that checked it is still in force.
+    public var current: (ring: GrantKeyRing, generation: Int) { loaded.withLock { ($0.ring, $0.generation) } }
+
+    /// Reads the file again if it changed since the last read: the new ring (in force from
+    /// now), nil when unchanged, or why the new file cannot be used (the ring in force stays).
+    public func reloadIfChanged() -> Result<GrantKeyRing, GrantKeyFileError>? {
+        let signature = Self.signature(path)
+        guard signature != loaded.withLock({ $0.signature }) else { return nil }
+        do throws(GrantKeyFileError) {
+            let ring = try GrantKeyFile.load(path: path).ring
+            loaded.withLock { $0 = Loaded(ring: ring, generation: $0.generation + 1, signature: signature) }
+            return .success(ring)
+        } catch {
+            // Said once per change of the file, not at every look.
+            loaded.withLock { $0.signature = signature }
+            return .failure(error)
+        }
+    }
+
+    private static func signature(_ path: String) -> [Int] {
+        var info = stat()
+        guard stat(path, &info) == 0 else { return [] }
+        return [Int(info.st_dev), Int(info.st_ino), Int(info.st_size), Int(info.st_mtim.tv_sec), Int(info.st_mtim.tv_nsec)]
     }
 }
 

@@ -51,4 +51,66 @@ struct GrantTests {
         #expect(try rotated.verify(Substring(token)).get() == grant)
         #expect(rotated.mint(grant).hasPrefix("k2."))
     }
+
+    @Test("rotation by edits: add (accepted, not signing), activate, retire; each refusal names the fix; the file stays 0600")
+    func rotationEdits() throws {
+        let dir = FileManager.default.temporaryDirectory.path + "/grant-keys-" + UUID().uuidString
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let path = dir + "/grant-keys.json"
+        let first = try GrantKeyFile.loadOrCreate(path: path)
+        #expect(first.ids == ["k1"] && first.active == "k1")
+        let old = first.ring.mint(grant)
+
+        let added = try GrantKeyFile.edit(path: path) { file throws(GrantKeyFileError) in try file.adding() }
+        #expect(added == "k2")
+        var file = try GrantKeyFile.load(path: path)
+        #expect(file.ids == ["k1", "k2"] && file.active == "k1")
+        #expect(try FileManager.default.attributesOfItem(atPath: path)[.posixPermissions] as? Int == 0o600)
+
+        file = try file.activating("k2")
+        try file.write(to: path)
+        let rotated = try GrantKeyFile.load(path: path).ring
+        #expect(rotated.mint(grant).hasPrefix("k2."))
+        #expect(try rotated.verify(Substring(old)).get() == grant)
+
+        file = try file.retiring("k1")
+        #expect(file.ring.verify(Substring(old)) == .failure(.unknownKey("k1")))
+        #expect(file.ring.keyIds == ["k2"])
+
+        for (edit, expected) in [
+            ({ _ = try file.retiring("k2") }, "'k2' is the active key, which signs every new grant: activate another key first"),
+            ({ _ = try file.activating("k7") }, "there is no key 'k7' (keys: k2): add one first"),
+            ({ _ = try file.adding("k2") }, "there is a key 'k2' already"),
+            ({ _ = try file.adding("Key 2") }, "'Key 2' is not a key id"),
+        ] as [(() throws -> Void, String)] {
+            let error = try #require(throws: GrantKeyFileError.self) { try edit() }
+            #expect(error.message.contains(expected), "\(error.message)")
+        }
+        // Numbered after the highest, not the count: k10 after k9.
+        #expect(try GrantKeyFile(active: "k9", keys: ["k9": Data(count: 32)]).adding().id == "k10")
+    }
+
+    @Test("a server's keys are read again only when the file changes; a broken file leaves the keys in force and is said once")
+    func reloading() throws {
+        let dir = FileManager.default.temporaryDirectory.path + "/grant-keys-" + UUID().uuidString
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let path = dir + "/grant-keys.json"
+        let keys = try GrantKeys(path: path)
+        let before = keys.current
+        #expect(keys.reloadIfChanged() == nil)
+
+        _ = try GrantKeyFile.edit(path: path) { file throws(GrantKeyFileError) in try file.adding() }
+        let reread = try #require(keys.reloadIfChanged())
+        #expect(try reread.get().keyIds == ["k1", "k2"])
+        #expect(keys.current.generation == before.generation + 1)
+        #expect(keys.reloadIfChanged() == nil)
+
+        try Data("{\"active\": \"k3\"".utf8).write(to: URL(fileURLWithPath: path))
+        let broken = try #require(keys.reloadIfChanged())
+        #expect(throws: GrantKeyFileError.self) { try broken.get() }
+        #expect(keys.reloadIfChanged() == nil)
+        #expect(keys.ring.keyIds == ["k1", "k2"] && keys.ring.activeKeyId == "k1")
+    }
 }
