@@ -2,13 +2,14 @@
 # How soon a replica is ready again after PostgreSQL was away: for each outage length (seconds),
 # the database is stopped that long and started again, and the time from its start until the
 # replica's /readyz answers 200 is reported (ROUNDS times each: median and spread).
-# PostgresNIO's pool retries on a backoff that grows with the outage, to at most a minute.
-# Usage: tools/bench-reconnect.sh [outage seconds...]   (default 10 30 60; ROUNDS=1)
+# PostgresNIO's pool retries on a backoff that grows with the outage, to at most a minute; the
+# catalog's PoolKeeper replaces a pool still waiting once the database answers again.
+# Usage: tools/bench-reconnect.sh [outage seconds...]   (default 10 30 60 120; ROUNDS=1)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . tools/lib.sh
 ROUNDS=${ROUNDS:-1}
-outages=("$@"); [ ${#outages[@]} -gt 0 ] || outages=(10 30 60)
+outages=("$@"); [ ${#outages[@]} -gt 0 ] || outages=(10 30 60 120)
 tools/install-deps.sh
 build_release iap-server
 work=$(mktemp -d); chmod 755 "$work"
