@@ -257,7 +257,7 @@ let package = Package(
         ),
         .testTarget(name: "IAPProtocolTests", dependencies: ["IAPProtocol"]),
         .testTarget(name: "DurableFilesTests", dependencies: ["DurableFiles"]),
-        .testTarget(name: "DownloadGrantsTests", dependencies: ["DownloadGrants"]),
+        .testTarget(name: "DownloadGrantsTests", dependencies: ["DownloadGrants", "IAPTestSupport"]),
         .testTarget(name: "ContentCatalogTests", dependencies: ["CatalogPostgres", "ContentCatalog", "ContentArchive", "IAPTestSupport"]),
         .testTarget(name: "TransactionQueueTests", dependencies: ["TransactionQueue", "IAPTestSupport"]),
         .testTarget(

@@ -120,8 +120,13 @@ final class PoolKeeper: Sendable {
         }
         let reason: String
         do {
+            let clock = ContinuousClock(), start = clock.now
             let connection = try await PostgresConnection.connect(configuration: probe, id: 0, logger: poolLogger)
+            let connecting = clock.now - start
             try? await connection.close()
+            // Over a slow link (TLS to a distant server) the pool's own new connection may need
+            // longer than the check gave it: it gets twice what the probe took before it is judged.
+            if connecting * 2 > Self.checkTimeout, await poolLends(within: connecting * 2) { return }
             await replace()
             return
         } catch {
@@ -134,14 +139,14 @@ final class PoolKeeper: Sendable {
         if first { logger.warning("\(location) does not answer (\(reason)); what needs it fails (grants answer 503) until it does") }
     }
 
-    /// Whether the pool lends a connection within ``checkTimeout``.
-    private func poolLends() async -> Bool {
+    /// Whether the pool lends a connection (and answers on it) within `limit`.
+    private func poolLends(within limit: Duration = PoolKeeper.checkTimeout) async -> Bool {
         await withTaskGroup(of: Bool.self) { group in
             group.addTask {
                 (try? await self.withConnection { connection in try await connection.query("SELECT 1", logger: self.poolLogger) }) != nil
             }
             group.addTask {
-                try? await Task.sleep(for: Self.checkTimeout)
+                try? await Task.sleep(for: limit)
                 return false
             }
             defer { group.cancelAll() }

@@ -1,5 +1,6 @@
 import DownloadGrants
 import Foundation
+import IAPTestSupport
 import Testing
 
 @Suite("Download grants")
@@ -31,10 +32,8 @@ struct GrantTests {
 
     @Test("the key file is created 0600 and keys rotate: old grants still verify under a new active key")
     func keyFile() throws {
-        let dir = FileManager.default.temporaryDirectory.path + "/grant-keys-" + UUID().uuidString
-        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(atPath: dir) }
-        let path = dir + "/keys.json"
+        let tmp = try TemporaryFolder()
+        let path = tmp.path + "/keys.json"
         let first = try GrantKeyRing.loadOrCreate(path: path)
         #expect(try FileManager.default.attributesOfItem(atPath: path)[.posixPermissions] as? Int == 0o600)
         let token = first.mint(grant)
@@ -54,10 +53,8 @@ struct GrantTests {
 
     @Test("rotation by edits: add (accepted, not signing), activate, retire; each refusal names the fix; the file stays 0600")
     func rotationEdits() throws {
-        let dir = FileManager.default.temporaryDirectory.path + "/grant-keys-" + UUID().uuidString
-        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(atPath: dir) }
-        let path = dir + "/grant-keys.json"
+        let tmp = try TemporaryFolder()
+        let path = tmp.path + "/grant-keys.json"
         let first = try GrantKeyFile.loadOrCreate(path: path)
         #expect(first.ids == ["k1"] && first.active == "k1")
         let old = first.ring.mint(grant)
@@ -93,10 +90,8 @@ struct GrantTests {
 
     @Test("a server's keys are read again only when the file changes; a broken file leaves the keys in force and is said once")
     func reloading() throws {
-        let dir = FileManager.default.temporaryDirectory.path + "/grant-keys-" + UUID().uuidString
-        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(atPath: dir) }
-        let path = dir + "/grant-keys.json"
+        let tmp = try TemporaryFolder()
+        let path = tmp.path + "/grant-keys.json"
         let keys = try GrantKeys(path: path)
         let before = keys.current
         #expect(keys.reloadIfChanged() == nil)
