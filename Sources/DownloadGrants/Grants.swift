@@ -201,6 +201,9 @@ public enum GrantKeyFileErrorCode: String, ErrorCode {
     case invalid
     /// The file cannot be read or created.
     case io
+    /// A rotation step asked for before it is safe: a key activated before the servers can have
+    /// read it, or retired while grants it signed are still valid.
+    case tooSoon = "too-soon"
 }
 
 public typealias GrantKeyFileError = CodedError<GrantKeyFileErrorCode>

@@ -8,11 +8,12 @@ struct GrantKeysCommand: ParsableCommand {
         commandName: "grant-keys",
         abstract: "List, add, activate or retire the keys grant URLs are signed with; running servers read the file again within --revocation-refresh.",
         discussion: """
-            Rotating without refusing a single URL: `add` a key (every replica learns to accept it), \
-            wait until every replica has read it (their log says so, within --revocation-refresh), \
-            `activate` it (new grants are signed with it), and once the old key's grants have \
-            expired (--token-ttl), `retire` the old key. Replicas must share the file (a shared \
-            data folder or --grant-keys path), or be given the same file at each step.
+            Rotating without refusing a single URL: `add` a key (every replica learns to accept it \
+            within --revocation-refresh, and logs it), `activate` it (new grants are signed with it; \
+            refused until --settle seconds after the add), and once the old key's grants have expired, \
+            `retire` the old key (refused until --token-ttl after it stopped signing). --now skips \
+            the wait: after a leak, retire the leaked key at once. Replicas must share the file (a \
+            shared data folder or --grant-keys path), or be given the same file at each step.
             """,
         subcommands: [List.self, Add.self, Activate.self, Retire.self])
 
@@ -36,7 +37,7 @@ struct GrantKeysCommand: ParsableCommand {
             do throws(GrantKeyFileError) {
                 return try GrantKeyFile.edit(path: path, change)
             } catch {
-                throw reporter.failure(error, exitCode: error.code == .io ? 3 : 1)
+                throw reporter.failure(error, exitCode: error.code == .io ? 3 : error.code == .tooSoon ? 2 : 1)
             }
         }
     }
@@ -52,13 +53,30 @@ struct GrantKeysCommand: ParsableCommand {
                 throw reporter.failure(error, exitCode: error.code == .io ? 3 : 1)
             }
             if json {
-                struct Listing: Encodable { let active: String; let keys: [String] }
+                struct Key: Encodable {
+                    let id: String
+                    let active: Bool
+                    let added: Date?
+                    let signedUntil: Date?
+                }
+                struct Listing: Encodable { let active: String; let keys: [Key] }
                 let encoder = JSONEncoder()
                 encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
-                print(String(decoding: try encoder.encode(Listing(active: file.active, keys: file.ids)), as: UTF8.self))
+                encoder.dateEncodingStrategy = .iso8601
+                let keys = file.ids.map { Key(id: $0, active: $0 == file.active, added: file.added[$0], signedUntil: file.signedUntil[$0]) }
+                print(String(decoding: try encoder.encode(Listing(active: file.active, keys: keys)), as: UTF8.self))
                 return
             }
-            for id in file.ids { print(id == file.active ? "\(id)  active: signs new grants" : "\(id)  accepted") }
+            for id in file.ids {
+                let added = file.added[id].map { " (added \($0.formatted(.iso8601)))" } ?? ""
+                if id == file.active {
+                    print("\(id)  active: signs new grants\(added)")
+                } else if let until = file.signedUntil[id] {
+                    print("\(id)  accepted: signed grants until \(until.formatted(.iso8601))")
+                } else {
+                    print("\(id)  accepted, not signing yet\(added)")
+                }
+            }
         }
     }
 
@@ -77,9 +95,16 @@ struct GrantKeysCommand: ParsableCommand {
         static let configuration = CommandConfiguration(abstract: "Sign new grants with a key that every replica already accepts.")
         @OptionGroup var location: Location
         @Argument(help: "The key's id.") var id: String
+        @Option(help: "Seconds after its add before a key may be activated: at least the servers' --revocation-refresh.") var settle = 10
+        @Flag(help: "Activate now, however recently the key was added (every replica has logged that it accepts it).") var now = false
+
+        func validate() throws {
+            guard (0...3600).contains(settle) else { throw ValidationError("--settle must be between 0 and 3600 seconds") }
+        }
 
         func run() throws {
-            let previous = try location.edit { file throws(GrantKeyFileError) in (try file.activating(id), file.active) }
+            let settle = now ? nil : TimeInterval(settle)
+            let previous = try location.edit { file throws(GrantKeyFileError) in (try file.activating(id, settle: settle), file.active) }
             print(
                 previous == id
                     ? "\(id) was active already"
@@ -91,9 +116,15 @@ struct GrantKeysCommand: ParsableCommand {
         static let configuration = CommandConfiguration(abstract: "Remove a key that no longer signs: grant URLs signed with it are refused from then on.")
         @OptionGroup var location: Location
         @Argument(help: "The key's id.") var id: String
+        @Option(name: .customLong("token-ttl"), help: "The servers' --token-ttl in seconds (env IAP_TOKEN_TTL; default 900): how long grants the key signed stay valid.")
+        var tokenTTL: Int?
+        @Flag(help: "Retire now, refusing grants the key signed that are still valid (a leaked key).") var now = false
 
         func run() throws {
-            try location.edit { file throws(GrantKeyFileError) in (try file.retiring(id), ()) }
+            let ttl = tokenTTL ?? env("IAP_TOKEN_TTL").flatMap(Int.init) ?? 900
+            guard ttl > 0 else { throw ValidationError("--token-ttl must be a positive number of seconds") }
+            let wait = now ? nil : TimeInterval(ttl)
+            try location.edit { file throws(GrantKeyFileError) in (try file.retiring(id, tokenTTL: wait), ()) }
             print("retired \(id): grant URLs signed with it are refused once each server has read the file")
         }
     }

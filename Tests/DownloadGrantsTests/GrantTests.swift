@@ -75,6 +75,24 @@ struct GrantTests {
         #expect(file.ring.verify(Substring(old)) == .failure(.unknownKey("k1")))
         #expect(file.ring.keyIds == ["k2"])
 
+        // Each step refuses to come too soon, and says from when it may.
+        let now = Date()
+        let (withK3, _) = try file.adding("k3", now: now)
+        let early = try #require(throws: GrantKeyFileError.self) { try withK3.activating("k3", now: now.addingTimeInterval(3), settle: 10) }
+        #expect(early.code == .tooSoon && early.message.contains("was added 3 s ago") && early.message.contains("--now"), "\(early.message)")
+        let k3Active = try withK3.activating("k3", now: now.addingTimeInterval(11), settle: 10)
+        #expect(k3Active.signedUntil["k2"] == now.addingTimeInterval(11))
+        let stillValid = try #require(throws: GrantKeyFileError.self) { try k3Active.retiring("k2", now: now.addingTimeInterval(600), tokenTTL: 900) }
+        #expect(stillValid.code == .tooSoon && stillValid.message.contains("stay valid for --token-ttl (900 s)"), "\(stillValid.message)")
+        #expect(try k3Active.retiring("k2", now: now.addingTimeInterval(912), tokenTTL: 900).ids == ["k3"])
+        #expect(try k3Active.retiring("k2", now: now.addingTimeInterval(600)).ids == ["k3"])
+        // The dates survive the file, and a file written before they were kept still reads.
+        try k3Active.write(to: path)
+        let reread = try GrantKeyFile.load(path: path)
+        #expect(reread.ids == k3Active.ids && reread.active == "k3" && reread.signedUntil["k2"].map { abs($0.timeIntervalSince(now) - 11) < 1 } == true)
+        try Data("{\"active\": \"k1\", \"keys\": {\"k1\": \"\(Data(count: 32).base64EncodedString())\"}}".utf8).write(to: URL(fileURLWithPath: path))
+        #expect(try GrantKeyFile.load(path: path).added.isEmpty)
+
         for (edit, expected) in [
             ({ _ = try file.retiring("k2") }, "'k2' is the active key, which signs every new grant: activate another key first"),
             ({ _ = try file.activating("k7") }, "there is no key 'k7' (keys: k2): add one first"),

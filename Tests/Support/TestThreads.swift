@@ -95,6 +95,16 @@ public func waitUntil(_ limit: Duration, _ condition: () throws -> Bool) async r
     return nil
 }
 
+/// ``waitUntil(_:_:)`` for a condition that awaits (a query, a request): asked every 100 ms.
+public func waitUntilAnswered(_ limit: Duration, _ condition: () async throws -> Bool) async rethrows -> Duration? {
+    let clock = ContinuousClock(), start = clock.now
+    while clock.now - start < limit {
+        if try await condition() { return clock.now - start }
+        await TestThreads.sleep(for: .milliseconds(100))
+    }
+    return nil
+}
+
 /// Runs each test of a suite (or one test) on ``TestThreads``: for tests that block a thread.
 public struct OnTestThreads: SuiteTrait, TestTrait, TestScoping {
     public var isRecursive: Bool { true }
