@@ -151,10 +151,13 @@ let package = Package(
         .executableTarget(
             name: "iap-sandbox",
             dependencies: [
-                "AppStoreServerAPI", "CommandLineReporting", "DurableFiles", "IAPProtocol", "SandboxStore", "SandboxStoreServer", "TransactionQueue",
-                "PurchaseVerification", "ServerStartup",
+                "AppStoreServerAPI", "CertificateTrust", "CommandLineReporting", "DurableFiles", "IAPProtocol", "SandboxStore", "SandboxStoreServer",
+                "TransactionQueue", "PurchaseVerification", "ServerStartup",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
             ]
         ),
         // Range requests and sendfile delivery of archive bytes: one small NIO module.

@@ -1,10 +1,14 @@
 import AppStoreServerAPI
 import ArgumentParser
+import AsyncHTTPClient
+import CertificateTrust
 import CommandLineReporting
 import DurableFiles
 import Foundation
 import IAPProtocol
 import Logging
+import NIOCore
+import NIOSSL
 import PurchaseVerification
 import SandboxStore
 import SandboxStoreServer
@@ -180,6 +184,10 @@ struct Refund: AsyncParsableCommand {
     @Option(help: "The store's folder.") var dir: String
     @Argument(help: "The transaction to refund.") var transactionId: String
     @Option(help: "The server's notification URL, e.g. http://127.0.0.1:8080/v1/notifications.") var notify: String?
+    @Option(
+        name: .customLong("ca-file"),
+        help: "A certificate authority (PEM) trusted beside the system's for an https:// --notify URL: a staging server behind a private authority; repeatable.")
+    var caFiles: [String] = []
 
     func validate() throws {
         if let notify, URL(string: notify).map({ $0.scheme == "http" || $0.scheme == "https" }) != true {
@@ -188,40 +196,55 @@ struct Refund: AsyncParsableCommand {
     }
 
     func run() async throws {
+        // Read before the refund is made: a wrong --ca-file changes nothing.
+        let tls: TLSConfiguration
+        do { tls = try AuthorityFile.clientConfiguration(adding: caFiles) } catch {
+            throw reporter.failure("ca-file", error.explanation(givenAs: "--ca-file"))
+        }
         let refund: SandboxStore.Refund
         do { refund = try SandboxStore(folder: dir).refund(transactionId: transactionId) } catch { throw reporter.failure(error) }
         let body = try WireJSON.encoder().encode(NotificationRequest(signedPayload: refund.signedPayload))
         print(String(decoding: body, as: UTF8.self))
         guard let notify else { return }
-        guard let url = URL(string: notify) else { return }
-        var request = URLRequest(url: url, timeoutInterval: 30)
-        request.httpMethod = "POST"
-        request.setValue("application/json", forHTTPHeaderField: "Content-Type")
-        request.httpBody = body
         let store: SandboxStore
         do { store = try SandboxStore(folder: dir) } catch { throw reporter.failure(error) }
         let uuid = refund.notification.notificationUUID ?? ""
+        let later = "the refund is recorded, and iap-server reconcile can fetch it from the notification history"
+        let answer: Result<(status: Int, body: Data), any Error>
+        let client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: .init(tlsConfiguration: tls))
         do {
-            let (data, response) = try await URLSession.shared.data(for: request)
-            let status = (response as? HTTPURLResponse)?.statusCode ?? 0
+            var request = HTTPClientRequest(url: notify)
+            request.method = .POST
+            request.headers.add(name: "Content-Type", value: "application/json")
+            request.body = .bytes(ByteBuffer(bytes: body))
+            let response = try await client.execute(request, timeout: .seconds(30))
+            let data = try await response.body.collect(upTo: 64 << 10)
+            answer = .success((Int(response.status.code), Data(data.readableBytesView)))
+        } catch {
+            answer = .failure(error)
+        }
+        try? await client.shutdown()
+        switch answer {
+        case .success(let (status, _)) where (200...206).contains(status):
             // Apple counts 200-206 as delivered.
-            guard (200...206).contains(status) else {
-                try? store.recordSendAttempt(notificationUUID: uuid, result: "UNSUCCESSFUL_HTTP_RESPONSE_CODE")
-                throw reporter.failure(
-                    "notify-failed",
-                    "the server at \(notify) answered \(status) to the REFUND notification: \(String(decoding: data.prefix(500), as: UTF8.self)); the refund is recorded, and iap-server reconcile can fetch it from the notification history"
-                )
-            }
             try? store.recordSendAttempt(notificationUUID: uuid, result: SendAttempt.success)
             Console.err("notified \(notify): \(status)\n")
-        } catch let error as ExitCode {
-            throw error
-        } catch {
-            try? store.recordSendAttempt(notificationUUID: uuid, result: "NO_RESPONSE")
+        case .success(let (status, data)):
+            try? store.recordSendAttempt(notificationUUID: uuid, result: "UNSUCCESSFUL_HTTP_RESPONSE_CODE")
             throw reporter.failure(
-                "notify-failed",
-                "could not POST the notification to \(notify): \(error.localizedDescription); the refund is recorded, and iap-server reconcile can fetch it from the notification history once the server runs"
-            )
+                "notify-failed", "the server at \(notify) answered \(status) to the REFUND notification: \(String(decoding: data.prefix(500), as: UTF8.self)); \(later)")
+        case .failure(let error):
+            // Apple's own attempt results: a refused certificate is a TLS_ISSUE.
+            if let refusal = CertificateRefusal(error) {
+                try? store.recordSendAttempt(notificationUUID: uuid, result: "TLS_ISSUE")
+                let fix =
+                    refusal == .untrusted
+                    ? "is not trusted: when a private certificate authority signs it, pass that authority's certificate (PEM) with --ca-file"
+                    : "is for another name: use a name the certificate holds in --notify"
+                throw reporter.failure("notify-failed", "the TLS certificate of \(notify) \(fix); \(later)")
+            }
+            try? store.recordSendAttempt(notificationUUID: uuid, result: "NO_RESPONSE")
+            throw reporter.failure("notify-failed", "could not POST the notification to \(notify): \(error); \(later) once the server runs")
         }
     }
 }
