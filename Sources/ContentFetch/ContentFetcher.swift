@@ -93,7 +93,7 @@ public actor ContentFetcher {
         // failed handshake too: swift-server/async-http-client#919).
         httpConfiguration.connectionPool.retryConnectionEstablishment = false
         client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: httpConfiguration)
-        grants = GrantClient(server: configuration.server, client: client, maxRetryAfter: configuration.maxRetryAfter)
+        grants = GrantClient(server: configuration.server, client: client, userAgent: configuration.userAgent, maxRetryAfter: configuration.maxRetryAfter)
         installer = ContentInstaller(contentDirectory: configuration.contentDirectory)
         retry = RetryPolicy(maxAttempts: configuration.maxAttempts, patience: configuration.unreachablePatience)
         (updates, continuation) = AsyncStream.makeStream(of: DownloadUpdate.self, bufferingPolicy: .bufferingNewest(1024))
@@ -477,7 +477,9 @@ public actor ContentFetcher {
         if let saved = try? loadManifest(id, sha256: sha256) { return saved }
         let data: Data
         do {
-            let response = try await client.execute(HTTPClientRequest(url: url), timeout: .seconds(30))
+            var request = HTTPClientRequest(url: url)
+            request.headers.add(name: "User-Agent", value: configuration.userAgent)
+            let response = try await client.execute(request, timeout: .seconds(30))
             guard response.status == .ok else { return nil }
             data = Data(try await response.body.collect(upTo: 64 << 20).readableBytesView)
         } catch {

@@ -1,4 +1,5 @@
 import Foundation
+import IAPProtocol
 
 /// How the fetcher works.
 public struct FetchConfiguration: Sendable {
@@ -37,6 +38,9 @@ public struct FetchConfiguration: Sendable {
     /// a private CA that signs a staging server's or an internal edge's certificate. Read when
     /// the fetcher is made; a file that holds no certificate is a `.tls` error then.
     public var additionalTrustRootFiles: [String] = []
+    /// Sent with every request, so that the server's and the edge's logs tell which clients ask:
+    /// an app may put its own name first (`MyGame/2.3 iap-content/0.14.0`).
+    public var userAgent = "iap-content/" + IAPContentVersion.current
 
     /// The defaults for `server` (its base URL; a trailing slash is dropped) installing into
     /// `contentDirectory`.

@@ -9,6 +9,7 @@ import TransactionQueue
 struct GrantClient: Sendable {
     let server: String
     let client: HTTPClient
+    let userAgent: String
     /// The longest `Retry-After` honoured.
     var maxRetryAfter: Duration = .seconds(60)
 
@@ -20,6 +21,7 @@ struct GrantClient: Sendable {
         var request = HTTPClientRequest(url: server + Route.downloads)
         request.method = .POST
         request.headers.add(name: "Content-Type", value: "application/json")
+        request.headers.add(name: "User-Agent", value: userAgent)
         let proof: DownloadRequest
         if let receiptPath = transaction.receiptPath {
             // StoreKit 1: the device's app receipt, read fresh each time (StoreKit rewrites it).

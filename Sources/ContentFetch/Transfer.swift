@@ -194,7 +194,7 @@ extension ContentFetcher {
         window: Int, direct: Bool
     ) async throws {
         let ranged = from > 0 || to < length
-        var headers: [(String, String)] = []
+        var headers: [(String, String)] = [("User-Agent", configuration.userAgent)]
         if ranged {
             headers.append(("Range", "bytes=\(from)-\(to - 1)"))
             if let etag { headers.append(("If-Range", etag)) }

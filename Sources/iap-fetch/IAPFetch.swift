@@ -4,6 +4,7 @@ import CommandLineReporting
 import ContentFetch
 import DurableFiles
 import Foundation
+import IAPProtocol
 import TransactionQueue
 
 #if canImport(Glibc)
@@ -22,6 +23,7 @@ struct IAPFetch: AsyncParsableCommand {
             and are retried by the next run; the reason is printed; for `get`, also a product without \
             hosted content or a refunded purchase), 130 interrupted (paused; the next run resumes).
             """,
+        version: IAPContentVersion.current,
         subcommands: [Run.self, Get.self, Status.self, Installed.self, Cancel.self])
 }
 
@@ -66,6 +68,7 @@ struct Options: ParsableArguments {
 
     func configuration() -> FetchConfiguration {
         var configuration = FetchConfiguration(server: server, contentDirectory: contentDir)
+        configuration.userAgent = "iap-fetch/" + IAPContentVersion.current
         configuration.connections = connections
         configuration.rateLimit = limitRate?.bytesPerSecond
         configuration.additionalTrustRootFiles = caFiles

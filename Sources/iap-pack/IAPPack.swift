@@ -2,6 +2,7 @@ import ArgumentParser
 import CommandLineReporting
 import ContentArchive
 import Foundation
+import IAPProtocol
 
 #if canImport(Glibc)
     import Glibc
@@ -34,6 +35,7 @@ struct IAPPack: ParsableCommand {
             exceed the size cap, 3 a file could not be read or written, 64 bad command-line usage, \
             128 + N stopped by signal N (the build's temporary files are removed).
             """,
+        version: IAPContentVersion.current,
         subcommands: [Build.self, Verify.self, Inspect.self, Extract.self])
 }
 

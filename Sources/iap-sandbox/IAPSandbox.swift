@@ -25,6 +25,7 @@ struct IAPSandbox: AsyncParsableCommand {
         commandName: "iap-sandbox",
         abstract: "A local App Store for tests and demos: signs StoreKit 2 transactions and notifications with its own test chain.",
         discussion: "Trust its root on a test server with: iap-server serve --trust-root <dir>/root.cer --environment sandbox",
+        version: IAPContentVersion.current,
         subcommands: [Init.self, Purchase.self, Transactions.self, Finish.self, Refund.self, ReceiptCommand.self, APIKeyCommand.self, Serve.self])
 }
 

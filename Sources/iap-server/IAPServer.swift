@@ -19,6 +19,7 @@ struct IAPServer: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "iap-server",
         abstract: "The In-App Purchase content server: catalog, verified download grants, range delivery.",
+        version: IAPContentVersion.current,
         subcommands: [Serve.self, Publish.self, Catalog.self, Rollout.self, Rollback.self, Remove.self, Verify.self, Reconcile.self, GrantKeysCommand.self])
 }
 

@@ -1,5 +1,6 @@
 import ContentFetch
 import Foundation
+import IAPProtocol
 import IAPTestSupport
 import Testing
 import TransactionQueue
@@ -50,6 +51,7 @@ struct TLSTests {
         // gains nothing from HTTP/2, and its framing made the transfer half as fast.
         let log = try String(contentsOfFile: w.edge.accessLog, encoding: .utf8)
         #expect(log.contains("GET /v1/content/<grant>/\(product)-1.0.zip HTTP/1.1"), "\(log)")
+        #expect(log.split(separator: "\n").allSatisfy { $0.contains("\"iap-fetch/\(IAPContentVersion.current)\"") }, "\(log)")
         let offered = try run("/usr/bin/curl", ["-s", "-o", "/dev/null", "-w", "%{http_version}", "--cacert", w.certificates.authority, w.edge.base + "/healthz"])
         #expect(offered.stdout == "2", "the edge should offer HTTP/2: \(offered.stdout) \(offered.stderr)")
     }

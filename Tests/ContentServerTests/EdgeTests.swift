@@ -1,5 +1,6 @@
 import ContentArchive
 import Foundation
+import IAPProtocol
 import IAPTestSupport
 import SandboxStore
 import Testing
@@ -170,5 +171,11 @@ struct EdgeTests {
         #expect(fetch.terminationStatus == 0, "\(err)")
         let installed = try Data(contentsOf: URL(fileURLWithPath: content + "/\(product)/1.0/Contents/data/blob.bin"))
         #expect(installed == (try Data(contentsOf: URL(fileURLWithPath: edge.tmp.sub("content/data/blob.bin")))))
+        // Every request iap-fetch made names it, so the edge's log tells which clients ask.
+        let agent = "\"iap-fetch/\(IAPContentVersion.current)\""
+        let log = try String(contentsOfFile: edge.nginx.accessLog, encoding: .utf8).split(separator: "\n")
+        let ranges = log.filter { $0.contains("/v1/content/") }
+        #expect(!ranges.isEmpty && ranges.allSatisfy { $0.contains(agent) }, "\(ranges)")
+        #expect(log.contains { $0.contains("POST /v1/downloads") && $0.contains(agent) }, "\(log)")
     }
 }
