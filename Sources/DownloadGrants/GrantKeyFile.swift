@@ -189,3 +189,20 @@ public struct GrantKeyFile: Sendable, Equatable {
         return result
     }
 }
+
+extension GrantKeyFile {
+    /// The file at `path`, created (mode 0600) with one fresh key when missing.
+    public static func loadOrCreate(path: String) throws(GrantKeyFileError) -> GrantKeyFile {
+        if let data = FileManager.default.contents(atPath: path) { return try parse(data, path: path) }
+        let file = generate()
+        do {
+            try AtomicFile.create(file.encoded, at: path, permissions: 0o600)
+        } catch  where error.code == .exists {
+            // Another replica sharing the folder created it first: use its key.
+            return try loadOrCreate(path: path)
+        } catch {
+            throw GrantKeyFileError(.io, error.message)
+        }
+        return file
+    }
+}
