@@ -87,9 +87,10 @@ struct RevocationRefresher: Service {
                     await service.catchUpArchives()
                     while !Task.isCancelled {
                         do { try await Task.sleep(for: interval) } catch { return }
+                        // First: a stat, which the database's slowness must not hold up.
+                        service.reloadGrantKeys()
                         try? await service.refreshRevocations()
                         await service.catchUpArchives()
-                        service.reloadGrantKeys()
                     }
                 }
                 await group.waitForAll()

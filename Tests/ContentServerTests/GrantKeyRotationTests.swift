@@ -28,7 +28,7 @@ extension ServerTests {
         // Added: accepted once read, not signing yet.
         let added = try keys(["add"])
         #expect(added.status == 0 && added.stdout.contains("added k2"), "\(added.stderr)")
-        let read = await waitUntil(.seconds(20)) { logged("grants signed with 'k1', 'k2' are accepted") }
+        let read = await waitUntil(.seconds(30)) { logged("grants signed with 'k1', 'k2' are accepted") }
         #expect(read != nil, "the server did not read the added key")
         #expect(try grantURL().contains("/v1/content/k1."))
 

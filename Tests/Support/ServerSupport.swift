@@ -70,8 +70,11 @@ public final class ServerProcess: @unchecked Sendable {
             process.arguments = launcher + [productsDirectory() + "/" + tool] + serve
         }
         if !environment.isEmpty { process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 } }
-        process.standardOutput = FileHandle(forWritingAtPath: log)
-        process.standardError = FileHandle(forWritingAtPath: log)
+        // One handle for both streams, appending: two handles of their own would each write from
+        // offset 0 and overwrite each other's lines, which tests look for in the log.
+        let output = FileHandle(fileDescriptor: open(log, O_WRONLY | O_APPEND | O_CLOEXEC), closeOnDealloc: true)
+        process.standardOutput = output
+        process.standardError = output
         try process.run()
         // Wait (bounded) for the server to report its port.
         let deadline = Date().addingTimeInterval(30)
