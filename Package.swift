@@ -241,7 +241,7 @@ let package = Package(
         .executableTarget(
             name: "iap-server",
             dependencies: [
-                "AppStoreServerAPI", "AppStoreServerClient", "CommandLineReporting", "ContentCatalog", "ContentServer", "DownloadGrants", "IAPProtocol",
+                "AppStoreServerAPI", "AppStoreServerClient", "CommandLineReporting", "ContentCatalog", "ContentServer", "DownloadGrants", "DurableFiles", "IAPProtocol",
                 "PurchaseVerification", "ReceiptVerification", "ServerStartup",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),

@@ -7,6 +7,7 @@ import CommandLineReporting
 import ContentArchive
 import ContentCatalog
 import ContentServer
+import DurableFiles
 import Foundation
 import IAPProtocol
 import Logging
@@ -233,6 +234,13 @@ struct Serve: AsyncParsableCommand {
             logger.warning(
                 "download URLs will name http://\(URLHost.inURL(configuration.host)):<port>, which no device can reach: give --public-url (IAP_PUBLIC_URL), the address devices use, such as https://content.example.com"
             )
+        }
+        for (path, what) in [
+            (configuration.grantKeysPath, "the grant keys (whoever reads them can make download URLs)"),
+            (adminTokenFile ?? env("IAP_ADMIN_TOKEN_FILE"), "the admin token"),
+            (receiptSharedSecretFile ?? env("IAP_RECEIPT_SHARED_SECRET_FILE"), "the receipt shared secret"),
+        ] {
+            if let path, let warning = SecretFile.exposure(path, holding: what) { logger.warning("\(warning)") }
         }
         if let raised = OpenFileLimit.raiseToHardLimit(), raised.after > raised.before {
             logger.info("open-file limit raised to the hard limit", metadata: ["from": "\(raised.before)", "to": "\(raised.after)"])
@@ -609,6 +617,7 @@ struct Reconcile: AsyncParsableCommand {
         }
         let start = try Self.date(since, "--since")
         let end = try until.map { try Self.date($0, "--until") } ?? Date()
+        if let warning = SecretFile.exposure(keyFile, holding: "an App Store Server API key") { Console.err("iap-server: warning: \(warning)\n") }
         let key: StoreAPIKey
         do { key = try StoreAPIKey(keyId: keyId, issuerId: issuerId, bundleId: bundle, pemFile: keyFile) } catch {
             throw reporter.failure(error)

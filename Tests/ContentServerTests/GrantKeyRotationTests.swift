@@ -61,4 +61,20 @@ extension ServerTests {
         let broken = try keys(["add"])
         #expect(broken.status == 1 && broken.stderr.contains("is not a grant key file"), "\(broken.stderr)")
     }
+
+    @Test("files holding secrets that other users may read are warned of at start, with the chmod that fixes them")
+    func exposedSecretsAreWarnedOf() throws {
+        let tmp = try TemporaryFolder()
+        var (_, server, data) = try start(tmp)
+        #expect(server.stop() == 0)
+        #expect(!((try? String(contentsOfFile: server.log, encoding: .utf8)) ?? "").contains("may be read by"))
+        chmod(data + "/grant-keys.json", 0o644)
+        (_, server, _) = try start(tmp, data: data)
+        defer { _ = server.stop() }
+        let log = (try? String(contentsOfFile: server.log, encoding: .utf8)) ?? ""
+        #expect(
+            log.contains(
+                "\(data)/grant-keys.json holds the grant keys (whoever reads them can make download URLs) and may be read by its group and every user (mode 644): chmod 600 \(data)/grant-keys.json"),
+            "\(log)")
+    }
 }

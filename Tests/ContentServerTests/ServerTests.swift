@@ -28,6 +28,7 @@ struct ServerTests {
             FileManager.default.fileExists(atPath: sandboxDir + "/store.json")
             ? try SandboxStore(folder: sandboxDir) : try SandboxStore.initialize(folder: sandboxDir, bundleId: bundleId)
         try adminToken.write(toFile: tmp.sub("admin-token"), atomically: true, encoding: .utf8)
+        chmod(tmp.sub("admin-token"), 0o600)
         let dataDir = data ?? tmp.sub("data")
         let server = try ServerProcess(
             data: dataDir,

@@ -115,6 +115,17 @@ import Testing
         }
     #endif
 
+    @Test func secretFilesOthersMayReadAreNamed() throws {
+        let path = folder + "/secret"
+        #expect(FileManager.default.createFile(atPath: path, contents: Data("s".utf8)))
+        for (mode, readers): (mode_t, String?) in [(0o600, nil), (0o400, nil), (0o640, "its group"), (0o604, "every user"), (0o644, "its group and every user")] {
+            chmod(path, mode)
+            let warning = SecretFile.exposure(path, holding: "a key")
+            #expect(warning == readers.map { "\(path) holds a key and may be read by \($0) (mode \(String(mode, radix: 8))): chmod 600 \(path)" }, "\(mode)")
+        }
+        #expect(SecretFile.exposure(folder + "/missing", holding: "a key") == nil)
+    }
+
     @Test func aHeldLockIsRefusedLoudlyAndFreedOnRelease() throws {
         let path = folder + "/.lock"
         let held = try FileLock(exclusive: path)
