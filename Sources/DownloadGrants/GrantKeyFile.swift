@@ -52,7 +52,7 @@ public struct GrantKeyFile: Sendable, Equatable {
     /// key's adding (nil: no wait), since a replica that has not read the file yet would refuse
     /// what the key signs.
     public func activating(_ id: String, now: Date = Date(), settle: TimeInterval? = nil) throws(GrantKeyFileError) -> GrantKeyFile {
-        guard keys[id] != nil else { throw GrantKeyFileError(.invalid, "there is no key '\(id)' (keys: \(ids.joined(separator: ", "))): add one first") }
+        try requireKey(id, fix: ": add one first")
         guard id != active else { return self }
         if let settle, let added = added[id], now < added + settle {
             throw GrantKeyFileError(
@@ -70,7 +70,7 @@ public struct GrantKeyFile: Sendable, Equatable {
     /// The file without `id`: grants signed with it are refused from then on. Refused while
     /// grants it signed may still be valid (`tokenTTL` after it stopped signing; nil: no wait).
     public func retiring(_ id: String, now: Date = Date(), tokenTTL: TimeInterval? = nil) throws(GrantKeyFileError) -> GrantKeyFile {
-        guard keys[id] != nil else { throw GrantKeyFileError(.invalid, "there is no key '\(id)' (keys: \(ids.joined(separator: ", ")))") }
+        try requireKey(id)
         guard id != active else {
             throw GrantKeyFileError(.invalid, "'\(id)' is the active key, which signs every new grant: activate another key first")
         }
@@ -85,6 +85,11 @@ public struct GrantKeyFile: Sendable, Equatable {
         copy.added[id] = nil
         copy.signedUntil[id] = nil
         return copy
+    }
+
+    private func requireKey(_ id: String, fix: String = "") throws(GrantKeyFileError) {
+        guard keys[id] == nil else { return }
+        throw GrantKeyFileError(.invalid, "there is no key '\(id)' (keys: \(ids.joined(separator: ", ")))" + fix)
     }
 
     private static func time(_ date: Date) -> String { date.formatted(.iso8601) }
