@@ -63,8 +63,11 @@ final class PoolKeeper: Sendable {
     /// The pool operations use now.
     var client: PostgresClient { state.withLock { $0.client } }
 
-    /// How many times a stuck pool was replaced (for tests and operators' curiosity).
+    /// How many times a stuck pool was replaced.
     var replacements: Int { state.withLock { $0.replacements } }
+
+    /// False from the keeper's finding the database away until it answers again.
+    var answering: Bool { state.withLock { !$0.away } }
 
     /// Runs `body` on a connection of the pool. An operation's connection is `counted` as held
     /// while it runs; a listener's, held for good, is not (it would hide a pool that lends no other).
@@ -75,6 +78,7 @@ final class PoolKeeper: Sendable {
             do {
                 return try await client.withConnection { connection in
                     leased = true
+                    noteAnswer()
                     guard counted else { return try await body(connection) }
                     state.withLock {
                         $0.holding += 1
@@ -98,6 +102,15 @@ final class PoolKeeper: Sendable {
         }
     }
 
+    /// A connection was lent: the database answers, which is said once after an outage.
+    private func noteAnswer() {
+        let wasAway = state.withLock { state in
+            defer { state.away = false }
+            return state.away
+        }
+        if wasAway { logger.notice("\(location) answers again") }
+    }
+
     /// Looks at the pool every ``interval`` until cancelled.
     func watch() async {
         while !Task.isCancelled {
@@ -110,14 +123,7 @@ final class PoolKeeper: Sendable {
         // Connections lent lately, or held now (a slow query, a lock wait): the pool is working.
         let busy = state.withLock { $0.holding > 0 || ContinuousClock.now - $0.lastLease < Self.interval * 2 }
         if busy { return }
-        if await poolLends() {
-            let wasAway = state.withLock { state in
-                defer { state.away = false }
-                return state.away
-            }
-            if wasAway { logger.notice("\(location) answers again") }
-            return
-        }
+        if await poolLends() { return }
         let reason: String
         do {
             let clock = ContinuousClock(), start = clock.now

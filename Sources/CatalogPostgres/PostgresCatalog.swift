@@ -67,6 +67,10 @@ public final class PostgresCatalog: CatalogDatabase {
     /// came back, and replaced (``PoolKeeper``).
     public var poolReplacements: Int { pool.replacements }
 
+    /// False while the database does not answer, as the pool's keeper last found it (it looks
+    /// each second while no request holds a connection).
+    public var isAnswering: Bool { pool.answering }
+
     /// The client configuration for a `postgres://` URL, or an error naming what is wrong with it.
     static func configuration(
         _ url: String, environment: [String: String], logger: Logger

@@ -1,4 +1,5 @@
 import Base64URL
+import CatalogPostgres
 import ContentArchive
 import ContentCatalog
 import DownloadGrants
@@ -35,6 +36,7 @@ struct APIRoutes: Sendable {
             headers[.contentType] = "text/plain; version=0.0.4"
             // A scrape is a reading of now: no cache may answer the next one with it.
             headers[.cacheControl] = "no-store"
+            if let postgres = service.store.database as? PostgresCatalog { service.metrics.database(postgres) }
             return Response(status: .ok, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: service.metrics.registry.emitToBuffer())))
         }
         on(.get, Route.grantCheck) { request, _ in grantCheck(request) }

@@ -1,6 +1,8 @@
+import CatalogPostgres
 import ContentDelivery
 import NIOHTTP1
 import Prometheus
+import Synchronization
 
 /// The server's Prometheus metrics, on a registry of its own (not the process-global
 /// MetricsSystem, so that several servers can live in one process, as in tests).
@@ -36,6 +38,25 @@ final class ServerMetrics: ContentObserver, Sendable {
                 .milliseconds(5), .milliseconds(10), .milliseconds(50), .milliseconds(250),
             ])
     }
+
+    /// PostgreSQL's state as the catalog's pool keeper sees it, read at each scrape: whether it
+    /// answers (alert on 0), and how many times a pool left waiting out its backoff was replaced.
+    func database(_ catalog: PostgresCatalog) {
+        registry.makeGauge(descriptor: describe("iap_database_answering", "1 while PostgreSQL answers, 0 while it does not (checked each second when idle).")).set(
+            Int64(catalog.isAnswering ? 1 : 0))
+        let replacements = catalog.poolReplacements
+        let counted = reportedReplacements.withLock { reported in
+            defer { reported = replacements }
+            return replacements - reported
+        }
+        if counted > 0 {
+            registry.makeCounter(
+                descriptor: describe("iap_database_pool_replacements_total", "Connection pools replaced because PostgreSQL answered again while they waited out their retry backoff.")
+            ).increment(by: Int64(counted))
+        }
+    }
+
+    private let reportedReplacements = Mutex(0)
 
     func grant(_ outcome: String) {
         registry.makeCounter(descriptor: describe("iap_grants_total", "Download grant requests by outcome."), labels: [("outcome", outcome)]).increment()

@@ -122,6 +122,7 @@ struct PostgresCatalogTests {
         let standIn = try StandInListener(port: server.port)
         let counted = await waitUntil(.seconds(120)) { standIn.poolAttempts >= 20 }
         #expect(counted != nil, "the pool tried \(standIn.poolAttempts) times")
+        #expect(!catalog.isAnswering)
         standIn.close()
         try await server.restart()
         // A request that comes before the keeper's next look may still be refused by the old pool
@@ -129,6 +130,7 @@ struct PostgresCatalogTests {
         let answered = await waitUntilAnswered(.seconds(30)) { (try? await catalog.versions(productId: nil))?.isEmpty == true }
         #expect(answered != nil, "the catalog did not answer after PostgreSQL came back")
         #expect(catalog.poolReplacements == 1)
+        #expect(catalog.isAnswering)
         // The revocation listener, whose wait the old pool's shutdown ended, listens on the new one.
         let listening = await waitUntil(.seconds(30)) { listens.withLock { $0 } >= 2 }
         #expect(listening != nil, "the revocation listener did not listen again")

@@ -118,18 +118,23 @@ struct ReplicaTests {
         let refundBefore = try sandbox.refund(transactionId: second.transaction.transactionId!)
         #expect(try postJSON(a.base + "/v1/notifications", ["signedPayload": refundBefore.signedPayload], folder: tmp).status == 200)
 
+        #expect(try curl([a.base + "/metrics"], folder: tmp).text.contains("\niap_database_answering 1.0\n"))
         try await database.stop()
         let refused = try postJSON(a.base + "/v1/downloads", ["signedTransaction": first.signedTransaction], folder: tmp)
         #expect(refused.status == 503, "\(refused.text)")
         #expect(try curl([a.base + "/readyz"], folder: tmp).status == 503)
         // A grant the replica can check itself is still served.
         #expect(try curl(["-o", "/dev/null", firstURL], folder: tmp).status == 200)
+        // The metric an operator alerts on: the keeper finds the database away within seconds.
+        let away = try await waitUntil(.seconds(30)) { try curl([a.base + "/metrics"], folder: tmp).text.contains("\niap_database_answering 0.0\n") }
+        #expect(away != nil, "iap_database_answering did not drop to 0")
 
         try await database.restart()
         let recovered = try await waitUntil(.seconds(30)) {
             try postJSON(a.base + "/v1/downloads", ["signedTransaction": first.signedTransaction], folder: tmp).status == 200
         }
         #expect(recovered != nil, "the replica did not recover after PostgreSQL came back")
+        #expect(try curl([a.base + "/metrics"], folder: tmp).text.contains("\niap_database_answering 1.0\n"))
         #expect(try await database.psql(url, "SELECT COUNT(*) FROM notifications") == "1")
         #expect(try await database.psql(url, "SELECT transaction_id FROM revocations") == second.transaction.transactionId!)
         #expect(try await database.psql(url, "SELECT transaction_id FROM grants") == first.transaction.transactionId!)
