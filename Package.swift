@@ -190,6 +190,7 @@ let package = Package(
             dependencies: [
                 "CertificateTrust", "ContentCatalog", "IAPProtocol",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "Logging", package: "swift-log"),
             ]

@@ -1,5 +1,6 @@
 import Foundation
 import Logging
+import NIOCore
 import PostgresNIO
 import Synchronization
 
@@ -35,6 +36,7 @@ final class PoolKeeper: Sendable {
     /// How often the keeper looks, and how long a check may wait for the pool's connection.
     static let interval: Duration = .seconds(1)
     static let checkTimeout: Duration = .milliseconds(500)
+    static let probeTimeout: Duration = .seconds(5)
 
     init(configuration: PostgresClient.Configuration, probe: PostgresConnection.Configuration, location: String, poolLogger: Logger, logger: Logger) async {
         (self.configuration, self.location, self.poolLogger, self.logger) = (configuration, location, poolLogger, logger)
@@ -69,15 +71,53 @@ final class PoolKeeper: Sendable {
     /// False from the keeper's finding the database away until it answers again.
     var answering: Bool { state.withLock { !$0.away } }
 
+    /// The operation did not end within its deadline.
+    struct DeadlinePassed: Error {}
+
+    /// The connection an operation holds, for closing it when the deadline passes.
+    private final class Held: Sendable {
+        let connection = Mutex<PostgresConnection?>(nil)
+    }
+
     /// Runs `body` on a connection of the pool. An operation's connection is `counted` as held
     /// while it runs; a listener's, held for good, is not (it would hide a pool that lends no other).
-    func withConnection<T: Sendable>(counted: Bool = true, _ body: @escaping @Sendable (PostgresConnection) async throws -> T) async throws -> T {
+    /// With a `deadline`, ``DeadlinePassed`` is thrown when it passes, at once: a query waiting on
+    /// a server that stopped answering (frozen, or cut off without a reset) does not end when its
+    /// task is cancelled, so its connection is closed, which fails the query and frees the slot.
+    func withConnection<T: Sendable>(
+        counted: Bool = true, deadline: Duration? = nil, _ body: @escaping @Sendable (PostgresConnection) async throws -> T
+    ) async throws -> T {
+        guard let deadline else { return try await lend(counted: counted, held: nil, body) }
+        let held = Held()
+        return try await withThrowingTaskGroup(of: T.self) { group in
+            group.addTask { try await self.lend(counted: counted, held: held, body) }
+            group.addTask {
+                try await Task.sleep(for: deadline)
+                throw DeadlinePassed()
+            }
+            defer { group.cancelAll() }
+            do {
+                return try await group.next()!
+            } catch let error as DeadlinePassed {
+                if let connection = held.connection.withLock({ $0 }) {
+                    // The future's close, not the async one: this path must not wait on the server.
+                    let closing: EventLoopFuture<Void> = connection.close()
+                    _ = closing
+                }
+                throw error
+            }
+        }
+    }
+
+    private func lend<T: Sendable>(counted: Bool, held: Held?, _ body: @escaping @Sendable (PostgresConnection) async throws -> T) async throws -> T {
         while true {
             let client = client
             var leased = false
             do {
                 return try await client.withConnection { connection in
                     leased = true
+                    held?.connection.withLock { $0 = connection }
+                    defer { held?.connection.withLock { $0 = nil } }
                     noteAnswer()
                     guard counted else { return try await body(connection) }
                     state.withLock {
@@ -126,10 +166,7 @@ final class PoolKeeper: Sendable {
         if await poolLends() { return }
         let reason: String
         do {
-            let clock = ContinuousClock(), start = clock.now
-            let connection = try await PostgresConnection.connect(configuration: probe, id: 0, logger: poolLogger)
-            let connecting = clock.now - start
-            try? await connection.close()
+            let connecting = try await probeConnects()
             // Over a slow link (TLS to a distant server) the pool's own new connection may need
             // longer than the check gave it: it gets twice what the probe took before it is judged.
             if connecting * 2 > Self.checkTimeout, await poolLends(within: connecting * 2) { return }
@@ -147,17 +184,35 @@ final class PoolKeeper: Sendable {
 
     /// Whether the pool lends a connection (and answers on it) within `limit`.
     private func poolLends(within limit: Duration = PoolKeeper.checkTimeout) async -> Bool {
-        await withTaskGroup(of: Bool.self) { group in
-            group.addTask {
-                (try? await self.withConnection { connection in try await connection.query("SELECT 1", logger: self.poolLogger) }) != nil
+        (try? await withConnection(deadline: limit) { connection in try await connection.query("SELECT 1", logger: self.poolLogger) }) != nil
+    }
+
+    /// How long a connection of the keeper's own took to open, or why it did not within
+    /// ``probeTimeout``. A server that accepts but never answers (frozen) would hold the connect
+    /// for good, so the attempt is left to end by itself rather than waited for.
+    private func probeConnects() async throws -> Duration {
+        let probe = probe, logger = poolLogger
+        let outcome = ProbeOutcome()
+        let attempt = Task {
+            let clock = ContinuousClock(), start = clock.now
+            do {
+                let connection = try await PostgresConnection.connect(configuration: probe, id: 0, logger: logger)
+                let took = clock.now - start
+                try? await connection.close()
+                outcome.settle(.success(took))
+            } catch {
+                outcome.settle(.failure(error))
             }
-            group.addTask {
-                try? await Task.sleep(for: limit)
-                return false
-            }
-            defer { group.cancelAll() }
-            return await group.next() ?? false
         }
+        let timer = Task {
+            try? await Task.sleep(for: Self.probeTimeout)
+            outcome.settle(.failure(DeadlinePassed()))
+        }
+        defer {
+            attempt.cancel()
+            timer.cancel()
+        }
+        return try await outcome.value.get()
     }
 
     /// A fresh pool in the stuck one's place. The old one is shut down: its waiting requests fail
@@ -185,5 +240,33 @@ final class PoolKeeper: Sendable {
         let runners = state.withLock { [$0.runner] + $0.retired }
         for runner in runners { runner.cancel() }
         for runner in runners { await runner.value }
+    }
+}
+
+/// The first of several results, which a waiter reads.
+private final class ProbeOutcome: Sendable {
+    private let state = Mutex<(result: Result<Duration, any Error>?, waiter: CheckedContinuation<Result<Duration, any Error>, Never>?)>((nil, nil))
+
+    func settle(_ result: Result<Duration, any Error>) {
+        let waiter = state.withLock { state -> CheckedContinuation<Result<Duration, any Error>, Never>? in
+            guard state.result == nil else { return nil }
+            state.result = result
+            defer { state.waiter = nil }
+            return state.waiter
+        }
+        waiter?.resume(returning: result)
+    }
+
+    var value: Result<Duration, any Error> {
+        get async {
+            await withCheckedContinuation { continuation in
+                let ready = state.withLock { state -> Result<Duration, any Error>? in
+                    if let result = state.result { return result }
+                    state.waiter = continuation
+                    return nil
+                }
+                if let ready { continuation.resume(returning: ready) }
+            }
+        }
     }
 }

@@ -332,29 +332,19 @@ public final class PostgresCatalog: CatalogDatabase {
     /// Opening waits longer: replicas starting together queue for the migration lock.
     static let openTimeout: Duration = .seconds(60)
 
-    private struct TimedOut: Error {}
-
     @discardableResult
     private func run<T: Sendable>(
         timeout: Duration? = nil, _ body: @escaping @Sendable (PostgresConnection, Logger) async throws -> T
     ) async throws(CatalogError) -> T {
-        let pool = pool, logger = logger, timeout = timeout ?? operationTimeout
+        let logger = logger, timeout = timeout ?? operationTimeout
         do {
-            return try await withThrowingTaskGroup(of: T.self) { group in
-                group.addTask { try await pool.withConnection { connection in try await body(connection, logger) } }
-                group.addTask {
-                    try await Task.sleep(for: timeout)
-                    throw TimedOut()
-                }
-                defer { group.cancelAll() }
-                return try await group.next()!
-            }
+            return try await pool.withConnection(deadline: timeout) { connection in try await body(connection, logger) }
         } catch let error as CatalogError {
             throw error
         } catch let error as PostgresTransactionError where error.closureError is CatalogError {
             // A decision inside the transaction (a conflict, an unknown version), rolled back.
             throw error.closureError as! CatalogError
-        } catch is TimedOut {
+        } catch is PoolKeeper.DeadlinePassed {
             throw CatalogError(.storage, "\(location) did not answer within \(timeout): check that it runs and that --database is right")
         } catch {
             // The server's own refusal needs no guess about whether it runs.

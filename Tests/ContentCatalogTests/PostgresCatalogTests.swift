@@ -140,6 +140,33 @@ struct PostgresCatalogTests {
     }
 }
 
+extension PostgresCatalogTests {
+    @Test("a database that stops answering but keeps its connections open (frozen): an operation is refused at its deadline, not held; the catalog answers once it thaws")
+    func frozenDatabase() async throws {
+        let server = try await PostgresServer.start()
+        let url = try await server.createDatabase()
+        let catalog = try await PostgresCatalog(url: url, operationTimeout: .seconds(2))
+        #expect(try await catalog.versions(productId: nil).isEmpty)
+        try server.signal(SIGSTOP)
+        let outcome = Mutex<String?>(nil)
+        let asking = Task {
+            let text: String
+            do { text = "answered: \(try await catalog.versions(productId: nil))" } catch { text = (error as? CatalogError)?.message ?? "\(error)" }
+            outcome.withLock { $0 = text }
+        }
+        // Bounded: if the deadline did not hold, the server is thawed anyway so that the test ends.
+        let refused = await waitUntil(.seconds(20)) { outcome.withLock { $0 } != nil }
+        try server.signal(SIGCONT)
+        await asking.value
+        #expect(refused != nil, "the operation was held past its deadline")
+        #expect(outcome.withLock { $0 }?.contains("did not answer within 2.0 seconds") == true, "\(outcome.withLock { $0 } ?? "")")
+        let answered = await waitUntilAnswered(.seconds(30)) { (try? await catalog.versions(productId: nil))?.isEmpty == true }
+        #expect(answered != nil, "the catalog did not answer after the database thawed")
+        await catalog.close()
+        try await server.stop(mode: "immediate")
+    }
+}
+
 /// A listener on a stopped database's port that takes each connection, reads its startup message
 /// and closes it: to the client, a database that goes away at once. It counts the attempts that
 /// are not the catalog's own reconnect probe (named by its application_name).

@@ -108,6 +108,16 @@ public final class PostgresServer: @unchecked Sendable {
         try pgCtl(["-l", folder + "/server.log", "-w", "-t", "30", "-o", options.joined(separator: " "), "start"])
     }
 
+    /// Sends `signal` to the server and its backends: `SIGSTOP` freezes it as a hung host would
+    /// (connections stay open, nothing answers), `SIGCONT` thaws it.
+    public func signal(_ signal: Int32) throws {
+        guard let text = try? String(contentsOfFile: folder + "/db/postmaster.pid", encoding: .utf8),
+            let first = text.split(separator: "\n").first, let postmaster = Int32(first)
+        else { throw ServerError(description: "no postmaster.pid in \(folder)/db: is the server running?") }
+        let children = try run("/usr/bin/pgrep", ["-P", String(postmaster)]).stdout.split(separator: "\n").compactMap { Int32($0) }
+        for pid in [postmaster] + children { kill(pid, signal) }
+    }
+
     /// Stops the server: `fast` disconnects clients and shuts down cleanly, `immediate` is a crash.
     public func stop(mode: String = "fast") async throws {
         try await offThread { try self.pgCtl(["-m", mode, "-w", "stop"]) }
