@@ -63,10 +63,13 @@ public struct ServerConfiguration: Sendable {
     public var eventLoops: Int?
 
     /// The embedded defaults for the app `bundleId`, with state under `dataDirectory`.
+    /// Where the grant key file is when `--grant-keys` does not say: in the data folder.
+    public static func grantKeysPath(inDataDirectory dataDirectory: String) -> String { dataDirectory + "/grant-keys.json" }
+
     public init(dataDirectory: String, bundleId: String) {
         self.dataDirectory = dataDirectory
         self.bundleId = bundleId
-        grantKeysPath = dataDirectory + "/grant-keys.json"
+        grantKeysPath = Self.grantKeysPath(inDataDirectory: dataDirectory)
     }
 
     /// The environment variables read, with their meaning.

@@ -1,4 +1,5 @@
 import ArgumentParser
+import ContentServer
 import DownloadGrants
 import Foundation
 
@@ -17,6 +18,12 @@ struct GrantKeysCommand: ParsableCommand {
             """,
         subcommands: [List.self, Add.self, Activate.self, Retire.self])
 
+    /// A refusal of the key file, reported with its exit code: 3 the file cannot be read or
+    /// written, 2 a step asked for too soon, 1 anything else.
+    static func failure(_ error: GrantKeyFileError) -> ExitCode {
+        reporter.failure(error, exitCode: error.code == .io ? 3 : error.code == .tooSoon ? 2 : 1)
+    }
+
     struct Location: ParsableArguments {
         @Option(help: "The server's data folder, for <data>/grant-keys.json (env IAP_DATA).") var data: String?
         @Option(name: .customLong("grant-keys"), help: "The grant key file, when not <data>/grant-keys.json (env IAP_GRANT_KEYS).") var grantKeys: String?
@@ -27,7 +34,7 @@ struct GrantKeysCommand: ParsableCommand {
                 guard let data = data ?? env("IAP_DATA") else {
                     throw ValidationError("--data or --grant-keys (or IAP_DATA, IAP_GRANT_KEYS) is required: where the grant key file is")
                 }
-                return data + "/grant-keys.json"
+                return ServerConfiguration.grantKeysPath(inDataDirectory: data)
             }
         }
 
@@ -37,7 +44,7 @@ struct GrantKeysCommand: ParsableCommand {
             do throws(GrantKeyFileError) {
                 return try GrantKeyFile.edit(path: path, change)
             } catch {
-                throw reporter.failure(error, exitCode: error.code == .io ? 3 : error.code == .tooSoon ? 2 : 1)
+                throw GrantKeysCommand.failure(error)
             }
         }
     }
@@ -50,7 +57,7 @@ struct GrantKeysCommand: ParsableCommand {
         func run() throws {
             let file: GrantKeyFile
             do { file = try GrantKeyFile.load(path: try location.path) } catch let error as GrantKeyFileError {
-                throw reporter.failure(error, exitCode: error.code == .io ? 3 : 1)
+                throw GrantKeysCommand.failure(error)
             }
             if json {
                 struct Key: Encodable {

@@ -29,6 +29,11 @@ func env(_ name: String) -> String? {
     ProcessInfo.processInfo.environment[name].flatMap { $0.isEmpty ? nil : $0 }
 }
 
+/// A colon-separated list from the environment (`IAP_TRUST_ROOTS`, `IAP_CA_FILES`); empty when unset.
+func envList(_ name: String) -> [String] {
+    env(name)?.split(separator: ":").map(String.init) ?? []
+}
+
 /// `--database` (or IAP_DATABASE_URL) and `--archives` (or IAP_ARCHIVES), shared by every command that opens the store.
 struct StoreOptions: ParsableArguments {
     @Option(
@@ -187,7 +192,7 @@ struct Serve: AsyncParsableCommand {
         configuration.databaseURL = store.databaseURL
         configuration.archivesDirectory = store.archivesDirectory
         configuration.advertiseURL = try baseURL(advertiseURL, "IAP_ADVERTISE_URL", "--advertise-url")
-        configuration.additionalTrustRootFiles = caFiles + (env("IAP_CA_FILES")?.split(separator: ":").map(String.init) ?? [])
+        configuration.additionalTrustRootFiles = caFiles + envList("IAP_CA_FILES")
         configuration.grantKeysPath = grantKeys ?? env("IAP_GRANT_KEYS") ?? configuration.grantKeysPath
         configuration.host = URLHost.bare(host ?? env("IAP_HOST") ?? configuration.host)
         if let value = try number(port, "IAP_PORT", "--port", 0...65535, "a port number") { configuration.port = value }
@@ -197,7 +202,7 @@ struct Serve: AsyncParsableCommand {
         }
         if allowLocalTesting { policy = policy.allowingLocalTesting() }
         configuration.environments = policy
-        let rootPaths = trustRoots + (env("IAP_TRUST_ROOTS")?.split(separator: ":").map(String.init) ?? [])
+        let rootPaths = trustRoots + envList("IAP_TRUST_ROOTS")
         do {
             for path in rootPaths { configuration.trustRoots.append(try AppleRoots.load(path: path)) }
         } catch { throw reporter.failure(error) }
@@ -632,14 +637,14 @@ struct Reconcile: AsyncParsableCommand {
             }
         let http: HTTPClient
         do {
-            http = OutboundHTTP.client(try OutboundHTTP.trust(caFiles + (env("IAP_CA_FILES")?.split(separator: ":").map(String.init) ?? [])))
+            http = OutboundHTTP.client(try OutboundHTTP.trust(caFiles + envList("IAP_CA_FILES")))
         } catch {
             throw reporter.failure(error)
         }
         let outcome: Result<Reconciler.Report, any Error>
         do {
             var roots = [AppleRoots.rootCAG3]
-            for path in trustRoots + (env("IAP_TRUST_ROOTS")?.split(separator: ":").map(String.init) ?? []) { roots.append(try AppleRoots.load(path: path)) }
+            for path in trustRoots + envList("IAP_TRUST_ROOTS") { roots.append(try AppleRoots.load(path: path)) }
             let verifier = SignedDataVerifier(configuration: .init(bundleId: bundle, trustRoots: roots, environments: choice.policy))
             let store = try await storeOptions.open(data: dataDirectory)
             let reconciler = Reconciler(store: store, verifier: verifier, clients: urls.map { StoreAPIClient(baseURL: $0, key: key, timeout: .seconds(timeout), httpClient: http) })
