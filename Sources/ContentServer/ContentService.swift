@@ -66,12 +66,12 @@ final class ContentService: ContentResolver, Sendable {
         }
         verifier = SignedDataVerifier(
             configuration: .init(
-                bundleId: configuration.bundleId, trustRoots: configuration.trustRoots,
+                bundles: configuration.bundles, trustRoots: configuration.trustRoots,
                 environments: configuration.environments))
         // Receipts chain to Apple Inc. Root (built in) or to an extra root (the sandbox's
         // receipt-root.cer); Apple Root CA - G3 signs StoreKit 2 data only.
         let localReceipts = try ReceiptVerifier(
-            bundleId: configuration.bundleId, trustRoots: configuration.trustRoots.filter { $0 != AppleRoots.rootCAG3 },
+            bundles: configuration.bundles, trustRoots: configuration.trustRoots.filter { $0 != AppleRoots.rootCAG3 },
             environments: configuration.environments)
         grantKeys = try GrantKeys(path: configuration.grantKeysPath)
         revoked = Mutex(try await store.revokedTransactionIds())
@@ -82,7 +82,7 @@ final class ContentService: ContentResolver, Sendable {
             apple: VerifyReceiptClient(
                 productionURL: configuration.verifyReceiptURL, sandboxURL: configuration.verifyReceiptSandboxURL,
                 sharedSecret: configuration.receiptSharedSecret, timeout: configuration.verifyReceiptTimeout, httpClient: outbound),
-            bundleId: configuration.bundleId, environments: configuration.environments)
+            bundles: configuration.bundles, environments: configuration.environments)
         peers = PeerArchives(store: store, grants: grantKeys, ownURL: configuration.advertiseURL, http: outbound, logger: Logger(label: "iap-server.peers"))
     }
 

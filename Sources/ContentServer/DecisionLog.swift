@@ -84,6 +84,7 @@ struct DecisionLog: Sendable {
         if let id = transaction.transactionId { metadata["transactionId"] = .string(safe(id)) }
         if let id = transaction.originalTransactionId, id != transaction.transactionId { metadata["originalTransactionId"] = .string(safe(id)) }
         if let product = transaction.productId { metadata["productId"] = .string(safe(product)) }
+        if let bundle = transaction.bundleId { metadata["bundleId"] = .string(safe(bundle)) }
         if let environment = transaction.environment { metadata["environment"] = .string(safe(environment.rawValue)) }
         return metadata
     }

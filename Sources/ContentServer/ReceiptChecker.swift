@@ -10,7 +10,7 @@ struct ReceiptChecker: Sendable {
     let mode: ReceiptVerificationMode
     let local: ReceiptVerifier
     let apple: VerifyReceiptClient
-    let bundleId: String
+    let bundles: BundlePolicy
     let environments: EnvironmentPolicy
 
     func verify(base64 text: String) async throws(VerificationError) -> AppReceipt {
@@ -53,8 +53,8 @@ struct ReceiptChecker: Sendable {
         }
         guard let decoded = response.receipt else { throw VerificationError(.receiptServiceUnavailable, "verifyReceipt answered without a receipt") }
         let receipt = Self.receipt(decoded, environment: response.environment)
-        guard receipt.bundleId == bundleId else {
-            throw VerificationError(.wrongBundleId, "the receipt is for bundle id '\(receipt.bundleId)', not \(bundleId)")
+        guard bundles.contains(receipt.bundleId) else {
+            throw VerificationError(.wrongBundleId, "the receipt is for bundle id '\(receipt.bundleId)', \(bundles.notConfigured)")
         }
         guard let environment = receipt.environment, environments.accepted.contains(environment) else {
             throw VerificationError(.wrongEnvironment, "the receipt's environment '\(response.environment ?? "none")' is not accepted here (\(environments))")

@@ -21,7 +21,8 @@ public struct ServerConfiguration: Sendable {
     public var additionalTrustRootFiles: [String] = []
     /// The grant key file; replicas given the same one accept each other's download URLs.
     public var grantKeysPath: String
-    public var bundleId: String
+    /// The apps served: one bundle identifier, or several apps of one developer account.
+    public var bundles: BundlePolicy
     public var host: String = "127.0.0.1"
     /// 0 picks a free port.
     public var port: Int = 8080
@@ -62,21 +63,26 @@ public struct ServerConfiguration: Sendable {
     /// 1 MiB and multi-range requests lost 5-25% (docs/performance.md).
     public var eventLoops: Int?
 
-    /// The embedded defaults for the app `bundleId`, with state under `dataDirectory`.
     /// Where the grant key file is when `--grant-keys` does not say: in the data folder.
     public static func grantKeysPath(inDataDirectory dataDirectory: String) -> String { dataDirectory + "/grant-keys.json" }
 
-    public init(dataDirectory: String, bundleId: String) {
+    /// The embedded defaults for the apps in `bundles`, with state under `dataDirectory`.
+    public init(dataDirectory: String, bundles: BundlePolicy) {
         self.dataDirectory = dataDirectory
-        self.bundleId = bundleId
+        self.bundles = bundles
         grantKeysPath = Self.grantKeysPath(inDataDirectory: dataDirectory)
+    }
+
+    /// The embedded defaults for the app `bundleId`, with state under `dataDirectory`.
+    public init(dataDirectory: String, bundleId: String) {
+        self.init(dataDirectory: dataDirectory, bundles: BundlePolicy(bundleId))
     }
 
     /// The environment variables read, with their meaning.
     public static let environmentVariables: [(String, String)] = [
         ("IAP_DATA", "--data"), ("IAP_DATABASE_URL", "--database"), ("IAP_ARCHIVES", "--archives"), ("IAP_GRANT_KEYS", "--grant-keys"), ("IAP_ADVERTISE_URL", "--advertise-url"),
         ("IAP_CA_FILES", "--ca-file, colon-separated"),
-        ("IAP_BUNDLE_ID", "--bundle-id"), ("IAP_HOST", "--host"),
+        ("IAP_BUNDLE_ID", "--bundle-id, comma-separated"), ("IAP_HOST", "--host"),
         ("IAP_PORT", "--port"),
         ("IAP_TRUST_ROOTS", "--trust-root, colon-separated"), ("IAP_ENVIRONMENT", "--environment"),
         ("IAP_TOKEN_TTL", "--token-ttl"), ("IAP_ADMIN_TOKEN_FILE", "--admin-token-file"), ("IAP_PUBLIC_URL", "--public-url"),

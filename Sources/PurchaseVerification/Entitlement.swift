@@ -41,7 +41,7 @@ public func entitlement(for transaction: Transaction, configuration: VerifierCon
     if let revoked = transaction.revocationDate {
         return .denied(.revoked(at: revoked, reason: transaction.revocationReason))
     }
-    if transaction.bundleId != configuration.bundleId {
+    guard let bundleId = transaction.bundleId, configuration.bundles.contains(bundleId) else {
         return .denied(.wrongBundleId(transaction.bundleId))
     }
     guard let environment = transaction.environment, configuration.environments.accepted.contains(environment) else {

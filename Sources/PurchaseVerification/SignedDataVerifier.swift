@@ -36,18 +36,50 @@ public struct EnvironmentPolicy: Sendable, Equatable, CustomStringConvertible {
     public var description: String { accepted.map(\.rawValue).sorted().joined(separator: ", ") }
 }
 
+/// Which apps a server serves: one bundle identifier, or several apps of one developer account.
+///
+/// One server can serve every app of an account because App Store Connect never gives two of an
+/// account's products the same identifier, even across apps: a product identifier names one
+/// product whichever app's transaction carries it.
+public struct BundlePolicy: Sendable, Equatable, CustomStringConvertible {
+    /// The accepted bundle identifiers, in the order they were configured.
+    public let accepted: [String]
+
+    /// - Precondition: at least one identifier; repeats are dropped.
+    public init(accepting accepted: [String]) {
+        precondition(!accepted.isEmpty, "a bundle policy accepts at least one bundle identifier")
+        var seen = Set<String>()
+        self.accepted = accepted.filter { seen.insert($0).inserted }
+    }
+
+    public init(_ bundleId: String) { self.init(accepting: [bundleId]) }
+
+    public func contains(_ bundleId: String) -> Bool { accepted.contains(bundleId) }
+
+    /// `'com.example.app'`, or `'com.example.a', 'com.example.b'`.
+    public var description: String { accepted.map { "'\($0)'" }.joined(separator: ", ") }
+
+    /// "not the configured 'a'" or "not one of the configured 'a', 'b'", for refusals.
+    public var notConfigured: String { accepted.count == 1 ? "not the configured \(self)" : "not one of the configured \(self)" }
+}
+
 /// What signed data must satisfy beyond its signature.
 public struct VerifierConfiguration: Sendable {
-    /// The app's bundle identifier; payloads for any other are refused.
-    public var bundleId: String
+    /// The apps' bundle identifiers; payloads for any other are refused.
+    public var bundles: BundlePolicy
     /// DER certificates trusted as roots. Apple Root CA - G3 is included by default.
     public var trustRoots: [Certificate]
     public var environments: EnvironmentPolicy
 
-    public init(bundleId: String, trustRoots: [Certificate] = [AppleRoots.rootCAG3], environments: EnvironmentPolicy = .production) {
-        self.bundleId = bundleId
+    public init(bundles: BundlePolicy, trustRoots: [Certificate] = [AppleRoots.rootCAG3], environments: EnvironmentPolicy = .production) {
+        self.bundles = bundles
         self.trustRoots = trustRoots
         self.environments = environments
+    }
+
+    /// One app, as Apple's `SignedDataVerifier` is configured.
+    public init(bundleId: String, trustRoots: [Certificate] = [AppleRoots.rootCAG3], environments: EnvironmentPolicy = .production) {
+        self.init(bundles: BundlePolicy(bundleId), trustRoots: trustRoots, environments: environments)
     }
 }
 
@@ -194,8 +226,8 @@ public final class SignedDataVerifier: Sendable {
     }
 
     private func check(bundleId: String?, environment: AppStoreEnvironment?) throws(VerificationError) {
-        if let bundleId, bundleId != configuration.bundleId {
-            throw VerificationError(.wrongBundleId, "the payload is for bundle id '\(bundleId)', not the configured '\(configuration.bundleId)'")
+        if let bundleId, !configuration.bundles.contains(bundleId) {
+            throw VerificationError(.wrongBundleId, "the payload is for bundle id '\(bundleId)', \(configuration.bundles.notConfigured)")
         }
         guard let environment, configuration.environments.accepted.contains(environment) else {
             throw VerificationError(

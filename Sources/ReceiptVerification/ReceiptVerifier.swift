@@ -23,7 +23,8 @@ public final class ReceiptVerifier: @unchecked Sendable {
     // @unchecked: the X509_STORE is built in init and only read afterwards; OpenSSL locks it
     // internally for concurrent verifications.
     private let store: OpaquePointer
-    public let bundleId: String
+    /// The apps whose receipts are accepted.
+    public let bundles: BundlePolicy
     public let environments: EnvironmentPolicy
     /// Receipts larger than this are refused before parsing (real ones are a few KiB to ~1 MiB).
     public static let maximumSize = 4 << 20
@@ -54,10 +55,16 @@ public final class ReceiptVerifier: @unchecked Sendable {
 
     /// - Parameter trustRoots: roots besides Apple Inc. Root Certificate (always trusted), such
     ///   as the sandbox's `receipt-root.cer`.
-    public init(bundleId: String, trustRoots: [Certificate] = [], environments: EnvironmentPolicy = .production) throws(VerificationError) {
+    public convenience init(bundleId: String, trustRoots: [Certificate] = [], environments: EnvironmentPolicy = .production) throws(VerificationError) {
+        try self.init(bundles: BundlePolicy(bundleId), trustRoots: trustRoots, environments: environments)
+    }
+
+    /// - Parameter trustRoots: roots besides Apple Inc. Root Certificate (always trusted), such
+    ///   as the sandbox's `receipt-root.cer`.
+    public init(bundles: BundlePolicy, trustRoots: [Certificate] = [], environments: EnvironmentPolicy = .production) throws(VerificationError) {
         guard let store = iap_store_new() else { throw VerificationError(.untrustedChain, "cannot create a certificate store (out of memory)") }
         self.store = store
-        self.bundleId = bundleId
+        self.bundles = bundles
         self.environments = environments
         for root in [AppleRoots.appleIncRoot] + trustRoots {
             var serializer = DER.Serializer()
@@ -187,8 +194,8 @@ public final class ReceiptVerifier: @unchecked Sendable {
 
     /// What the receipt says against this server's app and environments.
     private func check(_ receipt: AppReceipt) throws(VerificationError) -> AppReceipt {
-        guard receipt.bundleId == bundleId else {
-            throw VerificationError(.wrongBundleId, "the receipt is for bundle id '\(receipt.bundleId)', not \(bundleId)")
+        guard bundles.contains(receipt.bundleId) else {
+            throw VerificationError(.wrongBundleId, "the receipt is for bundle id '\(receipt.bundleId)', \(bundles.notConfigured)")
         }
         guard let environment = receipt.environment, environments.accepted.contains(environment) else {
             throw VerificationError(

@@ -34,6 +34,21 @@ func envList(_ name: String) -> [String] {
     env(name)?.split(separator: ":").map(String.init) ?? []
 }
 
+/// The apps a command serves: each `--bundle-id` given, else IAP_BUNDLE_ID, either one repeated or
+/// comma-separated, each checked; nil when neither says.
+func bundlePolicy(_ flags: [String]) throws -> BundlePolicy? {
+    // Spaces after a comma are the list's ("a, b"); any other whitespace is refused by the check,
+    // as a stray space from an environment file always was.
+    func split(_ text: String) -> [String] {
+        text.split(separator: ",", omittingEmptySubsequences: false).enumerated().map { $0.offset == 0 ? String($0.element) : String($0.element.drop { $0 == " " }) }
+    }
+    let (ids, source) = flags.isEmpty ? (env("IAP_BUNDLE_ID").map(split) ?? [], "IAP_BUNDLE_ID") : (flags.flatMap(split), "--bundle-id")
+    for id in ids {
+        if let refusal = BundleIdentifier.refusal(id, from: source) { throw ValidationError(refusal) }
+    }
+    return ids.isEmpty ? nil : BundlePolicy(accepting: ids)
+}
+
 /// `--database` (or IAP_DATABASE_URL) and `--archives` (or IAP_ARCHIVES), shared by every command that opens the store.
 struct StoreOptions: ParsableArguments {
     @Option(
@@ -110,7 +125,10 @@ struct Serve: AsyncParsableCommand {
     var caFiles: [String] = []
     @Option(name: .customLong("grant-keys"), help: "The grant key file every replica shares (default <data>/grant-keys.json; created with one key if missing).")
     var grantKeys: String?
-    @Option(name: .customLong("bundle-id"), help: "The app's bundle identifier.") var bundleId: String?
+    @Option(
+        name: .customLong("bundle-id"),
+        help: "The app's bundle identifier; repeat it or separate with commas for several apps of one developer account (their product identifiers never collide).")
+    var bundleIds: [String] = []
     @Option(help: "The address to listen on: 127.0.0.1, 0.0.0.0 for all, ::1 or [::1] for IPv6.") var host: String?
     @Option(help: "The port to listen on (default 8080); 0 picks a free one.") var port: Int?
     @Option(name: .customLong("trust-root"), help: "Another trusted root certificate (DER or PEM), e.g. the sandbox's root.cer; repeatable.") var trustRoots: [String] = []
@@ -186,9 +204,10 @@ struct Serve: AsyncParsableCommand {
     func run() async throws {
         signal(SIGXFSZ, SIG_IGN)  // a file-size limit then fails the write (answered 507) instead of killing the server
         guard let dataDirectory = data ?? env("IAP_DATA") else { throw ValidationError("--data (or IAP_DATA) is required: the folder for the catalog and archives") }
-        guard let bundle = bundleId ?? env("IAP_BUNDLE_ID") else { throw ValidationError("--bundle-id (or IAP_BUNDLE_ID) is required: the app's bundle identifier") }
-        if let refusal = BundleIdentifier.refusal(bundle, from: bundleId == nil ? "IAP_BUNDLE_ID" : "--bundle-id") { throw ValidationError(refusal) }
-        var configuration = ServerConfiguration(dataDirectory: dataDirectory, bundleId: bundle)
+        guard let bundles = try bundlePolicy(bundleIds) else {
+            throw ValidationError("--bundle-id (or IAP_BUNDLE_ID) is required: the app's bundle identifier (repeat it, or separate them with commas, for several apps)")
+        }
+        var configuration = ServerConfiguration(dataDirectory: dataDirectory, bundles: bundles)
         configuration.databaseURL = store.databaseURL
         configuration.archivesDirectory = store.archivesDirectory
         configuration.advertiseURL = try baseURL(advertiseURL, "IAP_ADVERTISE_URL", "--advertise-url")
@@ -252,9 +271,11 @@ struct Serve: AsyncParsableCommand {
         }
         let portFile = self.portFile
         let host = configuration.host
+        // Which apps and environments, so a replica started with the wrong list is seen at once.
+        let serving = "for \(configuration.bundles) (\(configuration.environments))"
         do {
             try await ContentServerApp.run(configuration: configuration, logger: logger) { port in
-                Console.out("iap-server listening on http://\(URLHost.inURL(host)):\(port)\n")
+                Console.out("iap-server listening on http://\(URLHost.inURL(host)):\(port) \(serving)\n")
                 if let portFile { try? String(port).write(toFile: portFile, atomically: true, encoding: .utf8) }
             }
         } catch let error as CatalogError {
@@ -459,8 +480,8 @@ struct Verify: AsyncParsableCommand {
     @Argument(help: "A file holding the JWS, {\"signedPayload\": \"...\"}, or an app receipt (its bytes or base64); - for standard input.")
     var file: String
 
-    @Option(name: .customLong("bundle-id"), help: "The app's bundle identifier.")
-    var bundleId: String
+    @Option(name: .customLong("bundle-id"), help: "The app's bundle identifier (or IAP_BUNDLE_ID); repeat it or separate with commas to accept any of several apps.")
+    var bundleIds: [String] = []
 
     @Option(name: .customLong("trust-root"), help: "Another trusted root certificate (DER or PEM); repeatable.")
     var trustRoots: [String] = []
@@ -472,19 +493,20 @@ struct Verify: AsyncParsableCommand {
     var allowLocalTesting = false
 
     func validate() throws {
-        if let refusal = BundleIdentifier.refusal(bundleId, from: "--bundle-id") { throw ValidationError(refusal) }
+        guard try bundlePolicy(bundleIds) != nil else { throw ValidationError("--bundle-id (or IAP_BUNDLE_ID) is required: the app's bundle identifier") }
     }
 
     func run() async throws {
+        guard let bundles = try bundlePolicy(bundleIds) else { throw ValidationError("--bundle-id (or IAP_BUNDLE_ID) is required") }
         var policy = environment.policy
         if allowLocalTesting { policy = policy.allowingLocalTesting() }
         do {
             var roots = [AppleRoots.rootCAG3]
             for path in trustRoots { roots.append(try AppleRoots.load(path: path)) }
-            let verifier = SignedDataVerifier(configuration: .init(bundleId: bundleId, trustRoots: roots, environments: policy))
+            let verifier = SignedDataVerifier(configuration: .init(bundles: bundles, trustRoots: roots, environments: policy))
             let input = try readInput()
             if let receipt = Self.receipt(in: input) {
-                let receiptVerifier = try ReceiptVerifier(bundleId: bundleId, trustRoots: Array(roots.dropFirst()), environments: policy)
+                let receiptVerifier = try ReceiptVerifier(bundles: bundles, trustRoots: Array(roots.dropFirst()), environments: policy)
                 let decoded = try receiptVerifier.verify(receipt)
                 let purchases: [Any] = try decoded.transactions.map { transaction in
                     var object = try jsonObject(transaction) as? [String: Any] ?? [:]
@@ -571,7 +593,7 @@ struct Reconcile: AsyncParsableCommand {
 
     @Option(help: "The server's data folder.") var data: String?
     @OptionGroup var storeOptions: StoreOptions
-    @Option(name: .customLong("bundle-id"), help: "The app's bundle identifier.") var bundleId: String?
+    @Option(name: .customLong("bundle-id"), help: "The app's bundle identifier (one: Apple's API answers for one app at a time).") var bundleId: String?
     @Option(help: "Start of the window: ISO 8601 (2026-11-20T00:00:00Z or 2026-11-20); Apple keeps 180 days.") var since: String
     @Option(help: "End of the window (ISO 8601; default now).") var until: String?
     @Option(name: .customLong("key-file"), help: "The API key's .p8 file (env IAP_API_KEY_FILE).") var keyFile: String?
@@ -609,8 +631,12 @@ struct Reconcile: AsyncParsableCommand {
 
     func run() async throws {
         guard let dataDirectory = data ?? env("IAP_DATA") else { throw ValidationError("--data (or IAP_DATA) is required: the server's data folder") }
-        guard let bundle = bundleId ?? env("IAP_BUNDLE_ID") else { throw ValidationError("--bundle-id (or IAP_BUNDLE_ID) is required") }
-        if let refusal = BundleIdentifier.refusal(bundle, from: bundleId == nil ? "IAP_BUNDLE_ID" : "--bundle-id") { throw ValidationError(refusal) }
+        guard let bundles = try bundlePolicy(bundleId.map { [$0] } ?? []) else { throw ValidationError("--bundle-id (or IAP_BUNDLE_ID) is required") }
+        // An API token names one app (its `bid` claim), so the history is asked app by app.
+        guard bundles.accepted.count == 1, let bundle = bundles.accepted.first else {
+            throw ValidationError(
+                "IAP_BUNDLE_ID names \(bundles.accepted.count) apps, and Apple's API answers for one app at a time: run reconcile once per app, with --bundle-id")
+        }
         guard let keyFile = keyFile ?? env("IAP_API_KEY_FILE"), let keyId = keyId ?? env("IAP_API_KEY_ID"),
             let issuerId = issuerId ?? env("IAP_API_ISSUER_ID")
         else {

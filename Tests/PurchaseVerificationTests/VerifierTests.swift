@@ -157,6 +157,32 @@ struct VerifierTests {
         #expect(try await f.verifier(environments: EnvironmentPolicy.sandbox.allowingLocalTesting()).verifyTransaction(xcode).environment == .xcode)
     }
 
+    @Test("a verifier for several apps takes each one's transactions and notifications, and names them all when refusing another")
+    func severalApps() async throws {
+        let f = try Fixture()
+        let apps = BundlePolicy(accepting: [f.bundleId, "com.example.second", f.bundleId])
+        #expect(apps.accepted == [f.bundleId, "com.example.second"])
+        let verifier = SignedDataVerifier(configuration: .init(bundles: apps, trustRoots: [f.authority.root], environments: .sandbox))
+        #expect(try await verifier.verifyTransaction(f.authority.sign(f.transaction())).bundleId == f.bundleId)
+        #expect(try await verifier.verifyTransaction(f.authority.sign(f.transaction(bundle: "com.example.second"))).bundleId == "com.example.second")
+        let third = try f.authority.sign(f.transaction(bundle: "com.example.third"))
+        do {
+            _ = try await verifier.verifyTransaction(third)
+            Issue.record("a third app's transaction verified")
+        } catch {
+            #expect(error.code == .wrongBundleId)
+            #expect(error.message == "the payload is for bundle id 'com.example.third', not one of the configured '\(f.bundleId)', 'com.example.second'")
+        }
+        #expect(entitlement(for: f.transaction(bundle: "com.example.second"), configuration: verifier.configuration) == .granted)
+        #expect(entitlement(for: f.transaction(bundle: "com.example.third"), configuration: verifier.configuration) == .denied(.wrongBundleId("com.example.third")))
+
+        let tmp = try TemporaryFolder()
+        let second = try SandboxStore.initialize(folder: tmp.sub("store"), bundleId: "com.example.second")
+        let refund = try second.refund(transactionId: second.purchase(productId: "com.example.second.levels").transaction.transactionId!)
+        let both = SignedDataVerifier(configuration: .init(bundles: apps, trustRoots: [second.authority.root], environments: .sandbox))
+        #expect(try await both.verifyNotification(refund.signedPayload).1?.bundleId == "com.example.second")
+    }
+
     @Test("malformed base64 or JSON and oversized input are refused with their own codes")
     func malformed() async throws {
         let f = try Fixture()

@@ -148,6 +148,18 @@ struct ReceiptVerifierTests {
         #expect(refusal(try sharedAuthority.sign(payload: payload, certificates: [sharedAuthority.root]), check) == .untrustedChain)
 
         #expect(refusal(try sharedAuthority.sign(payload: try ReceiptPayload.encode(receipt(bundleId: "com.example.other"))), check) == .wrongBundleId)
+        // A server for several apps takes each one's receipts and names them all when refusing another.
+        let apps = try ReceiptVerifier(
+            bundles: BundlePolicy(accepting: ["com.example.app", "com.example.other"]), trustRoots: [sharedAuthority.root], environments: .sandbox)
+        #expect(try apps.verify(try sharedAuthority.sign(payload: try ReceiptPayload.encode(receipt(bundleId: "com.example.other")))).bundleId == "com.example.other")
+        #expect(try apps.verify(try sharedAuthority.sign(payload: payload)).bundleId == "com.example.app")
+        let third = try sharedAuthority.sign(payload: try ReceiptPayload.encode(receipt(bundleId: "com.example.third")))
+        do {
+            _ = try apps.verify(third)
+            Issue.record("a third app's receipt verified")
+        } catch {
+            #expect(error.message == "the receipt is for bundle id 'com.example.third', not one of the configured 'com.example.app', 'com.example.other'")
+        }
         #expect(refusal(try sharedAuthority.sign(payload: try ReceiptPayload.encode(receipt(type: "Production"))), check) == .wrongEnvironment)
         #expect(refusal(try sharedAuthority.sign(payload: try ReceiptPayload.encode(receipt(type: nil))), check) == .wrongEnvironment)
         #expect(refusal(try sharedAuthority.sign(payload: try ReceiptPayload.encode(receipt(type: "Production"))), try verifier(environments: .production)) == nil)
