@@ -128,6 +128,24 @@ public final class PostgresCatalog: CatalogDatabase {
         ],
         ["ALTER TABLE versions ADD COLUMN origin_url TEXT"],
         ["ALTER TABLE versions ADD COLUMN removed_at TIMESTAMPTZ"],
+        [
+            // Raised by every statement that writes the table each counts, whoever runs it
+            // (ChangeCounter); the row lock orders concurrent writers, so a counter follows commit order.
+            "CREATE TABLE change_counters (name TEXT PRIMARY KEY, version BIGINT NOT NULL)",
+            "INSERT INTO change_counters (name, version) VALUES ('revocations', 0), ('versions', 0)",
+            """
+            CREATE FUNCTION iap_count_change() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN UPDATE change_counters SET version = version + 1 WHERE name = TG_TABLE_NAME; RETURN NULL; END $$
+            """,
+            """
+            CREATE TRIGGER revocations_counted AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON revocations
+            FOR EACH STATEMENT EXECUTE FUNCTION iap_count_change()
+            """,
+            """
+            CREATE TRIGGER versions_counted AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON versions
+            FOR EACH STATEMENT EXECUTE FUNCTION iap_count_change()
+            """,
+        ],
     ]
 
     private func migrate() async throws(CatalogError) {
@@ -238,12 +256,27 @@ public final class PostgresCatalog: CatalogDatabase {
         }
     }
 
-    public func revokedTransactionIds() async throws(CatalogError) -> Set<String> {
+    public func revocations(changedSince known: Int64?) async throws(CatalogError) -> RevocationSnapshot? {
         try await run { connection, logger in
+            // The counter before the ids: a write committing in between is in the ids and raises
+            // the counter past the one kept, so the next look reads again; never the other way.
+            let version = try await Self.counter(.revocations, on: connection, logger: logger)
+            if version == known { return nil }
             var ids = Set<String>()
             for try await id in try await connection.query("SELECT transaction_id FROM revocations", logger: logger).decode(String.self) { ids.insert(id) }
-            return ids
+            return RevocationSnapshot(version: version, transactionIds: ids)
         }
+    }
+
+    public func changeCounter(_ counter: ChangeCounter) async throws(CatalogError) -> Int64 {
+        try await run { connection, logger in try await Self.counter(counter, on: connection, logger: logger) }
+    }
+
+    private static func counter(_ counter: ChangeCounter, on connection: PostgresConnection, logger: Logger) async throws -> Int64 {
+        for try await value in try await connection.query("SELECT version FROM change_counters WHERE name = \(counter.rawValue)", logger: logger).decode(Int64.self) {
+            return value
+        }
+        return 0
     }
 
     public func apply(_ n: NotificationRecord) async throws(CatalogError) -> NotificationOutcome {

@@ -55,6 +55,29 @@ public enum RevocationChange: Sendable, Equatable {
     case resynchronize
 }
 
+/// A table whose every write raises a counter in the same transaction: a trigger does it, so
+/// writers that know nothing of the counter (an older replica, an operator's SQL) count too.
+///
+/// Servers look at the counter each refresh and read the table itself only when it moved. A
+/// revocation ledger holding every refund an app ever had runs to hundreds of thousands of ids,
+/// and a publisher's catalog to tens of thousands of versions; reading them whole every two
+/// seconds cost an idle server 40-60% of a core at a million revocations (docs/performance.md).
+public enum ChangeCounter: String, Sendable, CaseIterable {
+    case revocations
+    case versions
+}
+
+/// The revoked transaction ids, and the ``ChangeCounter/revocations`` counter they were read at.
+public struct RevocationSnapshot: Sendable, Equatable {
+    public let version: Int64
+    public let transactionIds: Set<String>
+
+    public init(version: Int64, transactionIds: Set<String>) {
+        self.version = version
+        self.transactionIds = transactionIds
+    }
+}
+
 /// Where the catalog, the grants ledger, revocations and notifications live: SQLite in the data
 /// folder (``SQLiteCatalogDatabase``, the default) or PostgreSQL for several replicas (the
 /// `CatalogPostgres` module). Both pass the same tests; every write that must be atomic is one
@@ -86,7 +109,12 @@ public protocol CatalogDatabase: Sendable {
 
     func isRevoked(transactionId: String) async throws(CatalogError) -> Bool
 
-    func revokedTransactionIds() async throws(CatalogError) -> Set<String>
+    /// Every revoked transaction id, unless the ledger's change counter is still `version`
+    /// (nil then): nothing was revoked or restored since the snapshot read at that counter.
+    func revocations(changedSince version: Int64?) async throws(CatalogError) -> RevocationSnapshot?
+
+    /// The counter's value now (``ChangeCounter``).
+    func changeCounter(_ counter: ChangeCounter) async throws(CatalogError) -> Int64
 
     /// Stores a notification and applies it in one transaction, once per UUID.
     func apply(_ notification: NotificationRecord) async throws(CatalogError) -> NotificationOutcome

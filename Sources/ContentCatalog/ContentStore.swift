@@ -499,7 +499,15 @@ public final class ContentStore: Sendable {
     public func isRevoked(transactionId: String) async throws(CatalogError) -> Bool { try await database.isRevoked(transactionId: transactionId) }
 
     /// Every revoked transaction id: servers keep this set in memory to check each content request.
-    public func revokedTransactionIds() async throws(CatalogError) -> Set<String> { try await database.revokedTransactionIds() }
+    public func revokedTransactionIds() async throws(CatalogError) -> Set<String> {
+        try await database.revocations(changedSince: nil)?.transactionIds ?? []
+    }
+
+    /// The revoked transaction ids, or nil when none was revoked or restored since the snapshot
+    /// read at `version` (``RevocationSnapshot``).
+    public func revocations(changedSince version: Int64?) async throws(CatalogError) -> RevocationSnapshot? {
+        try await database.revocations(changedSince: version)
+    }
 
     /// Stores a notification and applies its effect in one transaction, once per UUID: `revoke`
     /// true cuts access for `transactionId`, false restores it, nil changes nothing.

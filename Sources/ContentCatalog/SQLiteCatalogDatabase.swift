@@ -72,6 +72,22 @@ public final class SQLiteCatalogDatabase: CatalogDatabase {
         migrator.registerMigration("v5-removals") { db in
             try db.alter(table: "versions") { t in t.add(column: "removedAt", .datetime) }
         }
+        migrator.registerMigration("v6-change-counters") { db in
+            // Raised by every write to the table each counts, whoever makes it (ChangeCounter).
+            var sql = """
+                CREATE TABLE changeCounters (name TEXT PRIMARY KEY, version INTEGER NOT NULL);
+                INSERT INTO changeCounters (name, version) VALUES ('revocations', 0), ('versions', 0);
+                """
+            for table in ["revocations", "versions"] {
+                for event in ["INSERT", "UPDATE", "DELETE"] {
+                    sql += """
+                        CREATE TRIGGER \(table)\(event.capitalized)Counted AFTER \(event) ON \(table)
+                        BEGIN UPDATE changeCounters SET version = version + 1 WHERE name = '\(table)'; END;
+                        """
+                }
+            }
+            try db.execute(sql: sql)
+        }
         return migrator
     }
 
@@ -138,10 +154,23 @@ public final class SQLiteCatalogDatabase: CatalogDatabase {
         }
     }
 
-    public func revokedTransactionIds() async throws(CatalogError) -> Set<String> {
+    public func revocations(changedSince known: Int64?) async throws(CatalogError) -> RevocationSnapshot? {
         try await run { [database] in
-            Set(try await database.read { db in try String.fetchAll(db, sql: "SELECT transactionId FROM revocations") })
+            // One read transaction: the counter and the ids are of the same snapshot.
+            try await database.read { db -> RevocationSnapshot? in
+                let version = try Self.counter(.revocations, in: db)
+                if version == known { return nil }
+                return RevocationSnapshot(version: version, transactionIds: Set(try String.fetchAll(db, sql: "SELECT transactionId FROM revocations")))
+            }
         }
+    }
+
+    public func changeCounter(_ counter: ChangeCounter) async throws(CatalogError) -> Int64 {
+        try await run { [database] in try await database.read { db in try Self.counter(counter, in: db) } }
+    }
+
+    private static func counter(_ counter: ChangeCounter, in db: Database) throws -> Int64 {
+        try Int64.fetchOne(db, sql: "SELECT version FROM changeCounters WHERE name = ?", arguments: [counter.rawValue]) ?? 0
     }
 
     public func apply(_ n: NotificationRecord) async throws(CatalogError) -> NotificationOutcome {
@@ -171,7 +200,7 @@ public final class SQLiteCatalogDatabase: CatalogDatabase {
         try await run { [database] in try await database.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM notifications") ?? 0 } }
     }
 
-    /// SQLite cannot tell other processes; they poll ``revokedTransactionIds()``.
+    /// SQLite cannot tell other processes; they poll ``revocations(changedSince:)``.
     public func watchRevocations(_ onChange: @escaping @Sendable (RevocationChange) -> Void) async -> Bool { false }
 
     public func close() async {}

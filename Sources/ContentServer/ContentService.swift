@@ -32,7 +32,17 @@ final class ContentService: ContentResolver, Sendable {
     let metrics = ServerMetrics()
     /// The port actually bound (differs from the configuration's when that is 0).
     let boundPort = Mutex(0)
-    private let revoked: Mutex<Set<String>>
+    private let revoked: Mutex<Revocations>
+    /// Orders refreshes: the one that started last decides, whichever read finishes first.
+    private let refreshTickets = Atomic<UInt64>(0)
+
+    /// The revoked transaction ids in memory; `version` is the ledger counter they were read at
+    /// (``RevocationSnapshot``), so an unchanged ledger is not read again.
+    struct Revocations {
+        var ids: Set<String>
+        var version: Int64?
+        var ticket: UInt64 = 0
+    }
     /// Changes with every change to `revoked` and when files are closed: connections reuse
     /// their last resolution only while it holds (`ContentResolver.reuseStamp`).
     private let stamp = Atomic<UInt64>(0)
@@ -74,7 +84,8 @@ final class ContentService: ContentResolver, Sendable {
             bundles: configuration.bundles, trustRoots: configuration.trustRoots.filter { $0 != AppleRoots.rootCAG3 },
             environments: configuration.environments)
         grantKeys = try GrantKeys(path: configuration.grantKeysPath)
-        revoked = Mutex(try await store.revokedTransactionIds())
+        let snapshot = try await store.revocations(changedSince: nil)
+        revoked = Mutex(Revocations(ids: snapshot?.transactionIds ?? [], version: snapshot?.version))
         outbound = OutboundHTTP.client(trust)
         receiptChecker = ReceiptChecker(
             mode: configuration.receiptVerification,
@@ -87,11 +98,11 @@ final class ContentService: ContentResolver, Sendable {
     }
 
     /// Whether a transaction's access was cut (in memory, refreshed from the ledger).
-    func isRevoked(_ transactionId: String) -> Bool { revoked.withLock { $0.contains(transactionId) } }
+    func isRevoked(_ transactionId: String) -> Bool { revoked.withLock { $0.ids.contains(transactionId) } }
 
     func markRevoked(_ transactionId: String, _ value: Bool) {
-        revoked.withLock { set in
-            if value { set.insert(transactionId) } else { set.remove(transactionId) }
+        revoked.withLock { state in
+            if value { state.ids.insert(transactionId) } else { state.ids.remove(transactionId) }
             // Inside the lock: a request that reads the new stamp sees the new set.
             stamp.add(1, ordering: .sequentiallyConsistent)
         }
@@ -107,12 +118,18 @@ final class ContentService: ContentResolver, Sendable {
         return true
     }
 
-    /// Picks up revocations written by other replicas (sharing the data folder or the database).
-    func refreshRevocations() async throws {
-        let current = try await store.revokedTransactionIds()
-        revoked.withLock { set in
-            if set != current { stamp.add(1, ordering: .sequentiallyConsistent) }
-            set = current
+    /// Picks up revocations written by other replicas (sharing the data folder or the database):
+    /// a look at the ledger's counter, and the whole set only when it moved or `force` says
+    /// (announcements may have been missed).
+    func refreshRevocations(force: Bool = false) async throws {
+        let ticket = refreshTickets.add(1, ordering: .sequentiallyConsistent).newValue
+        let known = force ? nil : revoked.withLock { $0.version }
+        guard let snapshot = try await store.revocations(changedSince: known) else { return }
+        revoked.withLock { state in
+            // A read that began before another finished later must not undo what that one read.
+            guard ticket > state.ticket else { return }
+            if state.ids != snapshot.transactionIds { stamp.add(1, ordering: .sequentiallyConsistent) }
+            state = Revocations(ids: snapshot.transactionIds, version: snapshot.version, ticket: ticket)
         }
     }
 
@@ -146,8 +163,8 @@ final class ContentService: ContentResolver, Sendable {
         case .published: Task { await catchUpArchives() }
         case .resynchronize:
             Task {
-                try? await refreshRevocations()
-                await catchUpArchives()
+                try? await refreshRevocations(force: true)
+                await catchUpArchives(force: true)
             }
         }
     }
@@ -247,8 +264,8 @@ final class ContentService: ContentResolver, Sendable {
 
     /// Brings this replica's archive folder in line with the catalog: fetches what it lacks
     /// from other replicas, deletes removed versions' archives and closes their kept handles.
-    func catchUpArchives() async {
-        await peers.catchUp(removed: { forgetFiles(sha256s: $0) })
+    func catchUpArchives(force: Bool = false) async {
+        await peers.catchUp(force: force, removed: { forgetFiles(sha256s: $0) })
     }
 
     /// Closes the kept handles of removed archives, so that their disk space is freed and no

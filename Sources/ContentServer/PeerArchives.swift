@@ -23,6 +23,11 @@ final class PeerArchives: Sendable {
     /// Where to send requests for an archive this replica lacks: SHA-256 → the origin's base URL.
     private let origins = Mutex<[String: String]>([:])
     private let inFlight = Mutex<Set<String>>([])
+    /// The catalog's ``ChangeCounter/versions`` at the last pass that left nothing to fetch, and
+    /// when that pass was: an unchanged catalog is not read again, but for a pass a minute,
+    /// which finds an archive deleted by hand.
+    private let settled = Mutex<(counter: Int64, at: ContinuousClock.Instant)?>(nil)
+    static let fullPassInterval: Duration = .seconds(60)
 
     init(store: ContentStore, grants: GrantKeys, ownURL: String?, http: HTTPClient, logger: Logger) {
         self.store = store
@@ -33,7 +38,7 @@ final class PeerArchives: Sendable {
     }
 
     /// The origin to redirect a request for `sha256` to, when this replica lacks the archive and
-    /// another has it (``catchUp()`` fetches it meanwhile). Never blocks (runs on the event loop).
+    /// another has it (``catchUp(force:removed:)`` fetches it meanwhile). Never blocks (runs on the event loop).
     func redirect(sha256: String) -> String? {
         guard let origin = origins.withLock({ $0[sha256] }) else { return nil }
         return origin
@@ -44,7 +49,11 @@ final class PeerArchives: Sendable {
     /// Removed versions' archives are deleted from this replica's folder (the replica that
     /// removed one did so already, as does one sharing its folder) and `removed` is told which,
     /// to close what it keeps open.
-    func catchUp(removed: (Set<String>) -> Void = { _ in }) async {
+    func catchUp(force: Bool = false, removed: (Set<String>) -> Void = { _ in }) async {
+        let counter = try? await store.database.changeCounter(.versions)
+        if !force, let counter, let last = settled.withLock({ $0 }), last.counter == counter, ContinuousClock.now - last.at < Self.fullPassInterval {
+            return
+        }
         guard let versions = try? await store.database.versions(productId: nil) else { return }
         let gone = ContentStore.removedArchives(versions)
         if !gone.isEmpty {
@@ -62,6 +71,9 @@ final class PeerArchives: Sendable {
             map = Dictionary(missing.map { ($0.sha256, $0.originURL!) }, uniquingKeysWith: { first, _ in first })
         }
         for version in missing { await fetch(version) }
+        // Settled only when every fetch landed: one that failed is tried again at the next beat.
+        let left = missing.contains { access(store.archivePath(sha256: $0.sha256), R_OK) != 0 }
+        settled.withLock { $0 = left ? nil : counter.map { ($0, ContinuousClock.now) } }
     }
 
     private func fetch(_ version: PublishedVersion) async {

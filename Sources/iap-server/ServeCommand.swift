@@ -45,7 +45,7 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .customLong("idle-timeout"), help: "Seconds a connection may send nothing between requests, or in the middle of a request body (default 60).") var idleTimeout: Int?
     @Option(
         name: .customLong("revocation-refresh"),
-        help: "Seconds between full reloads of revocations other replicas wrote (default 2); with --database PostgreSQL announces each one at once anyway.")
+        help: "Seconds between looks for revocations and catalog changes other replicas wrote (default 2); with --database PostgreSQL announces each one at once anyway.")
     var revocationRefresh: Int?
     @Option(
         name: .customLong("event-loops"),

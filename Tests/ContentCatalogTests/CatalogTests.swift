@@ -236,4 +236,39 @@ struct CatalogTests {
         #expect(try await reopened.database.grantCount() == 2)
         await reopened.database.close()
     }
+
+    @Test("the revocation counter: unchanged ledger, no read; every write moves it, the server's own or anyone's", arguments: Backend.allCases)
+    func revocationCounter(backend: Backend) async throws {
+        let dir = FileManager.default.temporaryDirectory.path + "/counter-" + UUID().uuidString
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let url = try await backend.freshURL()
+        let store = try await openStore(dir, databaseURL: url)
+        let empty = try #require(try await store.revocations(changedSince: nil))
+        #expect(empty.transactionIds.isEmpty)
+        #expect(try await store.revocations(changedSince: empty.version) == nil)
+
+        _ = try await store.apply(notificationUUID: "n1", type: "REFUND", subtype: nil, transactionId: "t1", revoke: true, revokedAt: Date(), signedPayload: "x")
+        let one = try #require(try await store.revocations(changedSince: empty.version))
+        #expect(one.transactionIds == ["t1"] && one.version > empty.version)
+        #expect(try await store.revocations(changedSince: one.version) == nil)
+        // A notification that touches no revocation (a renewal) leaves the counter alone.
+        _ = try await store.apply(notificationUUID: "n2", type: "DID_RENEW", subtype: nil, transactionId: "t2", revoke: nil, revokedAt: Date(), signedPayload: "x")
+        #expect(try await store.revocations(changedSince: one.version) == nil)
+        _ = try await store.apply(notificationUUID: "n3", type: "REFUND_REVERSED", subtype: nil, transactionId: "t1", revoke: false, revokedAt: Date(), signedPayload: "x")
+        let restored = try #require(try await store.revocations(changedSince: one.version))
+        #expect(restored.transactionIds.isEmpty && restored.version > one.version)
+
+        // A writer that knows nothing of the counter (an operator's SQL, an older replica) moves it too.
+        switch backend {
+        case .sqlite:
+            let wrote = try run("sqlite3", [dir + "/catalog.sqlite", "INSERT INTO revocations (transactionId, revokedAt) VALUES ('t9', '2026-01-01 00:00:00.000')"])
+            #expect(wrote.status == 0, "\(wrote.stderr)")
+        case .postgres:
+            _ = try await PostgresServer.shared().psql(try #require(url), "INSERT INTO revocations (transaction_id, revoked_at) VALUES ('t9', now())")
+        }
+        let external = try #require(try await store.revocations(changedSince: restored.version))
+        #expect(external.transactionIds == ["t9"])
+        #expect(try await store.revocations(changedSince: external.version) == nil)
+        await store.database.close()
+    }
 }
