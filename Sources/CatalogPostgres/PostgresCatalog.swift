@@ -146,6 +146,8 @@ public final class PostgresCatalog: CatalogDatabase {
             FOR EACH STATEMENT EXECUTE FUNCTION iap_count_change()
             """,
         ],
+        // Pruning by age (NotificationPruner) finds old rows without reading the table.
+        ["CREATE INDEX notifications_received_at ON notifications (received_at)"],
     ]
 
     private func migrate() async throws(CatalogError) {
@@ -315,6 +317,16 @@ public final class PostgresCatalog: CatalogDatabase {
 
     public func notificationCount() async throws(CatalogError) -> Int {
         try await count("SELECT COUNT(*) FROM notifications")
+    }
+
+    public func pruneNotifications(receivedBefore date: Date, limit: Int) async throws(CatalogError) -> Int {
+        try await run { connection, logger in
+            var deleted = 0
+            let rows = try await connection.query(
+                "DELETE FROM notifications WHERE ctid IN (SELECT ctid FROM notifications WHERE received_at < \(date) LIMIT \(limit)) RETURNING 1", logger: logger)
+            for try await _ in rows { deleted += 1 }
+            return deleted
+        }
     }
 
     /// Listens on `iap_revocations` until cancelled. After every (re)connection it asks for a

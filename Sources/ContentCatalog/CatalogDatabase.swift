@@ -121,6 +121,10 @@ public protocol CatalogDatabase: Sendable {
 
     func notificationCount() async throws(CatalogError) -> Int
 
+    /// Deletes up to `limit` stored notifications received before `date`; returns how many went.
+    /// Revocations they caused stay: the ledger is what access is judged by.
+    func pruneNotifications(receivedBefore date: Date, limit: Int) async throws(CatalogError) -> Int
+
     /// Calls `onChange` for every revocation any process makes, until the task is cancelled;
     /// returns at once (false) when the database cannot push changes, and callers poll instead.
     func watchRevocations(_ onChange: @escaping @Sendable (RevocationChange) -> Void) async -> Bool

@@ -522,4 +522,15 @@ public final class ContentStore: Sendable {
     }
 
     public func notificationCount() async throws(CatalogError) -> Int { try await database.notificationCount() }
+
+    /// Deletes the notifications received before `date`, `batch` at a time so that no write
+    /// holds the database long; returns how many went.
+    public func pruneNotifications(receivedBefore date: Date, batch: Int = 5_000) async throws(CatalogError) -> Int {
+        var total = 0
+        while true {
+            let deleted = try await database.pruneNotifications(receivedBefore: date, limit: batch)
+            total += deleted
+            if deleted < batch { return total }
+        }
+    }
 }

@@ -88,6 +88,10 @@ public final class SQLiteCatalogDatabase: CatalogDatabase {
             }
             try db.execute(sql: sql)
         }
+        migrator.registerMigration("v7-notification-age") { db in
+            // Pruning by age (NotificationPruner) finds old rows without reading the table.
+            try db.create(index: "notificationsReceivedAt", on: "notifications", columns: ["receivedAt"])
+        }
         return migrator
     }
 
@@ -198,6 +202,16 @@ public final class SQLiteCatalogDatabase: CatalogDatabase {
 
     public func notificationCount() async throws(CatalogError) -> Int {
         try await run { [database] in try await database.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM notifications") ?? 0 } }
+    }
+
+    public func pruneNotifications(receivedBefore date: Date, limit: Int) async throws(CatalogError) -> Int {
+        try await run { [database] in
+            try await database.write { db in
+                try db.execute(
+                    sql: "DELETE FROM notifications WHERE rowid IN (SELECT rowid FROM notifications WHERE receivedAt < ? LIMIT ?)", arguments: [date, limit])
+                return db.changesCount
+            }
+        }
     }
 
     /// SQLite cannot tell other processes; they poll ``revocations(changedSince:)``.

@@ -51,7 +51,10 @@ public enum ContentServerApp {
             logger: logger)
 
         var group = ServiceGroupConfiguration(
-            services: [.init(service: app), .init(service: RevocationRefresher(service: service, interval: configuration.revocationRefresh))],
+            services: [
+                .init(service: app), .init(service: RevocationRefresher(service: service, interval: configuration.revocationRefresh)),
+                .init(service: NotificationPruner(store: service.store, retention: configuration.notificationRetention, logger: logger)),
+            ],
             gracefulShutdownSignals: [.sigterm, .sigint], cancellationSignals: [], logger: logger)
         group.maximumGracefulShutdownDuration = configuration.drainTimeout
         do {
@@ -95,6 +98,38 @@ struct RevocationRefresher: Service {
                 }
                 await group.waitForAll()
             }
+        }
+    }
+}
+
+/// Deletes stored App Store notifications older than `--notification-retention`, at start and
+/// then hourly: a large app's renewals alone add millions a year, a few KiB each. Every replica
+/// prunes; they delete the same rows, which costs nothing twice.
+struct NotificationPruner: Service {
+    let store: ContentStore
+    let retention: Duration?
+    let logger: Logger
+    static let interval: Duration = .seconds(3_600)
+
+    func run() async throws {
+        guard let retention else { return }
+        await cancelWhenGracefulShutdown {
+            while !Task.isCancelled {
+                await prune(retention)
+                do { try await Task.sleep(for: Self.interval) } catch { return }
+            }
+        }
+    }
+
+    func prune(_ retention: Duration) async {
+        let cutoff = Date().addingTimeInterval(-Double(retention.components.seconds))
+        do throws(CatalogError) {
+            let deleted = try await store.pruneNotifications(receivedBefore: cutoff)
+            guard deleted > 0 else { return }
+            logger.notice(
+                "deleted \(deleted) stored notification(s) received before \(cutoff.formatted(.iso8601)) (--notification-retention \(retention.components.seconds / 86_400) days; 0 keeps them)")
+        } catch {
+            logger.warning("could not delete old notifications, trying again in an hour: \(error.message)")
         }
     }
 }

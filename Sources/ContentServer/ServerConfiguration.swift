@@ -57,6 +57,13 @@ public struct ServerConfiguration: Sendable {
     public var receiptSharedSecret: String?
     /// How often revocations written by other replicas are picked up.
     public var revocationRefresh: Duration = .seconds(2)
+    /// How long stored App Store notifications are kept (nil: for ever). They only serve to
+    /// apply each once and as a record; what they did to access stays in the revocation ledger.
+    /// Never under ``minimumNotificationRetention``.
+    public var notificationRetention: Duration? = .seconds(400 * 86_400)
+    /// Apple's notification history, which `reconcile` replays, reaches back 180 days: a
+    /// notification kept longer than that is never applied twice.
+    public static let minimumNotificationRetention: Duration = .seconds(181 * 86_400)
     /// Threads that serve connections (NIO event loops); nil is one per core. Fewer leave cores to
     /// what shares the machine (a TLS proxy in front, the database): on two cores shared with the
     /// load generator, one loop cut the 4 KiB p99 to 0.40-0.47x for 0.90-0.93x of the rate, and
@@ -90,6 +97,7 @@ public struct ServerConfiguration: Sendable {
         ("IAP_RECEIPT_VERIFICATION", "--receipt-verification"), ("IAP_VERIFY_RECEIPT_URL", "--verify-receipt-url"),
         ("IAP_VERIFY_RECEIPT_SANDBOX_URL", "--verify-receipt-sandbox-url"), ("IAP_RECEIPT_SHARED_SECRET_FILE", "--receipt-shared-secret-file"),
         ("IAP_VERIFY_RECEIPT_TIMEOUT", "--verify-receipt-timeout"), ("IAP_REVOCATION_REFRESH", "--revocation-refresh"),
+        ("IAP_NOTIFICATION_RETENTION", "--notification-retention"),
         ("IAP_EVENT_LOOPS", "--event-loops"),
     ]
 }

@@ -48,6 +48,12 @@ struct Serve: AsyncParsableCommand {
         help: "Seconds between looks for revocations and catalog changes other replicas wrote (default 2); with --database PostgreSQL announces each one at once anyway.")
     var revocationRefresh: Int?
     @Option(
+        name: .customLong("notification-retention"),
+        help:
+            "Days stored App Store notifications are kept (default 400; at least 181, since reconcile replays 180 days of Apple's history); 0 keeps them for ever. What they did to access stays in the revocation ledger."
+    )
+    var notificationRetention: Int?
+    @Option(
         name: .customLong("event-loops"),
         help: "Threads serving connections (default: one per core). Fewer leave cores to a TLS proxy or database on the same machine; see docs/performance.md.")
     var eventLoops: Int?
@@ -156,6 +162,15 @@ struct Serve: AsyncParsableCommand {
         if let seconds = try timeout(headerTimeout, "IAP_HEADER_TIMEOUT", "--header-timeout") { configuration.headerTimeout = seconds }
         if let seconds = try timeout(idleTimeout, "IAP_IDLE_TIMEOUT", "--idle-timeout") { configuration.idleTimeout = seconds }
         if let seconds = try timeout(revocationRefresh, "IAP_REVOCATION_REFRESH", "--revocation-refresh") { configuration.revocationRefresh = seconds }
+        if let days = try number(notificationRetention, "IAP_NOTIFICATION_RETENTION", "--notification-retention", 0...36_500, "a number of days") {
+            let minimum = Int(ServerConfiguration.minimumNotificationRetention.components.seconds / 86_400)
+            guard days == 0 || days >= minimum else {
+                throw ValidationError(
+                    "--notification-retention (IAP_NOTIFICATION_RETENTION) must be 0 (for ever) or at least \(minimum) days, not \(days): reconcile replays 180 days of Apple's notification history, and a notification deleted sooner would be applied again"
+                )
+            }
+            configuration.notificationRetention = days == 0 ? nil : .seconds(days * 86_400)
+        }
         if let loops = try number(eventLoops, "IAP_EVENT_LOOPS", "--event-loops", 1...1024, "a number of threads") { configuration.eventLoops = loops }
         var logger = Logger(label: "iap-server")
         logger.logLevel = env("LOG_LEVEL").flatMap(Logger.Level.init(rawValue:)) ?? .info

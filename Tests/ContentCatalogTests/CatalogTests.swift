@@ -271,4 +271,23 @@ struct CatalogTests {
         #expect(try await store.revocations(changedSince: external.version) == nil)
         await store.database.close()
     }
+
+    @Test("old notifications are pruned in batches by age; newer ones and the revocations they made stay", arguments: Backend.allCases)
+    func pruneNotifications(backend: Backend) async throws {
+        let dir = FileManager.default.temporaryDirectory.path + "/prune-" + UUID().uuidString
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let store = try await openStore(dir, databaseURL: try await backend.freshURL())
+        let now = Date()
+        let old = now.addingTimeInterval(-500 * 86_400)
+        for i in 0..<7 {
+            _ = try await store.apply(
+                notificationUUID: "old-\(i)", type: "REFUND", subtype: nil, transactionId: "t\(i)", revoke: true, revokedAt: old, signedPayload: "x", now: old)
+        }
+        _ = try await store.apply(notificationUUID: "new", type: "DID_RENEW", subtype: nil, transactionId: "t9", revoke: nil, revokedAt: now, signedPayload: "x", now: now)
+        #expect(try await store.pruneNotifications(receivedBefore: now.addingTimeInterval(-400 * 86_400), batch: 3) == 7)
+        #expect(try await store.notificationCount() == 1)
+        #expect(try await store.revokedTransactionIds().count == 7)
+        #expect(try await store.pruneNotifications(receivedBefore: now.addingTimeInterval(-400 * 86_400)) == 0)
+        await store.database.close()
+    }
 }
