@@ -5,7 +5,8 @@
 # For each case, on SQLite and on PostgreSQL, one iap-server is started on a catalog holding that
 # many revocations and versions and left idle for $IDLE seconds with the default
 # --revocation-refresh (2 s); it reports the server's CPU seconds in that window, its resident
-# memory, and how long a refund posted to it takes to refuse the URL it granted (p50 of $REFUNDS).
+# memory, the CPU one /readyz costs it (mean of 20: balancers ask every few seconds), and how long
+# a refund posted to it takes to refuse the URL it granted (p50 of $REFUNDS).
 # Usage: tools/bench-revocations.sh [revocations:versions...]
 #        (default 0:0 100000:0 1000000:0 0:25000; IDLE=20 REFUNDS=20)
 set -euo pipefail
@@ -48,11 +49,12 @@ stop() { kill "$pid"; wait "$pid" 2>/dev/null || true; }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 rss_mib() { awk '/VmRSS/ {printf "%.0f", $2 / 1024}' "/proc/$1/status"; }
 
-# fill <backend> <data> <revocations> <versions>: that many revocations (16-digit ids, as Apple's,
-# below the sandbox's, which start at 2000000000000001) and versions of other products (no archive
-# on disk: the catalog's size is what is measured).
+# fill <backend> <data> <revocations> <versions> <archives>: that many revocations (16-digit ids,
+# as Apple's, below the sandbox's, which start at 2000000000000001) and versions of other products,
+# each with an (empty) archive file in <archives>: the catalog's size is what is measured.
 fill() {
   local sql=
+  [ "$4" -gt 0 ] && python3 -c 'import sys; [open("%s/%064d.zip" % (sys.argv[1], i), "w").close() for i in range(1, int(sys.argv[2]) + 1)]' "$5" "$4"
   case $1 in
   sqlite)
     [ "$3" -gt 0 ] && sql+="WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < $3)
@@ -86,7 +88,7 @@ propagation() {
 }
 
 echo "idle ${IDLE}s per measure, --revocation-refresh 2 s; $(nproc) cores" >&2
-printf '%-9s %12s %9s %12s %9s %17s\n' backend revocations versions "idle CPU, s" "RSS, MiB" "refund → 403, ms"
+printf '%-9s %12s %9s %12s %9s %14s %17s\n' backend revocations versions "idle CPU, s" "RSS, MiB" "readyz CPU, ms" "refund → 403, ms"
 n=0
 for backend in sqlite postgres; do
   for case in "${cases[@]}"; do
@@ -96,7 +98,7 @@ for backend in sqlite postgres; do
       db="bench$n"; psql_ -d postgres -c "CREATE DATABASE $db"; args=(--database "postgres://iap@127.0.0.1:$pgport/$db?sslmode=disable")
     fi
     serve "$data" "${args[@]}"; "$bin/iap-server" publish --data "$data" "${args[@]}" "$archive" >/dev/null; stop
-    fill "$backend" "${db:-$data}" "$revocations" "$versions"
+    fill "$backend" "${db:-$data}" "$revocations" "$versions" "$data/archives"
     serve "$data" "${args[@]}"
     until curl -s -o /dev/null "$base/healthz"; do sleep 0.1; done
     sleep 3
@@ -104,8 +106,11 @@ for backend in sqlite postgres; do
     sleep "$IDLE"
     idle=$(awk -v t=$(( $(cpu_ticks "$pid") - before )) -v hz="$(getconf CLK_TCK)" 'BEGIN {printf "%.2f", t / hz}')
     rss=$(rss_mib "$pid")
+    before=$(cpu_ticks "$pid")
+    for _ in $(seq 20); do curl -s -o /dev/null "$base/readyz"; done
+    readyz=$(awk -v t=$(( $(cpu_ticks "$pid") - before )) -v hz="$(getconf CLK_TCK)" 'BEGIN {printf "%.1f", t / hz * 1000 / 20}')
     p50=$(propagation)
     stop
-    printf '%-9s %12s %9s %12s %9s %17s\n' "$backend" "$revocations" "$versions" "$idle" "$rss" "$p50"
+    printf '%-9s %12s %9s %12s %9s %14s %17s\n' "$backend" "$revocations" "$versions" "$idle" "$rss" "$readyz" "$p50"
   done
 done

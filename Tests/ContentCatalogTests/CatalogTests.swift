@@ -290,4 +290,30 @@ struct CatalogTests {
         #expect(try await store.pruneNotifications(receivedBefore: now.addingTimeInterval(-400 * 86_400)) == 0)
         await store.database.close()
     }
+
+    @Test("readiness: a ready verdict is kept while the catalog is unchanged, the newest archive looked at each time; a change checks every archive", arguments: Backend.allCases)
+    func readinessKept(backend: Backend) async throws {
+        let sample = try SampleProduct()
+        defer { sample.remove() }
+        let store = try await openStore(sample.dir + "/data", databaseURL: try await backend.freshURL())
+        let v1 = try sample.pack("1.0", into: "v1"), v2 = try sample.pack("1.1", into: "v2")
+        _ = try await store.publish(archiveAt: v1.archivePath, manifest: v1.manifest)
+        _ = try await store.publish(archiveAt: v2.archivePath, manifest: v2.manifest)
+        #expect(await store.readinessProblems().isEmpty)
+
+        // An older archive deleted by hand: not looked for until the catalog changes (or 10 s pass).
+        let older = store.archivePath(sha256: v1.manifest.archiveSHA256)
+        try FileManager.default.moveItem(atPath: older, toPath: older + ".away")
+        #expect(await store.readinessProblems().isEmpty)
+        _ = try await store.setRollout(productId: "com.example.levels1", contentVersion: "1.1", percent: 100)
+        #expect(await store.readinessProblems().first?.contains(v1.manifest.archiveSHA256) == true)
+        try FileManager.default.moveItem(atPath: older + ".away", toPath: older)
+        #expect(await store.readinessProblems().isEmpty)
+
+        // The newest one, as a lost mount takes them all: seen at once.
+        let newest = store.archivePath(sha256: v2.manifest.archiveSHA256)
+        try FileManager.default.moveItem(atPath: newest, toPath: newest + ".away")
+        #expect(await store.readinessProblems().first?.contains(v2.manifest.archiveSHA256) == true)
+        await store.database.close()
+    }
 }
