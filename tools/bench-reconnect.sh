@@ -13,19 +13,14 @@ outages=("$@"); [ ${#outages[@]} -gt 0 ] || outages=(10 30 60 120)
 tools/install-deps.sh
 build_release iap-server
 work=$(mktemp -d); chmod 755 "$work"
-pgbin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
-as_pg=(); [ "$(id -u)" -eq 0 ] && as_pg=(setpriv --reuid=postgres --regid=postgres --init-groups) && mkdir -p "$work/pg" && chown postgres "$work/pg"
 cleanup() {
   kill $(jobs -p) 2>/dev/null || true
-  "${as_pg[@]}" "$pgbin/pg_ctl" -D "$work/pg/db" -m immediate stop >/dev/null 2>&1 || true
+  pg_scratch_stop
   rm -rf "$work"
 }
 trap cleanup EXIT
-pgport=$(free_port)
-pgctl() { "${as_pg[@]}" "$pgbin/pg_ctl" -D "$work/pg/db" -l "$work/pg/log" -w "$@" >/dev/null; }
-"${as_pg[@]}" "$pgbin/initdb" -D "$work/pg/db" -U iap --auth=trust -E UTF8 >/dev/null
-start_db() { pgctl -o "-p $pgport -k $work/pg -c listen_addresses=127.0.0.1" start; }
-start_db
+pg_scratch_init
+pg_scratch_start
 LOG_LEVEL=error "$bin/iap-server" serve --data "$work/data" --bundle-id com.example.bench --port 0 --port-file "$work/port" \
   --database "postgres://iap@127.0.0.1:$pgport/postgres?sslmode=disable" > "$work/server.log" 2>&1 &
 for _ in $(seq 200); do [ -s "$work/port" ] && break; sleep 0.05; done
@@ -39,7 +34,7 @@ for outage in "${outages[@]}"; do
   for _ in $(seq "$ROUNDS"); do
     pgctl -m fast stop
     sleep "$outage"
-    start_db
+    pg_scratch_start
     t0=$(date +%s.%N)
     until [ "$(status)" = 200 ]; do sleep 0.05; done
     times+=("$(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN { print a - b }')")

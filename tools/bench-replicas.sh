@@ -14,19 +14,16 @@ ROUNDS=${ROUNDS:-7} GRANTS=${GRANTS:-300} CLIENTS=${CLIENTS:-8} REFUNDS=${REFUND
 tools/install-deps.sh
 build_release iap-server iap-pack iap-sandbox
 work=$(mktemp -d); chmod 755 "$work"
-pgbin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
-as_pg=(); [ "$(id -u)" -eq 0 ] && as_pg=(setpriv --reuid=postgres --regid=postgres --init-groups) && mkdir -p "$work/pg" && chown postgres "$work/pg"
 cleanup() {
   kill $(jobs -p) 2>/dev/null || true
   [ -f "$work/nginx/nginx.pid" ] && kill "$(cat "$work/nginx/nginx.pid")" 2>/dev/null || true
-  "${as_pg[@]}" "$pgbin/pg_ctl" -D "$work/pg/db" -m immediate stop >/dev/null 2>&1 || true
+  pg_scratch_stop
   rm -rf "$work"
 }
 trap cleanup EXIT
 
-pgport=$(free_port)
-"${as_pg[@]}" "$pgbin/initdb" -D "$work/pg/db" -U iap --auth=trust -E UTF8 >/dev/null
-"${as_pg[@]}" "$pgbin/pg_ctl" -D "$work/pg/db" -l "$work/pg/log" -w -o "-p $pgport -k $work/pg -c listen_addresses=127.0.0.1" start >/dev/null
+pg_scratch_init
+pg_scratch_start
 for db in grants replicas edge; do "$pgbin/psql" -h 127.0.0.1 -p "$pgport" -U iap -d postgres -qc "CREATE DATABASE $db"; done
 pg() { echo "postgres://iap@127.0.0.1:$pgport/$1?sslmode=disable"; }
 

@@ -17,17 +17,14 @@ cases=("$@"); [ ${#cases[@]} -gt 0 ] || cases=(0:0 100000:0 1000000:0 0:25000)
 tools/install-deps.sh
 build_release iap-server iap-pack iap-sandbox
 work=$(mktemp -d); chmod 755 "$work"
-pgbin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
-as_pg=(); [ "$(id -u)" -eq 0 ] && as_pg=(setpriv --reuid=postgres --regid=postgres --init-groups) && mkdir -p "$work/pg" && chown postgres "$work/pg"
 cleanup() {
   kill $(jobs -p) 2>/dev/null || true
-  "${as_pg[@]}" "$pgbin/pg_ctl" -D "$work/pg/db" -m immediate stop >/dev/null 2>&1 || true
+  pg_scratch_stop
   rm -rf "$work"
 }
 trap cleanup EXIT
-pgport=$(free_port)
-"${as_pg[@]}" "$pgbin/initdb" -D "$work/pg/db" -U iap --auth=trust -E UTF8 >/dev/null
-"${as_pg[@]}" "$pgbin/pg_ctl" -D "$work/pg/db" -l "$work/pg/log" -w -o "-p $pgport -k $work/pg -c listen_addresses=127.0.0.1" start >/dev/null
+pg_scratch_init
+pg_scratch_start
 psql_() { "$pgbin/psql" -h 127.0.0.1 -p "$pgport" -U iap -v ON_ERROR_STOP=1 -qAt "$@"; }
 
 bundle=com.example.bench

@@ -103,3 +103,18 @@ CONF
   nginx -c "$1/nginx.conf" -p "$1" &
   for _ in $(seq 200); do [ -s "$1/nginx.pid" ] && break; sleep 0.05; done
 }
+
+# A scratch PostgreSQL cluster in $work/pg for the benchmarks that need one: user iap, trust
+# authentication, on 127.0.0.1:$pgport; run as the postgres user when the script runs as root.
+# pg_scratch_init sets pgbin, as_pg and pgport and creates the cluster; pgctl runs pg_ctl on it.
+pg_scratch_init() {
+  pgbin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
+  as_pg=()
+  if [ "$(id -u)" -eq 0 ]; then as_pg=(setpriv --reuid=postgres --regid=postgres --init-groups); mkdir -p "$work/pg"; chown postgres "$work/pg"; fi
+  pgport=$(free_port)
+  "${as_pg[@]}" "$pgbin/initdb" -D "$work/pg/db" -U iap --auth=trust -E UTF8 >/dev/null
+}
+pgctl() { "${as_pg[@]}" "$pgbin/pg_ctl" -D "$work/pg/db" -l "$work/pg/log" -w "$@" >/dev/null; }
+pg_scratch_start() { pgctl -o "-p $pgport -k $work/pg -c listen_addresses=127.0.0.1" start; }
+# For cleanup traps: stops the cluster if it runs, whatever state the script reached.
+pg_scratch_stop() { [ -n "${pgbin:-}" ] && "${as_pg[@]}" "$pgbin/pg_ctl" -D "$work/pg/db" -m immediate stop >/dev/null 2>&1 || true; }
