@@ -149,11 +149,12 @@ public final class ContentStore: Sendable {
     /// ``readinessRecheck``; every answer still asks the database (the counter), and looks at one
     /// archive, so a lost mount is seen at once. "Not ready" is never kept.
     public func readinessProblems() async -> [String] {
+        func unreadable(_ error: CatalogError) -> [String] { ["\(database.location) cannot be read: \(error.message)"] }
         let counter: Int64
         do {
             counter = try await database.changeCounter(.versions)
         } catch {
-            return ["\(database.location) cannot be read: \(error.message)"]
+            return unreadable(error)
         }
         if let last = lastReady.withLock({ $0 }), last.counter == counter, ContinuousClock.now - last.at < Self.readinessRecheck,
             last.probe.map({ access($0, R_OK) == 0 }) ?? true
@@ -164,7 +165,7 @@ public final class ContentStore: Sendable {
         do {
             versions = try await database.versions(productId: nil)
         } catch {
-            return ["\(database.location) cannot be read: \(error.message)"]
+            return unreadable(error)
         }
         let published = versions.filter { $0.removedAt == nil }
         let missing = published.filter { access(archivePath(sha256: $0.sha256), R_OK) != 0 }
