@@ -163,7 +163,7 @@ struct FaultTests {
         let script = try shop.tmp.write("proxy.py", Self.busyProxy)
         let log = shop.tmp.sub("proxy.log")
         let proxy = try launch("python3", [script, String(shop.server.port), String(proxyPort), log])
-        defer { proxy.terminate() }
+        defer { forceStop(proxy) }
         let up = try await waitUntil(.seconds(10)) { (try? curl(["http://127.0.0.1:\(proxyPort)/healthz"], folder: shop.tmp).status) == 200 }
         #expect(up != nil, "the proxy did not start")
 

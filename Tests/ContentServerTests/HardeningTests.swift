@@ -379,8 +379,7 @@ extension HardeningTests {
         for (client, output) in zip(clients, outputs) {
             let clientDeadline = Date().addingTimeInterval(30)
             while client.isRunning && Date() < clientDeadline { usleep(20_000) }
-            if client.isRunning { client.terminate() }
-            client.waitUntilExit()
+            forceStop(client)
             #expect(client.terminationStatus == 0, "curl was cut off: \(output)")
             #expect(FileManager.default.contentsEqual(atPath: output, andPath: big.archivePath), "\(output)")
         }

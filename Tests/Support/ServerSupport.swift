@@ -84,7 +84,7 @@ public final class ServerProcess: @unchecked Sendable {
             if found == nil { usleep(20_000) }
         }
         guard let found else {
-            process.terminate()
+            forceStop(process)
             throw ServerError(description: "the server did not start: \((try? String(contentsOfFile: log, encoding: .utf8)) ?? "")")
         }
         port = found
@@ -194,6 +194,14 @@ public func launch(
     if let stdin { process.standardInput = stdin }
     try process.run()
     return process
+}
+
+/// Ends a helper process for good and waits for it. Children inherit the test process's signal
+/// mask, in which SIGTERM is blocked, so `Process.terminate()` never reached programs that do
+/// not unblock it themselves (a Python proxy outlived every test run that started it).
+public func forceStop(_ process: Process) {
+    if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+    process.waitUntilExit()
 }
 
 /// Runs a program until `seen()` holds (checked every millisecond, for at most a minute), then
