@@ -13,12 +13,7 @@ outages=("$@"); [ ${#outages[@]} -gt 0 ] || outages=(10 30 60 120)
 tools/install-deps.sh
 build_release iap-server
 work=$(mktemp -d); chmod 755 "$work"
-cleanup() {
-  kill $(jobs -p) 2>/dev/null || true
-  pg_scratch_stop
-  rm -rf "$work"
-}
-trap cleanup EXIT
+trap pg_scratch_cleanup EXIT
 pg_scratch_init
 pg_scratch_start
 LOG_LEVEL=error "$bin/iap-server" serve --data "$work/data" --bundle-id com.example.bench --port 0 --port-file "$work/port" \

@@ -15,10 +15,8 @@ tools/install-deps.sh
 build_release iap-server iap-pack iap-sandbox
 work=$(mktemp -d); chmod 755 "$work"
 cleanup() {
-  kill $(jobs -p) 2>/dev/null || true
   [ -f "$work/nginx/nginx.pid" ] && kill "$(cat "$work/nginx/nginx.pid")" 2>/dev/null || true
-  pg_scratch_stop
-  rm -rf "$work"
+  pg_scratch_cleanup
 }
 trap cleanup EXIT
 

@@ -17,12 +17,7 @@ cases=("$@"); [ ${#cases[@]} -gt 0 ] || cases=(0:0 100000:0 1000000:0 0:25000)
 tools/install-deps.sh
 build_release iap-server iap-pack iap-sandbox
 work=$(mktemp -d); chmod 755 "$work"
-cleanup() {
-  kill $(jobs -p) 2>/dev/null || true
-  pg_scratch_stop
-  rm -rf "$work"
-}
-trap cleanup EXIT
+trap pg_scratch_cleanup EXIT
 pg_scratch_init
 pg_scratch_start
 psql_() { "$pgbin/psql" -h 127.0.0.1 -p "$pgport" -U iap -v ON_ERROR_STOP=1 -qAt "$@"; }

@@ -116,5 +116,11 @@ pg_scratch_init() {
 }
 pgctl() { "${as_pg[@]}" "$pgbin/pg_ctl" -D "$work/pg/db" -l "$work/pg/log" -w "$@" >/dev/null; }
 pg_scratch_start() { pgctl -o "-p $pgport -k $work/pg -c listen_addresses=127.0.0.1" start; }
-# For cleanup traps: stops the cluster if it runs, whatever state the script reached.
+# The EXIT trap of a benchmark with a scratch cluster: its background jobs, the cluster, $work.
+pg_scratch_cleanup() {
+  kill $(jobs -p) 2>/dev/null || true
+  pg_scratch_stop
+  rm -rf "$work"
+}
+# Stops the cluster if it runs, whatever state the script reached.
 pg_scratch_stop() { [ -n "${pgbin:-}" ] && "${as_pg[@]}" "$pgbin/pg_ctl" -D "$work/pg/db" -m immediate stop >/dev/null 2>&1 || true; }
