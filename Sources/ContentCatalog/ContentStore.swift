@@ -82,10 +82,13 @@ public enum PublishOutcome: Sendable, Equatable {
     case published(PublishedVersion)
     /// The same bytes were already published under that version: nothing changed.
     case unchanged(PublishedVersion)
+    /// The same bytes were already published under that version, and the store's copy of the
+    /// archive or its manifest was missing or damaged: it was put back from these bytes.
+    case repaired(PublishedVersion)
 
     public var version: PublishedVersion {
         switch self {
-        case .published(let v), .unchanged(let v): v
+        case .published(let v), .unchanged(let v), .repaired(let v): v
         }
     }
 }
@@ -168,15 +171,21 @@ public final class ContentStore: Sendable {
             return unreadable(error)
         }
         let published = versions.filter { $0.removedAt == nil }
-        let missing = published.filter { access(archivePath(sha256: $0.sha256), R_OK) != 0 }
-        guard let first = missing.first else {
+        // What stat tells (presence and size): reading every archive is `iap-server check`'s work.
+        // A missing manifest costs delta updates only, which fall back to whole downloads: not counted.
+        let damaged = published.compactMap { version in
+            damage(of: version, readingContents: false).0.flatMap { $0 == .manifestMissing ? nil : (version, $0) }
+        }
+        guard let first = damaged.first else {
             // The newest archive: the likeliest to be missing after a bad deploy, and on any mount.
             let newest = published.max { $0.publishedAt < $1.publishedAt }
             lastReady.withLock { $0 = (counter, ContinuousClock.now, newest.map { archivePath(sha256: $0.sha256) }) }
             return []
         }
         lastReady.withLock { $0 = nil }
-        return ["\(missing.count) published archive(s) missing from \(archivesDirectory), \(first.productId) \(first.contentVersion) (\(first.sha256)) first"]
+        return [
+            "\(damaged.count) published version(s) missing or damaged in \(archivesDirectory) (iap-server check lists them), first \(first.1.message(for: first.0, in: self))"
+        ]
     }
 
     /// The last "ready": the catalog's counter then, when, and one archive to look at each time.
@@ -222,8 +231,10 @@ public final class ContentStore: Sendable {
             manifestSHA256: Hex.encode(SHA256.hash(data: manifestData)), rolloutPercent: rolloutPercent == 100 ? nil : rolloutPercent, originURL: originURL)
         // Check before touching the store, so a refused upload leaves nothing behind.
         if let existing = try Self.decide(record, among: try await database.versions(productId: record.productId)) {
-            if moveFile { unlink(path) }
-            return .unchanged(existing)
+            let repaired = try await Self.offload { () throws(CatalogError) in
+                try self.repair(existing, from: path, manifest: manifestData, move: moveFile)
+            }
+            return repaired ? .repaired(existing) : .unchanged(existing)
         }
         try await Self.offload { () throws(CatalogError) in
             try self.store(path, as: computed.archiveSHA256, move: moveFile)
@@ -282,6 +293,31 @@ public final class ContentStore: Sendable {
         return nil
     }
 
+    /// Puts back a published version's files that are missing or damaged, from `path`, which was
+    /// just found to hold the version's very bytes: publishing again is how an operator repairs
+    /// what `iap-server check` or `/readyz` reports. Reads the stored copy once to tell. Whether
+    /// anything was put back; `path` is consumed when `move`.
+    private func repair(_ version: PublishedVersion, from path: String, manifest: Data, move: Bool) throws(CatalogError) -> Bool {
+        guard let damage = damage(of: version, readingContents: true).0 else {
+            if move { unlink(path) }
+            return false
+        }
+        switch damage {
+        case .manifestMissing, .manifestWrongDigest:
+            if move { unlink(path) }
+        case .missing, .wrongSize, .wrongDigest, .unreadable:
+            try store(path, as: version.sha256, move: move, replacing: true)
+        }
+        // The manifest is made from the bytes the same way each time; one that is not what the
+        // catalog lists (made by an older release) is left alone rather than listed wrongly.
+        if let published = version.manifestSHA256, Hex.encode(SHA256.hash(data: manifest)) == published,
+            (try? FileDigest.sha256(manifestPath(sha256: version.sha256)).get().1) != published
+        {
+            try storeManifest(manifest, archiveSHA256: version.sha256)
+        }
+        return true
+    }
+
     /// Moves an archive fetched from another replica into the store the way `publish` does
     /// (synced, read-only, renamed); the caller has checked its size and SHA-256 against the catalog.
     public func adoptArchive(at path: String, sha256: String) async throws(CatalogError) {
@@ -297,9 +333,11 @@ public final class ContentStore: Sendable {
         }
     }
 
-    private func store(_ path: String, as sha256: String, move: Bool) throws(CatalogError) {
+    /// `replacing`: a file at the target (damaged) is replaced; otherwise it is kept, as
+    /// archives are named by their bytes.
+    private func store(_ path: String, as sha256: String, move: Bool, replacing: Bool = false) throws(CatalogError) {
         let target = archivePath(sha256: sha256)
-        if access(target, F_OK) == 0 {
+        if !replacing, access(target, F_OK) == 0 {
             if move { unlink(path) }
             return
         }

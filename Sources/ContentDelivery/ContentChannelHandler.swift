@@ -22,6 +22,14 @@ public final class ServedFile: Sendable {
     /// The validator fields as the fast path writes them (`ResponseFields`), rendered once.
     let validatorFields: [UInt8]
 
+    /// Whether the file is now shorter than `size`: cut short on disk behind the server's back
+    /// (a copy over it stopped part-way). A closed handle is not (its write fails on its own).
+    public var isCutShort: Bool {
+        var info = stat()
+        guard (try? handle.withUnsafeFileDescriptor({ fstat($0, &info) })) == 0 else { return false }
+        return UInt64(info.st_size) < size
+    }
+
     public init(handle: NIOFileHandle, size: UInt64, etag: String, modified: Date, contentType: String = "application/zip") {
         self.handle = handle
         self.size = size

@@ -174,6 +174,16 @@ struct ContentResponse {
             fields.contentLength = length
         }
         if method == .HEAD { pieces = [] }
+        // sendfile past a file's end sends nothing, and NIO tries again at once: a file cut short
+        // behind the server's back spun its event loop for as long as the client waited (one core
+        // at 100%, every other connection on that loop stalled). One fstat per response that
+        // sends from the file; the resolver notices the new size and stops handing the file out.
+        if pieces.contains(where: { if case .fileRegion = $0 { true } else { false } }), file.isCutShort {
+            return error(
+                .serviceUnavailable,
+                APIError(.archiveDamaged, "the file at this URL is shorter on the server than it was published (damaged on disk): try again later"),
+                fields: base, method: method, keepAlive: request.keepAlive, allocator: allocator)
+        }
         let served = pieces.reduce(UInt64(0)) { $0 + UInt64($1.readableBytes) }
         return ContentResponse(status: status, fields: fields, body: pieces, keepAlive: request.keepAlive, servedBytes: served)
     }

@@ -94,6 +94,7 @@ struct RevocationRefresher: Service {
                         service.reloadGrantKeys()
                         try? await service.refreshRevocations()
                         await service.catchUpArchives()
+                        service.checkKeptFiles()
                     }
                 }
                 await group.waitForAll()

@@ -52,8 +52,15 @@ final class ContentService: ContentResolver, Sendable {
         let manifest: Bool
     }
 
-    /// Each with the loop it was opened for, which alone may close it (see ``forgetFiles(sha256s:)``).
-    private let openFiles = Mutex<[FileKey: (file: ServedFile, loop: any EventLoop)]>([:])
+    /// Each with the loop it was opened for, which alone may close it (see ``forgetFiles(sha256s:)``),
+    /// and the file it is (device, inode), to tell when the path names another (a repair).
+    private let openFiles = Mutex<[FileKey: (file: ServedFile, loop: any EventLoop, identity: FileIdentity)]>([:])
+    /// What the catalog says each published archive is, by SHA-256: its size and its manifest's
+    /// digest, to refuse a damaged file rather than serve it under the published ETag (which an
+    /// edge would cache for a month). Read with the catalog (``noteCatalog(_:)``).
+    private let published = Mutex<[String: (size: Int64, manifestSHA256: String?)]>([:])
+    /// When each damaged file was last logged: once a minute, not once per request.
+    private let damageLogged = Mutex<[String: ContinuousClock.Instant]>([:])
     /// Tokens whose HMAC was checked, with their grants. A download sends the same token with
     /// every range request, and checking it again was a tenth of the server's CPU for 4 KiB
     /// ranges. Only exact tokens that verified are kept, and expiry and revocation are still
@@ -95,6 +102,19 @@ final class ContentService: ContentResolver, Sendable {
                 sharedSecret: configuration.receiptSharedSecret, timeout: configuration.verifyReceiptTimeout, httpClient: outbound),
             bundles: configuration.bundles, environments: configuration.environments)
         peers = PeerArchives(store: store, grants: grantKeys, ownURL: configuration.advertiseURL, http: outbound, logger: Logger(label: "iap-server.peers"))
+        noteCatalog(try await store.database.versions(productId: nil))
+    }
+
+    /// Takes in one version as read for a grant or a publish, before the next catalog read.
+    func noteVersion(_ version: PublishedVersion) {
+        guard version.removedAt == nil else { return }
+        published.withLock { $0[version.sha256] = (version.size, version.manifestSHA256) }
+    }
+
+    /// Takes in the catalog as read (at start, and by each catch-up that reads it).
+    func noteCatalog(_ versions: [PublishedVersion]) {
+        let entries = versions.filter { $0.removedAt == nil }.map { ($0.sha256, (size: $0.size, manifestSHA256: $0.manifestSHA256)) }
+        published.withLock { $0 = Dictionary(entries, uniquingKeysWith: { first, _ in first }) }
     }
 
     /// Whether a transaction's access was cut (in memory, refreshed from the ledger).
@@ -182,10 +202,24 @@ final class ContentService: ContentResolver, Sendable {
         }
         // The manifest is served under the same grant as its archive, for delta updates.
         let manifest = name.hasSuffix(Route.manifestSuffix)
-        guard let file = openFile(sha256: grant.sha256, manifest: manifest, for: eventLoop) else {
+        let what = manifest ? "manifest" : "archive"
+        let file: ServedFile
+        switch openFile(sha256: grant.sha256, manifest: manifest, for: eventLoop) {
+        case .missing:
             if let origin = peers.redirect(sha256: grant.sha256) { return .redirect(origin + Route.contentPrefix + token + "/" + name) }
-            let what = manifest ? "manifest" : "archive"
             return .refuse(.notFound, APIError(.noContent, "the \(what) for \(grant.productId) \(grant.contentVersion) is not on this server"))
+        case .damaged(let problem):
+            // Other loops may hold the file open from before: they stop serving it now, not at the next beat.
+            forgetFiles(sha256s: [grant.sha256])
+            logDamage(grant, problem: problem)
+            metrics.damagedArchiveRefused()
+            return .refuse(
+                .serviceUnavailable,
+                APIError(
+                    .archiveDamaged,
+                    "the \(what) for \(grant.productId) \(grant.contentVersion) is damaged on this server, and the operator is told: try again later"))
+        case .file(let opened):
+            file = opened
         }
         return .file(
             file, fileName: "\(grant.productId)-\(grant.contentVersion)" + (manifest ? Route.manifestSuffix : ".zip"),
@@ -230,24 +264,55 @@ final class ContentService: ContentResolver, Sendable {
         return .success(grant)
     }
 
+    private enum OpenedFile {
+        case file(ServedFile)
+        case missing
+        /// On disk, but not what was published: what differs.
+        case damaged(String)
+    }
+
+    /// Logs a damaged file at most once a minute per archive, with what differs and the fix.
+    private func logDamage(_ grant: Grant, problem: String) {
+        let now = ContinuousClock.now
+        let due = damageLogged.withLock { logged in
+            if let last = logged[grant.sha256], now - last < .seconds(60) { return false }
+            logged[grant.sha256] = now
+            return true
+        }
+        guard due else { return }
+        Logger(label: "iap-server.store").error(
+            "refusing to serve a damaged file: \(problem); publish the version's archive again to repair it (iap-server check lists every damaged version)",
+            metadata: ["productId": "\(grant.productId)", "contentVersion": "\(grant.contentVersion)", "sha256": "\(grant.sha256)"])
+    }
+
     /// Archives are immutable and named by hash, so each is opened once per event loop and the
     /// handle kept (a handle shared between loops fails with EBUSY under concurrent transfers).
-    /// A manifest's ETag is its own SHA-256, computed once when it is opened (it is small).
-    private func openFile(sha256: String, manifest: Bool, for eventLoop: any EventLoop) -> ServedFile? {
+    /// A manifest's ETag is its own SHA-256, computed once when it is opened (it is small). A
+    /// file whose size (an archive) or digest (a manifest) is not the published one is damaged:
+    /// served, it would fail every download's check under the published ETag.
+    private func openFile(sha256: String, manifest: Bool, for eventLoop: any EventLoop) -> OpenedFile {
         let key = FileKey(sha256: sha256, eventLoop: ObjectIdentifier(eventLoop), manifest: manifest)
-        if let file = openFiles.withLock({ $0[key]?.file }) { return file }
-        guard Hex.isSHA256(sha256.utf8) else { return nil }
+        if let file = openFiles.withLock({ $0[key]?.file }) { return .file(file) }
+        guard Hex.isSHA256(sha256.utf8) else { return .missing }
         let path = manifest ? store.manifestPath(sha256: sha256) : store.archivePath(sha256: sha256)
         var info = stat()
         var etag = sha256
+        let expected = published.withLock { $0[sha256] }
         if manifest {
-            guard let data = FileManager.default.contents(atPath: path) else { return nil }
+            guard let data = FileManager.default.contents(atPath: path) else { return .missing }
             etag = Hex.encode(SHA256.hash(data: data))
+            if let want = expected?.manifestSHA256, etag != want {
+                return .damaged("\(path) has SHA-256 \(etag), not the published \(want)")
+            }
         }
         guard stat(path, &info) == 0,
             // FileRegion (sendfile) takes only an NIOFileHandle; NIO has no non-deprecated way to make one yet.
             let handle = try? NIOFileHandle(_deprecatedPath: path)
-        else { return nil }
+        else { return .missing }
+        if !manifest, let want = expected?.size, Int64(info.st_size) != want {
+            try? handle.close()
+            return .damaged("\(path) is \(info.st_size) bytes, not the \(want) published")
+        }
         let file = ServedFile(
             handle: handle, size: UInt64(info.st_size), etag: "\"\(etag)\"",
             modified: Date(timeIntervalSince1970: TimeInterval(info.st_mtim.tv_sec)),
@@ -255,17 +320,37 @@ final class ContentService: ContentResolver, Sendable {
         return openFiles.withLock { files in
             if let existing = files[key] {
                 try? handle.close()
-                return existing.file
+                return .file(existing.file)
             }
-            files[key] = (file, eventLoop)
-            return file
+            files[key] = (file, eventLoop, FileIdentity(info))
+            return .file(file)
         }
+    }
+
+    /// Closes the kept handles whose path now names another file, or none, or one of another
+    /// size than published: an archive repaired (published again, renamed over the damaged
+    /// one), deleted by hand, or cut short in place. The next request opens the path afresh
+    /// and is served, refused or redirected by what is there. A `stat` per kept file, each beat.
+    func checkKeptFiles() {
+        let kept = openFiles.withLock { files in files.map { ($0.key, $0.value.identity) } }
+        let sizes = published.withLock { $0 }
+        var stale = Set<String>()
+        for (key, identity) in kept where !stale.contains(key.sha256) {
+            var info = stat()
+            let path = key.manifest ? store.manifestPath(sha256: key.sha256) : store.archivePath(sha256: key.sha256)
+            if stat(path, &info) != 0 || UInt64(info.st_dev) != identity.device || UInt64(info.st_ino) != identity.inode
+                || (!key.manifest && sizes[key.sha256].map { $0.size != Int64(info.st_size) } ?? false)
+            {
+                stale.insert(key.sha256)
+            }
+        }
+        forgetFiles(sha256s: stale)
     }
 
     /// Brings this replica's archive folder in line with the catalog: fetches what it lacks
     /// from other replicas, deletes removed versions' archives and closes their kept handles.
     func catchUpArchives(force: Bool = false) async {
-        await peers.catchUp(force: force, removed: { forgetFiles(sha256s: $0) })
+        await peers.catchUp(force: force, read: { noteCatalog($0) }, removed: { forgetFiles(sha256s: $0) })
     }
 
     /// Closes the kept handles of removed archives, so that their disk space is freed and no
@@ -283,13 +368,13 @@ final class ContentService: ContentResolver, Sendable {
         guard !forgotten.isEmpty else { return }
         // Connections stop reusing a resolution that names one of these handles.
         stamp.add(1, ordering: .sequentiallyConsistent)
-        for (file, loop) in forgotten { loop.execute { try? file.handle.close() } }
+        for (file, loop, _) in forgotten { loop.execute { try? file.handle.close() } }
     }
 
     func closeFiles() {
         stamp.add(1, ordering: .sequentiallyConsistent)
         openFiles.withLock { files in
-            for (file, _) in files.values { try? file.handle.close() }
+            for (file, _, _) in files.values { try? file.handle.close() }
             files.removeAll()
         }
     }

@@ -44,17 +44,18 @@ final class PeerArchives: Sendable {
         return origin
     }
 
-    /// Reads the catalog and fetches every archive this replica lacks from its origin. Called
+    /// Reads the catalog (handed to `read`) and fetches every archive this replica lacks from its origin. Called
     /// at start and every few seconds (with the revocation reload), and when a request misses.
     /// Removed versions' archives are deleted from this replica's folder (the replica that
     /// removed one did so already, as does one sharing its folder) and `removed` is told which,
     /// to close what it keeps open.
-    func catchUp(force: Bool = false, removed: (Set<String>) -> Void = { _ in }) async {
+    func catchUp(force: Bool = false, read: ([PublishedVersion]) -> Void = { _ in }, removed: (Set<String>) -> Void = { _ in }) async {
         let counter = try? await store.database.changeCounter(.versions)
         if !force, let counter, let last = settled.withLock({ $0 }), last.counter == counter, ContinuousClock.now - last.at < Self.fullPassInterval {
             return
         }
         guard let versions = try? await store.database.versions(productId: nil) else { return }
+        read(versions)
         let gone = ContentStore.removedArchives(versions)
         if !gone.isEmpty {
             // Deleted first: a request between the two could otherwise open a file about to go.

@@ -227,6 +227,8 @@ struct APIRoutes: Sendable {
                 let what = contentVersion.map { "version \($0) of \(productId) (or it was rolled back, or its staged rollout does not include this purchase yet)" } ?? "product \(productId)"
                 return .failure(Refusal(status: .notFound, error: APIError(.noContent, "no hosted content is published for \(what)")))
             }
+            // What the archive must be is known from here on, for a download before the next catalog read.
+            service.noteVersion(version)
             try await service.store.recordGrant(
                 transactionId: transactionId, originalTransactionId: transaction.originalTransactionId,
                 productId: productId, environment: transaction.environment?.rawValue)
@@ -418,12 +420,19 @@ struct APIRoutes: Sendable {
                 archiveAt: path, manifest: manifest, moveFile: true, originURL: service.configuration.advertiseURL)
             {
             case .published(let version):
+                service.noteVersion(version)
                 log.catalogChanged(
                     "version published", productId: version.productId, contentVersion: version.contentVersion,
                     ["sha256": .string(version.sha256), "bytes": "\(version.size)"])
                 return json(.created, PublishReceipt(status: .published, productId: version.productId, contentVersion: version.contentVersion, sha256: version.sha256))
             case .unchanged(let version):
                 return json(.ok, PublishReceipt(status: .unchanged, productId: version.productId, contentVersion: version.contentVersion, sha256: version.sha256))
+            case .repaired(let version):
+                // This server's kept handles name the damaged file; other replicas see the new one within a refresh.
+                service.forgetFiles(sha256s: [version.sha256])
+                log.catalogChanged(
+                    "archive repaired", productId: version.productId, contentVersion: version.contentVersion, ["sha256": .string(version.sha256)])
+                return json(.ok, PublishReceipt(status: .repaired, productId: version.productId, contentVersion: version.contentVersion, sha256: version.sha256))
             }
         } catch {
             unlink(path)

@@ -71,6 +71,14 @@ final class ServerMetrics: ContentObserver, Sendable {
         ).increment()
     }
 
+    /// A content request refused because the archive (or manifest) on disk is not what was
+    /// published: alert on it, buyers cannot download that version from this replica.
+    func damagedArchiveRefused() {
+        registry.makeCounter(
+            descriptor: describe("iap_damaged_archive_refusals_total", "Content requests refused because the file on disk is not the one published (iap-server check).")
+        ).increment()
+    }
+
     func notification(_ type: String, _ outcome: String) {
         registry.makeCounter(
             descriptor: describe("iap_notifications_total", "App Store Server Notifications by type and outcome."),

@@ -44,6 +44,9 @@ public struct APIErrorCode: ErrorCode, ExpressibleByStringLiteral, CustomStringC
     public static let invalidArchive: APIErrorCode = "invalid-archive"
     /// The version is not newer than the latest, or other bytes are published under it (409).
     public static let conflict: APIErrorCode = "conflict"
+    /// The archive or manifest on this server is not the one published (503): the operator is
+    /// told in the log; `iap-server check` lists such files, and publishing the archive again repairs it.
+    public static let archiveDamaged: APIErrorCode = "archive-damaged"
     /// `/readyz`: the catalog cannot be read or a published archive is missing (503).
     public static let notReady: APIErrorCode = "not-ready"
 }

@@ -219,6 +219,9 @@ public struct PublishReceipt: Codable, Sendable, Equatable {
         case published
         /// 200: these bytes were already published under that version.
         case unchanged
+        /// 200: these bytes were already published under that version, and the server's copy
+        /// (archive or manifest) was missing or damaged: it was put back.
+        case repaired
     }
 
     public var status: Status

@@ -12,7 +12,7 @@ struct IAPServer: AsyncParsableCommand {
         commandName: "iap-server",
         abstract: "The In-App Purchase content server: catalog, verified download grants, range delivery.",
         version: IAPContentVersion.current,
-        subcommands: [Serve.self, Publish.self, Catalog.self, Rollout.self, Rollback.self, Remove.self, Verify.self, Reconcile.self, GrantKeysCommand.self])
+        subcommands: [Serve.self, Publish.self, Catalog.self, Check.self, Rollout.self, Rollback.self, Remove.self, Verify.self, Reconcile.self, GrantKeysCommand.self])
 }
 
 /// An environment variable, nil when unset or empty.

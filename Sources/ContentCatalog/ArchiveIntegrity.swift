@@ -1,0 +1,207 @@
+import Crypto
+import DurableFiles
+import Foundation
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
+/// What is wrong with a published version's files in the archive folder.
+public enum ArchiveDamage: Sendable, Equatable {
+    /// No archive file at its path.
+    case missing
+    /// The archive file's size is not the published size: cut short, or overwritten.
+    case wrongSize(onDisk: Int64)
+    /// The archive file has the published size but other bytes.
+    case wrongDigest(onDisk: String)
+    /// The archive or its manifest cannot be read (permissions, an I/O error): the reason,
+    /// naming the file and the fix.
+    case unreadable(String)
+    /// The manifest the server computed at publish is not there.
+    case manifestMissing
+    /// The manifest file is there with other bytes than were published.
+    case manifestWrongDigest(onDisk: String)
+
+    /// A short name for JSON and metrics.
+    public var code: String {
+        switch self {
+        case .missing: "missing"
+        case .wrongSize: "wrong-size"
+        case .wrongDigest: "wrong-sha256"
+        case .unreadable: "unreadable"
+        case .manifestMissing: "manifest-missing"
+        case .manifestWrongDigest: "manifest-wrong-sha256"
+        }
+    }
+
+    /// What is wrong with `version`'s files at `store`, and how to put it right.
+    public func message(for version: PublishedVersion, in store: ContentStore) -> String {
+        let archive = store.archivePath(sha256: version.sha256)
+        let what = "\(version.productId) \(version.contentVersion)"
+        let repair = "publish the version's archive again (iap-server publish, or PUT /v1/admin/archives) to repair it"
+        switch self {
+        case .missing:
+            let fetched = version.originURL.map { " (a replica with its own archive folder fetches it from \($0) while it runs)" } ?? ""
+            return "\(what): its archive \(archive) is missing\(fetched): \(repair)"
+        case .wrongSize(let size):
+            return "\(what): \(archive) is \(size) bytes, not the \(version.size) published (cut short or overwritten): \(repair)"
+        case .wrongDigest(let digest):
+            return "\(what): \(archive) has SHA-256 \(digest), not the published \(version.sha256) (damaged on disk): \(repair)"
+        case .unreadable(let reason):
+            return "\(what): \(reason)"
+        case .manifestMissing:
+            return "\(what): its manifest \(store.manifestPath(sha256: version.sha256)) is missing (without it, updates to this version are whole downloads, not deltas): \(repair)"
+        case .manifestWrongDigest(let digest):
+            return
+                "\(what): its manifest \(store.manifestPath(sha256: version.sha256)) has SHA-256 \(digest), not the published \(version.manifestSHA256 ?? ""): \(repair)"
+        }
+    }
+}
+
+/// What ``ContentStore/checkArchives(readingContents:found:)`` found.
+public struct ArchiveCheckReport: Sendable {
+    /// The published versions looked at (removed versions have no files to check).
+    public var checked: Int = 0
+    /// Archive and manifest bytes read and hashed (0 for a check of sizes only).
+    public var bytesRead: Int64 = 0
+    /// Each damaged version with what is wrong with it, in catalog order.
+    public var damaged: [(version: PublishedVersion, damage: ArchiveDamage)] = []
+}
+
+extension ContentStore {
+    /// Looks at every published version's archive and manifest: that each is there, of the
+    /// published size, and (with `readingContents`) of the published SHA-256. Reads each file
+    /// once, in large chunks, on a dispatch queue, with memory flat in the archives' sizes;
+    /// pages of the page cache that the read brought in are dropped again, so a check on a live
+    /// server does not push out the archives it is serving. `found` is called with each damaged
+    /// version as it is found (a check of a large store takes minutes).
+    public func checkArchives(
+        readingContents: Bool = true, found: @escaping @Sendable (PublishedVersion, ArchiveDamage) -> Void = { _, _ in }
+    ) async throws(CatalogError) -> ArchiveCheckReport {
+        var report = ArchiveCheckReport()
+        for version in try await database.versions(productId: nil) where version.removedAt == nil {
+            let (damage, read) = await offloaded { self.damage(of: version, readingContents: readingContents) }
+            report.checked += 1
+            report.bytesRead += read
+            if let damage {
+                report.damaged.append((version, damage))
+                found(version, damage)
+            }
+        }
+        return report
+    }
+
+    /// What is wrong with `version`'s files, if anything, and the bytes read to tell. Without
+    /// `readingContents`, only what `stat` tells: presence and size (for readiness, and a
+    /// quick check). Blocks: call it off the event loops and the concurrency pool.
+    public func damage(of version: PublishedVersion, readingContents: Bool) -> (ArchiveDamage?, Int64) {
+        let path = archivePath(sha256: version.sha256)
+        var info = stat()
+        guard stat(path, &info) == 0 else {
+            return (errno == ENOENT ? .missing : .unreadable(ioFailureMessage(errno, action: "read", path: path)), 0)
+        }
+        guard Int64(info.st_size) == version.size else { return (.wrongSize(onDisk: Int64(info.st_size)), 0) }
+        let manifest = manifestPath(sha256: version.sha256)
+        guard readingContents else {
+            return (version.manifestSHA256 != nil && access(manifest, F_OK) != 0 ? .manifestMissing : nil, 0)
+        }
+        var read: Int64 = 0
+        switch FileDigest.sha256(path) {
+        case .failure(let error): return (.unreadable(error.message), read)
+        case .success(let (size, digest)):
+            read += size
+            guard size == version.size else { return (.wrongSize(onDisk: size), read) }
+            guard digest == version.sha256 else { return (.wrongDigest(onDisk: digest), read) }
+        }
+        guard let published = version.manifestSHA256 else { return (nil, read) }
+        guard access(manifest, F_OK) == 0 else { return (.manifestMissing, read) }
+        switch FileDigest.sha256(manifest) {
+        case .failure(let error): return (.unreadable(error.message), read)
+        case .success(let (size, digest)):
+            read += size
+            return (digest == published ? nil : .manifestWrongDigest(onDisk: digest), read)
+        }
+    }
+
+    private func offloaded<T: Sendable>(_ work: @escaping @Sendable () -> T) async -> T {
+        await withCheckedContinuation { continuation in
+            DispatchQueue.global(qos: .utility).async { continuation.resume(returning: work()) }
+        }
+    }
+}
+
+/// A file's SHA-256, read once in large chunks.
+///
+/// Written with `pread` and `mincore` rather than `FileHandle`: the pages this read brings into
+/// the page cache are dropped again (`POSIX_FADV_DONTNEED`) while those that were there before
+/// stay, so checking a store of hundreds of GiB on a serving machine leaves the cache holding
+/// what downloads use. Linux's cache would keep its active pages through one sequential scan, but
+/// not the recently served archives still on its inactive list.
+enum FileDigest {
+    static let chunkSize = 8 << 20
+
+    static func sha256(_ path: String) -> Result<(Int64, String), DurableFileError> {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return .failure(failure(path)) }
+        defer { close(fd) }
+        var info = stat()
+        guard fstat(fd, &info) == 0 else { return .failure(failure(path)) }
+        let size = Int64(info.st_size)
+        _ = posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL)
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: chunkSize, alignment: 4096)
+        defer { buffer.deallocate() }
+        let page = Int64(sysconf(Int32(_SC_PAGESIZE)))
+        // Taken once for the whole file: readahead brings in pages past each chunk, which a
+        // look per chunk would take for pages cached before.
+        let resident = size > 0 ? residentPages(fd, count: Int(size), page: page) : nil
+        var hasher = SHA256()
+        var offset: Int64 = 0
+        while true {
+            // Past the size fstat gave, one more read tells whether the file grew meanwhile.
+            let count = pread(fd, buffer.baseAddress, chunkSize, off_t(offset))
+            if count < 0 {
+                if errno == EINTR { continue }
+                return .failure(failure(path))
+            }
+            if count == 0 { break }
+            hasher.update(bufferPointer: UnsafeRawBufferPointer(rebasing: buffer[0..<count]))
+            if let resident { dropPages(fd, offset: offset, count: count, page: page, resident: resident) }
+            offset += Int64(count)
+        }
+        if let resident { dropPages(fd, offset: offset, count: Int(max(size - offset, 0)), page: page, resident: resident) }
+        return .success((offset, Hex.encode(hasher.finalize())))
+    }
+
+    private static func failure(_ path: String) -> DurableFileError {
+        DurableFileError(.io, ioFailureMessage(errno, action: "read", path: path))
+    }
+
+    /// Which of the file's pages are in the page cache now (one byte per page, bit 0), from a
+    /// mapping that reads nothing; nil when that cannot be told (nothing is dropped then).
+    private static func residentPages(_ fd: Int32, count: Int, page: Int64) -> [UInt8]? {
+        guard let map = mmap(nil, count, PROT_READ, MAP_SHARED, fd, 0), map != MAP_FAILED else { return nil }
+        defer { munmap(map, count) }
+        var pages = [UInt8](repeating: 1, count: (count + Int(page) - 1) / Int(page))
+        guard mincore(map, count, &pages) == 0 else { return nil }
+        return pages
+    }
+
+    /// Drops the runs of pages in `offset..<offset+count` that were not cached before the read
+    /// began (`offset` is a multiple of the page size: chunks are).
+    private static func dropPages(_ fd: Int32, offset: Int64, count: Int, page: Int64, resident: [UInt8]) {
+        let first = Int(offset / page)
+        let end = min(resident.count, Int((offset + Int64(count) + page - 1) / page))
+        guard first < end else { return }
+        var start: Int?
+        for index in first...end {
+            let cold = index < end && resident[index] & 1 == 0
+            if cold, start == nil { start = index }
+            if !cold, let from = start {
+                _ = posix_fadvise(fd, off_t(Int64(from) * page), off_t(Int64(index - from) * page), POSIX_FADV_DONTNEED)
+                start = nil
+            }
+        }
+    }
+}

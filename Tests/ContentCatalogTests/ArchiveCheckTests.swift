@@ -1,0 +1,103 @@
+import ContentArchive
+import ContentCatalog
+import Foundation
+import IAPTestSupport
+import Synchronization
+import Testing
+
+extension CatalogTests {
+    @Test(
+        "check: an archive cut short, one overwritten in place, one missing and a manifest gone are each found (sizes alone: those stat tells); publishing each again puts it back",
+        arguments: Backend.allCases)
+    func checkAndRepair(backend: Backend) async throws {
+        let sample = try SampleProduct()
+        defer { sample.remove() }
+        let store = try await openStore(sample.dir + "/data", databaseURL: try await backend.freshURL())
+        let packed = try ["1.0", "1.1", "1.2", "1.3"].map { try sample.pack($0, into: "v" + $0) }
+        for p in packed { _ = try await store.publish(archiveAt: p.archivePath, manifest: p.manifest) }
+        let intact = try await store.checkArchives()
+        #expect(intact.checked == 4 && intact.damaged.isEmpty)
+        let archiveBytes = packed.map { (try? FileManager.default.attributesOfItem(atPath: $0.archivePath)[.size] as? Int) ?? 0 }.reduce(0, +)
+        #expect(intact.bytesRead > Int64(archiveBytes), "the manifests are read too")
+
+        func archive(_ p: PackResult) -> String { store.archivePath(sha256: p.manifest.archiveSHA256) }
+        let size = try #require(FileManager.default.attributesOfItem(atPath: archive(packed[1]))[.size] as? Int)
+        for p in packed { chmod(archive(p), 0o644) }
+        #expect(truncate(archive(packed[0]), 100) == 0)
+        var bytes = try Data(contentsOf: URL(fileURLWithPath: archive(packed[1])))
+        bytes[size / 2] ^= 0xFF
+        try bytes.write(to: URL(fileURLWithPath: archive(packed[1])))
+        #expect(unlink(archive(packed[2])) == 0)
+        #expect(unlink(store.manifestPath(sha256: packed[3].manifest.archiveSHA256)) == 0)
+
+        let found = Mutex<[String]>([])
+        let damaged = try await store.checkArchives { version, damage in found.withLock { $0.append("\(version.contentVersion) \(damage.code)") } }
+        let codes = damaged.damaged.map { "\($0.version.contentVersion) \($0.damage.code)" }
+        #expect(Set(codes) == ["1.0 wrong-size", "1.1 wrong-sha256", "1.2 missing", "1.3 manifest-missing"])
+        #expect(found.withLock { $0 } == codes, "each reported as it is found")
+        let flipped = try #require(damaged.damaged.first { $0.version.contentVersion == "1.1" })
+        #expect(flipped.damage.message(for: flipped.version, in: store).contains("not the published \(packed[1].manifest.archiveSHA256) (damaged on disk): publish"))
+        let quick = try await store.checkArchives(readingContents: false)
+        #expect(Set(quick.damaged.map { "\($0.version.contentVersion) \($0.damage.code)" }) == ["1.0 wrong-size", "1.2 missing", "1.3 manifest-missing"])
+        #expect(quick.bytesRead == 0)
+        let ready = await store.readinessProblems()
+        #expect(ready.count == 1 && ready[0].hasPrefix("2 published version(s) missing or damaged"), "\(ready)")
+
+        for p in packed {
+            guard case .repaired = try await store.publish(archiveAt: p.archivePath, manifest: p.manifest) else {
+                Issue.record("\(p.manifest.contentVersion) was not repaired")
+                continue
+            }
+        }
+        #expect(try await store.checkArchives().damaged.isEmpty)
+        #expect(await store.readinessProblems().isEmpty)
+        var info = stat()
+        #expect(stat(archive(packed[0]), &info) == 0 && info.st_mode & 0o777 == 0o444, "put back read-only, as published")
+        guard case .unchanged = try await store.publish(archiveAt: packed[0].archivePath) else {
+            Issue.record("an intact version published again was not left unchanged")
+            return
+        }
+        await store.database.close()
+    }
+
+    @Test("check: reading every archive leaves the page cache as it found it (pages it brought in are dropped, cached ones stay)")
+    func checkLeavesPageCache() async throws {
+        let sample = try SampleProduct()
+        defer { sample.remove() }
+        // Incompressible, so the archive is as large: 24 MiB, three of the check's reads.
+        try pseudoRandomBytes(24 << 20, seed: 7).write(to: URL(fileURLWithPath: sample.content + "/noise.bin"))
+        let store = try await openStore(sample.dir + "/data", databaseURL: nil)
+        let packed = try sample.pack("1.0", into: "v1")
+        _ = try await store.publish(archiveAt: packed.archivePath, manifest: packed.manifest)
+        let path = store.archivePath(sha256: packed.manifest.archiveSHA256)
+
+        let fd = open(path, O_RDONLY)
+        defer { close(fd) }
+        #expect(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0)
+        #expect(try residentPages(fd) == 0)
+        #expect(try await store.checkArchives().damaged.isEmpty)
+        #expect(try residentPages(fd) == 0, "the check left what it read in the page cache")
+
+        // Read whole (as a download would): every page cached, and still after a check.
+        var buffer = [UInt8](repeating: 0, count: 1 << 20)
+        while read(fd, &buffer, buffer.count) > 0 {}
+        let cached = try residentPages(fd)
+        #expect(cached > 0)
+        #expect(try await store.checkArchives().damaged.isEmpty)
+        #expect(try residentPages(fd) == cached, "the check dropped pages that were cached before it")
+        await store.database.close()
+    }
+
+    /// How many of the file's pages are in the page cache.
+    private func residentPages(_ fd: Int32) throws -> Int {
+        var info = stat()
+        guard fstat(fd, &info) == 0, info.st_size > 0 else { return 0 }
+        let size = Int(info.st_size)
+        let map = try #require(mmap(nil, size, PROT_READ, MAP_SHARED, fd, 0))
+        defer { munmap(map, size) }
+        let page = Int(sysconf(Int32(_SC_PAGESIZE)))
+        var pages = [UInt8](repeating: 0, count: (size + page - 1) / page)
+        #expect(mincore(map, size, &pages) == 0)
+        return pages.filter { $0 & 1 == 1 }.count
+    }
+}

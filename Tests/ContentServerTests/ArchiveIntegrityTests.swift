@@ -1,0 +1,69 @@
+import ContentArchive
+import Foundation
+import IAPTestSupport
+import Testing
+
+extension ServerTests {
+    @Test(
+        "an archive cut short on disk is refused (503 archive-damaged) instead of served under the published ETag, named by /readyz, the log and iap-server check; publishing it again repairs it while the server runs",
+        arguments: Backend.allCases)
+    func damagedArchiveRefusedAndRepaired(backend: Backend) async throws {
+        let tmp = try TemporaryFolder()
+        let database = backend == .postgres ? try await PostgresServer.shared().createDatabase() : nil
+        let storeOptions = database.map { ["--database", $0] } ?? []
+        let (store, server, data) = try start(tmp, database: database)
+        let packed = try packSample(tmp)
+        #expect(try upload(packed.archivePath, server: server, tmp: tmp).status == 201)
+        let purchase = try store.purchase(productId: product)
+        let download = try #require((try grant(purchase.signedTransaction, server: server, tmp: tmp).json["downloads"] as? [[String: Any]])?.first)
+        let url = try #require(download["url"] as? String)
+        let original = try Data(contentsOf: URL(fileURLWithPath: packed.archivePath))
+        #expect(try curl([url], folder: tmp).body == original)  // the server keeps this file open now
+
+        // Cut short in place, as a copy over it that stopped part-way leaves it: the same file
+        // the server holds open, now half as long.
+        let archive = data + "/archives/\(packed.manifest.archiveSHA256).zip"
+        chmod(archive, 0o644)
+        #expect(truncate(archive, off_t(original.count / 2)) == 0)
+        // Refused from the first request, whichever event loop takes it: one that holds the file
+        // open sees it is shorter than when opened (sendfile past its end spun the loop before).
+        let answer = try curl([url], folder: tmp)
+        #expect(answer.status == 503 && answer.errorCode == "archive-damaged", "\(answer.status) \(answer.headers)")
+        #expect(try curl(["-r", "0-99", url], folder: tmp).status == 503)
+        // Within a beat every loop has let go of it, and the next request to open it logs why.
+        let problem = "refusing to serve a damaged file: \(archive) is \(original.count / 2) bytes, not the \(original.count) published"
+        let logged = await waitUntil(.seconds(15)) {
+            #expect((try? curl([url], folder: tmp))?.status == 503)
+            return ((try? String(contentsOfFile: server.log, encoding: .utf8)) ?? "").contains(problem)
+        }
+        #expect(logged != nil, "the damage was not logged")
+        _ = try curl([url], folder: tmp)
+        let log = try String(contentsOfFile: server.log, encoding: .utf8)
+        #expect(log.components(separatedBy: "refusing to serve a damaged file").count == 2, "logged once a minute, not per request")
+        let metrics = try curl([server.base + "/metrics"], folder: tmp).text
+        #expect(metrics.contains("iap_damaged_archive_refusals_total ") && !metrics.contains("iap_damaged_archive_refusals_total 0"))
+        let ready = try curl([server.base + "/readyz"], folder: tmp)
+        #expect(ready.status == 503 && ready.text.contains("cut short or overwritten"))
+
+        let check = try run(productsDirectory() + "/iap-server", ["check", "--data", data] + storeOptions)
+        #expect(check.status == 1, "\(check.stderr)")
+        #expect(check.stdout.contains("\(product) 1.0: \(archive) is \(original.count / 2) bytes, not the \(original.count) published"))
+        #expect(check.stdout.contains("1 of 1 published version(s) damaged or missing"))
+
+        // The operator publishes the same archive again: the store's copy is put back, and the
+        // server serves it within a refresh, having closed what it held.
+        let publish = try run(productsDirectory() + "/iap-server", ["publish", "--data", data, packed.archivePath] + storeOptions)
+        #expect(publish.status == 0 && publish.stdout.hasPrefix("repaired: "), "\(publish.stdout) \(publish.stderr)")
+        let served = await waitUntil(.seconds(15)) { (try? curl([url], folder: tmp))?.body == original }
+        #expect(served != nil, "the repaired archive was not served")
+        #expect(try curl([server.base + "/readyz"], folder: tmp).status == 200)
+        let again = try run(productsDirectory() + "/iap-server", ["check", "--data", data, "--json"] + storeOptions)
+        #expect(again.status == 0)
+        let report = try #require(try JSONSerialization.jsonObject(with: Data(again.stdout.utf8)) as? [String: Any])
+        #expect(report["checked"] as? Int == 1 && (report["damaged"] as? [Any])?.isEmpty == true)
+        #expect((report["bytesRead"] as? Int ?? 0) > original.count)
+        // Publishing intact bytes again changes nothing.
+        #expect(try run(productsDirectory() + "/iap-server", ["publish", "--data", data, packed.archivePath] + storeOptions).stdout.hasPrefix("unchanged: "))
+        #expect(server.stop() == 0)
+    }
+}
