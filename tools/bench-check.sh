@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `iap-server check` against `sha256sum` over the same published archives, the peer an operator
-# would reach for: COUNT random archives of SIZE bytes (default 4 x 256 MiB) published into a
+# would reach for (and `openssl dgst -sha256`, which like ours uses the CPU's SHA instructions): COUNT random archives of SIZE bytes (default 4 x 256 MiB) published into a
 # scratch data folder, each tool run ROUNDS times (default 7), alternated, with the archives'
 # pages dropped from the page cache before each run ("cold": read from disk) and with them cached
 # ("warm": hashing alone). Prints medians (min-max), the ratio of medians with its 95% interval,
@@ -38,11 +38,12 @@ run_tool() { # tool
   case $1 in
     iap-server-check) "$bin/iap-server" check --data "$work/data" >/dev/null ;;
     sha256sum) sha256sum "$work"/data/archives/* >/dev/null ;;
+    openssl-dgst) openssl dgst -sha256 "$work"/data/archives/* >/dev/null ;;
   esac
 }
 export -f run_tool
 export bin work
-tools=(iap-server-check sha256sum)
+tools=(iap-server-check sha256sum openssl-dgst)
 for round in $(seq "$rounds"); do
   for mode in cold warm; do
     for tool in "${tools[@]}"; do
