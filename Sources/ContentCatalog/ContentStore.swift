@@ -320,8 +320,9 @@ public final class ContentStore: Sendable {
 
     /// Moves an archive fetched from another replica into the store the way `publish` does
     /// (synced, read-only, renamed); the caller has checked its size and SHA-256 against the catalog.
-    public func adoptArchive(at path: String, sha256: String) async throws(CatalogError) {
-        try await Self.offload { () throws(CatalogError) in try self.store(path, as: sha256, move: true) }
+    /// `replacing`: over a damaged copy at its name (otherwise a copy there is kept).
+    public func adoptArchive(at path: String, sha256: String, replacing: Bool = false) async throws(CatalogError) {
+        try await Self.offload { () throws(CatalogError) in try self.store(path, as: sha256, move: true, replacing: replacing) }
     }
 
     /// Writes archive `archiveSHA256`'s manifest (read-only, atomically).

@@ -80,10 +80,17 @@ public protocol ContentResolver: Sendable {
     /// and the resolution is fresh (`freshFor`). Read on the event loop for every request: it
     /// must be cheap (an atomic load). `nil`, the default, means resolutions are never reused.
     var reuseStamp: UInt64? { get }
+
+    /// Told, on the event loop, that `file` is now shorter on disk than when it was resolved (cut
+    /// short behind the server's back), before `resolve` is asked once more for the request: a
+    /// resolver that keeps handles lets go of this one, so the path is looked at afresh. The
+    /// default does nothing, and a file that is still short then is answered 503 `archive-damaged`.
+    func fileCutShort(_ file: ServedFile)
 }
 
 extension ContentResolver {
     public var reuseStamp: UInt64? { nil }
+    public func fileCutShort(_ file: ServedFile) {}
 }
 
 /// Told of every content response, for metrics.

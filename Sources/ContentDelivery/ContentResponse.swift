@@ -84,8 +84,12 @@ struct ContentResponse {
         }
         let stamp = resolver.reuseStamp
         if let known = memory.resolved, let stamp, known.stamp == stamp, seconds < known.expiresAt, known.uri == uri {
-            fields.caching = .privateImmutable(maxAge: known.expiresAt - seconds)
-            return serve(known.file, fileName: known.fileName, request: request, maxRanges: maxRanges, fields: fields, allocator: allocator)
+            var reused = fields
+            reused.caching = .privateImmutable(maxAge: known.expiresAt - seconds)
+            if let response = serve(known.file, fileName: known.fileName, request: request, maxRanges: maxRanges, fields: reused, allocator: allocator) {
+                return response
+            }
+            resolver.fileCutShort(known.file)
         }
         memory.resolved = nil
         let utf8 = uri.utf8
@@ -98,30 +102,41 @@ struct ContentResponse {
         let keyEnd = utf8.index(start, offsetBy: min(slash, query))
         let key = Substring(utf8[start..<keyEnd])
         let name = slash < query ? Substring(utf8[utf8.index(after: keyEnd)..<utf8.index(start, offsetBy: query)]) : ""
-        switch resolver.resolve(key: key, name: name, on: eventLoop) {
-        case .refuse(let status, let refusal):
-            return error(status, refusal, fields: fields, method: method, keepAlive: keepAlive, allocator: allocator)
-        case .redirect(let location):
-            fields.location = location
-            return error(
-                .temporaryRedirect, APIError(.noContent, "this server is still fetching the archive: get it from \(location)"),
-                fields: fields, method: method, keepAlive: keepAlive, allocator: allocator)
-        case .file(let file, let fileName, let freshFor):
-            // Bytes behind a grant: only the buyer's own cache keeps them (an edge caches them
-            // by explicit configuration, after asking the server about the grant), never
-            // revalidated while the URL is valid (the archive under a URL never changes).
-            fields.caching = .privateImmutable(maxAge: freshFor)
-            if let stamp {
-                memory.resolved = ResolvedContent(uri: uri, stamp: stamp, file: file, fileName: fileName, expiresAt: seconds + freshFor)
+        // A second time only when the file resolved the first time was found cut short.
+        for _ in 0..<2 {
+            switch resolver.resolve(key: key, name: name, on: eventLoop) {
+            case .refuse(let status, let refusal):
+                return error(status, refusal, fields: fields, method: method, keepAlive: keepAlive, allocator: allocator)
+            case .redirect(let location):
+                fields.location = location
+                return error(
+                    .temporaryRedirect, APIError(.noContent, "this server is still fetching the archive: get it from \(location)"),
+                    fields: fields, method: method, keepAlive: keepAlive, allocator: allocator)
+            case .file(let file, let fileName, let freshFor):
+                // Bytes behind a grant: only the buyer's own cache keeps them (an edge caches them
+                // by explicit configuration, after asking the server about the grant), never
+                // revalidated while the URL is valid (the archive under a URL never changes).
+                var served = fields
+                served.caching = .privateImmutable(maxAge: freshFor)
+                if let response = serve(file, fileName: fileName, request: request, maxRanges: maxRanges, fields: served, allocator: allocator) {
+                    if let stamp {
+                        memory.resolved = ResolvedContent(uri: uri, stamp: stamp, file: file, fileName: fileName, expiresAt: seconds + freshFor)
+                    }
+                    return response
+                }
+                resolver.fileCutShort(file)
             }
-            return serve(file, fileName: fileName, request: request, maxRanges: maxRanges, fields: fields, allocator: allocator)
         }
+        return error(
+            .serviceUnavailable, APIError(.archiveDamaged, "the file at this URL is shorter on the server than it was published (damaged on disk): try again later"),
+            fields: fields, method: method, keepAlive: keepAlive, allocator: allocator)
     }
 
+    /// The response from `file`; nil when the file is cut short (see below).
     private static func serve(
         _ file: ServedFile, fileName: String, request: ContentRequest, maxRanges: Int,
         fields base: ResponseFields, allocator: ByteBufferAllocator
-    ) -> ContentResponse {
+    ) -> ContentResponse? {
         let method = request.method
         var fields = base
         fields.validators = file
@@ -177,13 +192,8 @@ struct ContentResponse {
         // sendfile past a file's end sends nothing, and NIO tries again at once: a file cut short
         // behind the server's back spun its event loop for as long as the client waited (one core
         // at 100%, every other connection on that loop stalled). One fstat per response that
-        // sends from the file; the resolver notices the new size and stops handing the file out.
-        if pieces.contains(where: { if case .fileRegion = $0 { true } else { false } }), file.isCutShort {
-            return error(
-                .serviceUnavailable,
-                APIError(.archiveDamaged, "the file at this URL is shorter on the server than it was published (damaged on disk): try again later"),
-                fields: base, method: method, keepAlive: request.keepAlive, allocator: allocator)
-        }
+        // sends from the file; the caller has the resolver look again.
+        if pieces.contains(where: { if case .fileRegion = $0 { true } else { false } }), file.isCutShort { return nil }
         let served = pieces.reduce(UInt64(0)) { $0 + UInt64($1.readableBytes) }
         return ContentResponse(status: status, fields: fields, body: pieces, keepAlive: request.keepAlive, servedBytes: served)
     }

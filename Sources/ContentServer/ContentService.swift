@@ -58,7 +58,7 @@ final class ContentService: ContentResolver, Sendable {
     /// What the catalog says each published archive is, by SHA-256: its size and its manifest's
     /// digest, to refuse a damaged file rather than serve it under the published ETag (which an
     /// edge would cache for a month). Read with the catalog (``noteCatalog(_:)``).
-    private let published = Mutex<[String: (size: Int64, manifestSHA256: String?)]>([:])
+    private let published = Mutex<[String: (size: Int64, manifestSHA256: String?, origin: String?)]>([:])
     /// When each damaged file was last logged: once a minute, not once per request.
     private let damageLogged = Mutex<[String: ContinuousClock.Instant]>([:])
     /// Tokens whose HMAC was checked, with their grants. A download sends the same token with
@@ -108,12 +108,12 @@ final class ContentService: ContentResolver, Sendable {
     /// Takes in one version as read for a grant or a publish, before the next catalog read.
     func noteVersion(_ version: PublishedVersion) {
         guard version.removedAt == nil else { return }
-        published.withLock { $0[version.sha256] = (version.size, version.manifestSHA256) }
+        published.withLock { $0[version.sha256] = (version.size, version.manifestSHA256, version.originURL) }
     }
 
     /// Takes in the catalog as read (at start, and by each catch-up that reads it).
     func noteCatalog(_ versions: [PublishedVersion]) {
-        let entries = versions.filter { $0.removedAt == nil }.map { ($0.sha256, (size: $0.size, manifestSHA256: $0.manifestSHA256)) }
+        let entries = versions.filter { $0.removedAt == nil }.map { ($0.sha256, (size: $0.size, manifestSHA256: $0.manifestSHA256, origin: $0.originURL)) }
         published.withLock { $0 = Dictionary(entries, uniquingKeysWith: { first, _ in first }) }
     }
 
@@ -212,6 +212,9 @@ final class ContentService: ContentResolver, Sendable {
             // Other loops may hold the file open from before: they stop serving it now, not at the next beat.
             forgetFiles(sha256s: [grant.sha256])
             logDamage(grant, problem: problem)
+            // A replica's own copy of another's upload: the origin serves while the copy is fetched again.
+            let origin = published.withLock { $0[grant.sha256]?.origin }
+            if let origin, origin != configuration.advertiseURL { return .redirect(origin + Route.contentPrefix + token + "/" + name) }
             metrics.damagedArchiveRefused()
             return .refuse(
                 .serviceUnavailable,
@@ -280,6 +283,8 @@ final class ContentService: ContentResolver, Sendable {
             return true
         }
         guard due else { return }
+        // A copy this replica fetched is fetched again at once rather than at the next beat.
+        Task { await catchUpArchives(force: true) }
         Logger(label: "iap-server.store").error(
             "refusing to serve a damaged file: \(problem); publish the version's archive again to repair it (iap-server check lists every damaged version)",
             metadata: ["productId": "\(grant.productId)", "contentVersion": "\(grant.contentVersion)", "sha256": "\(grant.sha256)"])
@@ -325,6 +330,13 @@ final class ContentService: ContentResolver, Sendable {
             files[key] = (file, eventLoop, FileIdentity(info))
             return .file(file)
         }
+    }
+
+    /// Lets go of a kept file found shorter than when it was opened, so the request's second
+    /// resolution opens the path afresh (and refuses or redirects, naming the damage).
+    func fileCutShort(_ file: ServedFile) {
+        let shas = openFiles.withLock { files in Set(files.filter { $0.value.file === file }.map(\.key.sha256)) }
+        forgetFiles(sha256s: shas)
     }
 
     /// Closes the kept handles whose path now names another file, or none, or one of another

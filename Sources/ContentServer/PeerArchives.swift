@@ -63,8 +63,11 @@ final class PeerArchives: Sendable {
             if freed > 0 { logger.notice("deleted the archives of removed versions", metadata: ["bytes": "\(freed)"]) }
             removed(gone)
         }
+        // Missing here, or here with another size than published (a copy cut short): this
+        // replica's copy is only a copy, so the origin's replaces it. What stat tells only: a
+        // copy of the right size with other bytes is `iap-server check`'s to find.
         var missing: [PublishedVersion] = []
-        for version in versions where version.removedAt == nil && access(store.archivePath(sha256: version.sha256), R_OK) != 0 {
+        for version in versions where version.removedAt == nil && Self.needsFetch(version, store: store) {
             guard let origin = version.originURL, origin != ownURL else { continue }
             missing.append(version)
         }
@@ -73,8 +76,18 @@ final class PeerArchives: Sendable {
         }
         for version in missing { await fetch(version) }
         // Settled only when every fetch landed: one that failed is tried again at the next beat.
-        let left = missing.contains { access(store.archivePath(sha256: $0.sha256), R_OK) != 0 }
+        let left = missing.contains { Self.needsFetch($0, store: store) }
         settled.withLock { $0 = left ? nil : counter.map { ($0, ContinuousClock.now) } }
+    }
+
+    /// Whether this replica lacks the archive or its manifest, or holds an archive of another
+    /// size than published (`archiveOnly`: the archive alone).
+    private static func needsFetch(_ version: PublishedVersion, store: ContentStore, archiveOnly: Bool = false) -> Bool {
+        switch store.damage(of: version, readingContents: false).0 {
+        case .missing, .wrongSize, .unreadable: true
+        case .manifestMissing: !archiveOnly
+        case nil, .wrongDigest, .manifestWrongDigest: false
+        }
     }
 
     private func fetch(_ version: PublishedVersion) async {
@@ -93,12 +106,19 @@ final class PeerArchives: Sendable {
                 try check(url, sha256: Hex.encode(SHA256.hash(data: data)), size: Int64(data.count), expected: manifestSHA, expectedSize: nil)
                 try store.storeManifest(data, archiveSHA256: version.sha256)
             }
-            if access(store.archivePath(sha256: version.sha256), R_OK) != 0 {
+            let damaged = access(store.archivePath(sha256: version.sha256), F_OK) == 0
+            if Self.needsFetch(version, store: store, archiveOnly: true) {
                 try await fetchArchive(
-                    origin + Route.content(token: token, productId: version.productId, contentVersion: version.contentVersion), version)
+                    origin + Route.content(token: token, productId: version.productId, contentVersion: version.contentVersion), version,
+                    replacing: damaged)
             }
             origins.withLock { _ = $0.removeValue(forKey: version.sha256) }
-            logger.info("fetched an archive from its origin", metadata: ["sha256": "\(version.sha256)", "origin": "\(origin)"])
+            if damaged {
+                logger.notice(
+                    "replaced a damaged copy of an archive with its origin's", metadata: ["sha256": "\(version.sha256)", "origin": "\(origin)"])
+            } else {
+                logger.info("fetched an archive from its origin", metadata: ["sha256": "\(version.sha256)", "origin": "\(origin)"])
+            }
         } catch {
             logger.warning(
                 "cannot fetch an archive from its origin; requests for it are redirected there, and the fetch is tried again",
@@ -124,7 +144,7 @@ final class PeerArchives: Sendable {
 
     /// Streams the archive into the uploads folder, hashing as it arrives, and hands it to the
     /// store (which syncs and renames it as it does uploads) only when size and SHA-256 match.
-    private func fetchArchive(_ url: String, _ version: PublishedVersion) async throws {
+    private func fetchArchive(_ url: String, _ version: PublishedVersion, replacing: Bool) async throws {
         let upload = store.claimUpload()
         let temporary = upload.path
         guard FileManager.default.createFile(atPath: temporary, contents: nil), let file = FileHandle(forWritingAtPath: temporary) else {
@@ -148,6 +168,6 @@ final class PeerArchives: Sendable {
             if received > version.size { throw FetchError(description: "\(url) sent more than the \(version.size) bytes published") }
         }
         try check(url, sha256: Hex.encode(hasher.finalize()), size: received, expected: version.sha256, expectedSize: version.size)
-        try await store.adoptArchive(at: temporary, sha256: version.sha256)
+        try await store.adoptArchive(at: temporary, sha256: version.sha256, replacing: replacing)
     }
 }

@@ -4,6 +4,7 @@ import IAPTestSupport
 import NIOCore
 import NIOEmbedded
 import NIOPosix
+import Synchronization
 import Testing
 
 @testable import ContentDelivery
@@ -24,8 +25,14 @@ final class CutShortResolver: ContentResolver {
     }
 
     func resolve(key: Substring, name: Substring, on eventLoop: any EventLoop) -> ContentResolution {
-        .file(file, fileName: "p-1.0.zip", freshFor: 900)
+        resolutions.withLock { $0 += 1 }
+        return .file(file, fileName: "p-1.0.zip", freshFor: 900)
     }
+
+    /// How many times `resolve` was asked, and `fileCutShort` told.
+    let resolutions = Mutex(0)
+    let cutShort = Mutex(0)
+    func fileCutShort(_ file: ServedFile) { cutShort.withLock { $0 += 1 } }
 }
 
 @Suite struct CutShortTests {
@@ -54,6 +61,8 @@ final class CutShortResolver: ContentResolver {
         let text = String(decoding: bytes, as: UTF8.self)
         #expect(text.hasPrefix("HTTP/1.1 503 Service Unavailable\r\n"), "\(text.prefix(200))")
         #expect(text.contains("\"archive-damaged\""))
+        // Told, and asked once more (the second answer was the same short file): twice per request.
+        #expect(resolver.cutShort.withLock { $0 } == 2 && resolver.resolutions.withLock { $0 } == 3)
         _ = try channel.finish()
     }
 }

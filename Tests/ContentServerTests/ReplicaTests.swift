@@ -215,6 +215,42 @@ struct ReplicaTests {
         #expect(tmp.files(in: "b/archives").contains(packed.manifest.archiveSHA256 + ".zip"), "B deleted a live archive")
     }
 
+    @Test("no shared archive folder: a replica's own copy cut short is fetched again from the origin, its requests redirected there meanwhile, never refused")
+    func peerCopyRepaired() async throws {
+        let tmp = try TemporaryFolder()
+        let url = try await PostgresServer.shared().createDatabase()
+        let sandbox = try ReplicaFixture.sandbox(tmp)
+        let port = try freePort()
+        let a = try ReplicaFixture.replica(
+            tmp, "a", sandbox: sandbox, databaseURL: url, sharedArchives: false, extra: ["--port", String(port), "--advertise-url", "http://127.0.0.1:\(port)"],
+            fixedPort: true)
+        let b = try ReplicaFixture.replica(tmp, "b", sandbox: sandbox, databaseURL: url, sharedArchives: false)
+        let packed = try packSample(tmp)
+        #expect(try upload(packed.archivePath, to: a, tmp).status == 201)
+        let bytes = try Data(contentsOf: URL(fileURLWithPath: packed.archivePath))
+        let onB = try grantURL(try sandbox.purchase(productId: product).signedTransaction, from: b, servedBy: b, tmp)
+        let copy = tmp.sub("b/archives/\(packed.manifest.archiveSHA256).zip")
+        let fetched = await waitUntil(.seconds(20)) { (try? curl([onB], folder: tmp))?.body == bytes }
+        #expect(fetched != nil, "B never served its own copy")
+        let first = try #require(FileManager.default.attributesOfItem(atPath: copy)[.systemFileNumber] as? Int)
+
+        chmod(copy, 0o644)
+        #expect(truncate(copy, off_t(bytes.count / 3)) == 0)
+        // From the first request on, B sends buyers to A (or serves a new copy): never a 503.
+        let followed = try curl(["-L", onB], folder: tmp)
+        #expect(followed.status == 200 && followed.body == bytes, "\(followed.status) \(followed.text.prefix(200))")
+        let replaced = await waitUntil(.seconds(20)) {
+            (try? FileManager.default.attributesOfItem(atPath: copy)[.size] as? Int) == bytes.count
+                && (try? FileManager.default.attributesOfItem(atPath: copy)[.systemFileNumber] as? Int) != first
+        }
+        #expect(replaced != nil, "B did not fetch its copy again")
+        #expect(((try? String(contentsOfFile: b.log, encoding: .utf8)) ?? "").contains("replaced a damaged copy of an archive with its origin's"))
+        let served = await waitUntil(.seconds(10)) { (try? curl([onB], folder: tmp)).map { $0.status == 200 && $0.body == bytes } ?? false }
+        #expect(served != nil, "B does not serve its new copy itself")
+        #expect(try curl([b.base + "/readyz"], folder: tmp).status == 200)
+        #expect(a.stop() == 0 && b.stop() == 0)
+    }
+
     @Test("a replica advertised over HTTPS with a private authority: refused by name without --ca-file, fetched (on HTTP/1.1) with it")
     func peerFetchOverHTTPS() async throws {
         let tmp = try TemporaryFolder()
