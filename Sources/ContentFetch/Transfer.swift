@@ -275,7 +275,9 @@ extension ContentFetcher {
                     if let later = RetryLater.from(status: status, retryAfter: retryAfter, cap: configuration.maxRetryAfter, what: "the archive") {
                         throw later
                     }
-                    throw FetchError(.network, "the server answered \(status)")
+                    // Its reason (a 503 for an archive damaged on the server, say) is in the body.
+                    source.proceed(.collect)
+                    continue
                 }
                 try await accept(id, etag: head.headers.first(name: "etag"))
                 source.proceed(.write(from: position, to: end))
@@ -287,6 +289,10 @@ extension ContentFetcher {
                 if status == 403 {
                     let envelope = ErrorEnvelope.read((collected ?? ByteBuffer()).readableBytesView)
                     throw FetchError(envelope.code() == .revoked ? .revoked : .refused, envelope.error.message)
+                }
+                if status != 200, status != 206 {
+                    let message = ErrorEnvelope.read((collected ?? ByteBuffer()).readableBytesView).error.message
+                    throw FetchError(.network, "the server answered \(status)" + (message.isEmpty ? "" : ": \(message)"))
                 }
                 guard position == end else {
                     throw FetchError(.network, "the transfer ended at byte \(position) of \(end)")

@@ -141,6 +141,23 @@ struct FetchTests {
         #expect(try FileTransactionQueue(folder: w.queue).transaction(purchase.transaction.transactionId!)?.finishedAt != nil)
     }
 
+    @Test("an archive damaged on the server: iap-fetch fails naming the server's reason, installs nothing, and the purchase stays unfinished")
+    func damagedOnServer() throws {
+        let w = try world(products: ["com.example.soundkit.drums": repositoryContent("com.example.soundkit.drums")])
+        let purchase = try w.store.purchase(productId: "com.example.soundkit.drums")
+        let archives = w.tmp.sub("data/archives")
+        let archive = try #require(try FileManager.default.contentsOfDirectory(atPath: archives).first { $0.hasSuffix(".zip") })
+        chmod(archives + "/" + archive, 0o644)
+        #expect(truncate(archives + "/" + archive, 100) == 0)
+        let result = try fetch(w)
+        #expect(result.status != 0)
+        #expect(
+            result.stdout.contains("the server answered 503: the archive for com.example.soundkit.drums 1.0 is damaged on this server"),
+            "\(result.stdout.suffix(600)) \(result.stderr)")
+        #expect(!FileManager.default.fileExists(atPath: w.content + "/com.example.soundkit.drums/1.0"))
+        #expect(try FileTransactionQueue(folder: w.queue).transaction(purchase.transaction.transactionId!)?.finishedAt == nil)
+    }
+
     @Test("content installed but not yet finished (stopped in between) is finished without downloading again")
     func installedNotFinished() throws {
         let w = try world(products: ["com.example.soundkit.drums": repositoryContent("com.example.soundkit.drums")])
