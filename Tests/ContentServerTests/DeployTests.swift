@@ -35,6 +35,31 @@ struct DeployTests {
         #expect(verified.status == 0 && verified.stderr.isEmpty, "\(verified.stderr)\(verified.stdout)")
     }
 
+    @Test("the weekly check's service and timer verify without a warning, and its command runs on the shipped settings")
+    func checkUnitsVerify() throws {
+        let tmp = try TemporaryFolder()
+        let unit = try String(contentsOfFile: deploy + "/iap-server-check.service", encoding: .utf8)
+            .replacingOccurrences(of: "/usr/local/bin/iap-server", with: productsDirectory() + "/iap-server")
+            .replacingOccurrences(of: "/etc/iap/iap-server.env", with: deploy + "/iap-server.env")
+        try tmp.write("iap-server-check.service", unit)
+        try tmp.write("iap-server-check.timer", try String(contentsOfFile: deploy + "/iap-server-check.timer", encoding: .utf8))
+        for file in ["iap-server-check.service", "iap-server-check.timer"] {
+            let verified = try run("/usr/bin/systemd-analyze", ["verify", tmp.sub(file)])
+            #expect(verified.status == 0 && verified.stderr.isEmpty, "\(file): \(verified.stderr)\(verified.stdout)")
+        }
+        // ExecStart as systemd runs it: the settings in the environment, --data from IAP_DATA.
+        let command = try #require(unit.split(separator: "\n").first { $0.hasPrefix("ExecStart=") }).dropFirst("ExecStart=".count)
+        var environment = Dictionary(try settings(includingCommented: false).map { ($0.name, $0.value) }) { $1 }
+        environment["IAP_DATA"] = tmp.sub("data")
+        let words = command.split(separator: " ").map { $0 == "${IAP_DATA}" ? tmp.sub("data") : String($0) }
+        let none = try run(words[0], Array(words.dropFirst()), environment: environment)
+        #expect(none.status == 1 && none.stderr.contains("holds no catalog"), "\(none.stderr)")
+        let server = try ServerProcess(data: tmp.sub("data"), arguments: [], folder: tmp, environment: environment)
+        #expect(server.stop() == 0)
+        let checked = try run(words[0], Array(words.dropFirst()), environment: environment)
+        #expect(checked.status == 0 && checked.stdout.hasPrefix("all 0 published version(s) intact"), "\(checked.stdout) \(checked.stderr)")
+    }
+
     @Test("every variable the settings file names is one the server reads, and the server starts on the file's settings")
     func settingsAreTheServers() throws {
         let known = Set(ServerConfiguration.environmentVariables.map(\.0)).union(["LOG_LEVEL", "PGPASSFILE"])
