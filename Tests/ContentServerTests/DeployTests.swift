@@ -23,30 +23,29 @@ struct DeployTests {
         }
     }
 
-    @Test("systemd-analyze verify accepts the unit without a warning (an unknown or misspelt key is one)")
-    func unitVerifies() throws {
-        let tmp = try TemporaryFolder()
-        // The installed paths, made real: the built server and the shipped settings.
-        let unit = try String(contentsOfFile: deploy + "/iap-server.service", encoding: .utf8)
+    /// A shipped unit written into `tmp` with its installed paths made real (the built server,
+    /// the shipped settings) and checked by `systemd-analyze verify`, which must say nothing; its text.
+    @discardableResult
+    func verifyInstalled(_ name: String, in tmp: TemporaryFolder) throws -> String {
+        let unit = try String(contentsOfFile: deploy + "/" + name, encoding: .utf8)
             .replacingOccurrences(of: "/usr/local/bin/iap-server", with: productsDirectory() + "/iap-server")
             .replacingOccurrences(of: "/etc/iap/iap-server.env", with: deploy + "/iap-server.env")
-        try tmp.write("iap-server.service", unit)
-        let verified = try run("/usr/bin/systemd-analyze", ["verify", tmp.sub("iap-server.service")])
-        #expect(verified.status == 0 && verified.stderr.isEmpty, "\(verified.stderr)\(verified.stdout)")
+        try tmp.write(name, unit)
+        let verified = try run("/usr/bin/systemd-analyze", ["verify", tmp.sub(name)])
+        #expect(verified.status == 0 && verified.stderr.isEmpty, "\(name): \(verified.stderr)\(verified.stdout)")
+        return unit
+    }
+
+    @Test("systemd-analyze verify accepts the unit without a warning (an unknown or misspelt key is one)")
+    func unitVerifies() throws {
+        try verifyInstalled("iap-server.service", in: try TemporaryFolder())
     }
 
     @Test("the weekly check's service and timer verify without a warning, and its command runs on the shipped settings")
     func checkUnitsVerify() throws {
         let tmp = try TemporaryFolder()
-        let unit = try String(contentsOfFile: deploy + "/iap-server-check.service", encoding: .utf8)
-            .replacingOccurrences(of: "/usr/local/bin/iap-server", with: productsDirectory() + "/iap-server")
-            .replacingOccurrences(of: "/etc/iap/iap-server.env", with: deploy + "/iap-server.env")
-        try tmp.write("iap-server-check.service", unit)
-        try tmp.write("iap-server-check.timer", try String(contentsOfFile: deploy + "/iap-server-check.timer", encoding: .utf8))
-        for file in ["iap-server-check.service", "iap-server-check.timer"] {
-            let verified = try run("/usr/bin/systemd-analyze", ["verify", tmp.sub(file)])
-            #expect(verified.status == 0 && verified.stderr.isEmpty, "\(file): \(verified.stderr)\(verified.stdout)")
-        }
+        let unit = try verifyInstalled("iap-server-check.service", in: tmp)
+        try verifyInstalled("iap-server-check.timer", in: tmp)
         // ExecStart as systemd runs it: the settings in the environment, --data from IAP_DATA.
         let command = try #require(unit.split(separator: "\n").first { $0.hasPrefix("ExecStart=") }).dropFirst("ExecStart=".count)
         var environment = Dictionary(try settings(includingCommented: false).map { ($0.name, $0.value) }) { $1 }
