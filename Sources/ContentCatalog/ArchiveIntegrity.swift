@@ -103,6 +103,7 @@ extension ContentStore {
             return (errno == ENOENT ? .missing : .unreadable(ioFailureMessage(errno, action: "read", path: path)), 0)
         }
         guard Int64(info.st_size) == version.size else { return (.wrongSize(onDisk: Int64(info.st_size)), 0) }
+        guard access(path, R_OK) == 0 else { return (.unreadable(ioFailureMessage(errno, action: "read", path: path)), 0) }
         let manifest = manifestPath(sha256: version.sha256)
         guard readingContents else {
             return (version.manifestSHA256 != nil && access(manifest, F_OK) != 0 ? .manifestMissing : nil, 0)

@@ -303,17 +303,28 @@ final class ContentService: ContentResolver, Sendable {
         var info = stat()
         var etag = sha256
         let expected = published.withLock { $0[sha256] }
+        // There but not readable (its permissions): the operator's to fix, not gone, which a
+        // device takes for good.
+        func unreadable(_ code: Int32) -> OpenedFile {
+            .damaged("\(path) cannot be read (\(errnoDescription(code))): give the server's user read access to it")
+        }
         if manifest {
-            guard let data = FileManager.default.contents(atPath: path) else { return .missing }
+            guard let data = FileManager.default.contents(atPath: path) else {
+                return access(path, F_OK) == 0 ? unreadable(access(path, R_OK) == 0 ? EIO : errno) : .missing
+            }
             etag = Hex.encode(SHA256.hash(data: data))
             if let want = expected?.manifestSHA256, etag != want {
                 return .damaged("\(path) has SHA-256 \(etag), not the published \(want)")
             }
         }
-        guard stat(path, &info) == 0,
+        guard stat(path, &info) == 0 else { return .missing }
+        let handle: NIOFileHandle
+        do {
             // FileRegion (sendfile) takes only an NIOFileHandle; NIO has no non-deprecated way to make one yet.
-            let handle = try? NIOFileHandle(_deprecatedPath: path)
-        else { return .missing }
+            handle = try NIOFileHandle(_deprecatedPath: path)
+        } catch {
+            return unreadable((error as? IOError)?.errnoCode ?? EIO)
+        }
         if !manifest, let want = expected?.size, Int64(info.st_size) != want {
             try? handle.close()
             return .damaged("\(path) is \(info.st_size) bytes, not the \(want) published")

@@ -311,6 +311,39 @@ struct HardeningTests {
         #expect(server.stop() == 0)
     }
 
+    @Test(
+        "an archive the server's user cannot read: 503 archive-damaged naming the permission (not 404, which a device takes for gone), /readyz and check as that user say so; readable again, it is served"
+    )
+    func unreadableArchive() throws {
+        let tmp = try TemporaryFolder()
+        var (store, server) = try start(tmp)
+        let v1 = try pack(tmp, version: "1.0")
+        #expect(try multipart(server, tmp, ["archive=@\(v1.archivePath)"]).status == 201)
+        let purchase = try store.purchase(productId: product)
+        #expect(server.stop() == 0)
+        // Root reads any file, so the server runs as nobody, and the archive is made unreadable to it.
+        #expect(try run("chown", ["-R", "65534:65534", tmp.path]).status == 0)
+        let archive = tmp.sub("data/archives/\(v1.manifest.archiveSHA256).zip")
+        #expect(chmod(archive, 0o000) == 0)
+        let asNobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        (store, server) = try start(tmp, launcher: asNobody)
+        let granted = try postJSON(server.base + "/v1/downloads", ["signedTransaction": purchase.signedTransaction], folder: tmp)
+        let url = try #require((granted.json["downloads"] as? [[String: Any]])?.first?["url"] as? String)
+        let refused = try curl([url], folder: tmp)
+        #expect(refused.status == 503 && refused.errorCode == "archive-damaged", "\(refused.status) \(refused.text)")
+        let ready = try curl([server.base + "/readyz"], folder: tmp)
+        #expect(ready.status == 503 && ready.text.contains("Permission denied"), "\(ready.text)")
+        let check = try run("setpriv", Array(asNobody.dropFirst()) + [productsDirectory() + "/iap-server", "check", "--data", tmp.sub("data")])
+        #expect(check.status == 1 && check.stdout.contains("cannot read \(archive): Permission denied"), "\(check.stdout) \(check.stderr)")
+        let log = try String(contentsOfFile: server.log, encoding: .utf8)
+        #expect(log.contains("\(archive) cannot be read (Permission denied): give the server's user read access to it"))
+
+        #expect(chmod(archive, 0o444) == 0)
+        #expect(try curl([url], folder: tmp).body == (try Data(contentsOf: URL(fileURLWithPath: v1.archivePath))))
+        #expect(try curl([server.base + "/readyz"], folder: tmp).status == 200)
+        #expect(server.stop() == 0)
+    }
+
     @Test("a read-only catalog: the server starts, reads work, writes get 503 naming the fix, and nothing is lost")
     func readOnlyCatalog() throws {
         let tmp = try TemporaryFolder()
