@@ -82,7 +82,7 @@ extension ContentStore {
     ) async throws(CatalogError) -> ArchiveCheckReport {
         var report = ArchiveCheckReport()
         for version in try await database.versions(productId: nil) where version.removedAt == nil {
-            let (damage, read) = await offloaded { self.damage(of: version, readingContents: readingContents) }
+            let (damage, read) = try await Self.offload { () throws(CatalogError) in self.damage(of: version, readingContents: readingContents) }
             report.checked += 1
             report.bytesRead += read
             if let damage {
@@ -95,8 +95,9 @@ extension ContentStore {
 
     /// What is wrong with `version`'s files, if anything, and the bytes read to tell. Without
     /// `readingContents`, only what `stat` tells: presence and size (for readiness, and a
-    /// quick check). Blocks: call it off the event loops and the concurrency pool.
-    public func damage(of version: PublishedVersion, readingContents: Bool) -> (ArchiveDamage?, Int64) {
+    /// quick check). Without `includingManifest`, the archive alone (what serving needs).
+    /// Blocks: call it off the event loops and the concurrency pool.
+    public func damage(of version: PublishedVersion, readingContents: Bool, includingManifest: Bool = true) -> (ArchiveDamage?, Int64) {
         let path = archivePath(sha256: version.sha256)
         var info = stat()
         guard stat(path, &info) == 0 else {
@@ -106,7 +107,7 @@ extension ContentStore {
         guard access(path, R_OK) == 0 else { return (.unreadable(ioFailureMessage(errno, action: "read", path: path)), 0) }
         let manifest = manifestPath(sha256: version.sha256)
         guard readingContents else {
-            return (version.manifestSHA256 != nil && access(manifest, F_OK) != 0 ? .manifestMissing : nil, 0)
+            return (includingManifest && version.manifestSHA256 != nil && access(manifest, F_OK) != 0 ? .manifestMissing : nil, 0)
         }
         var read: Int64 = 0
         switch FileDigest.sha256(path) {
@@ -116,19 +117,13 @@ extension ContentStore {
             guard size == version.size else { return (.wrongSize(onDisk: size), read) }
             guard digest == version.sha256 else { return (.wrongDigest(onDisk: digest), read) }
         }
-        guard let published = version.manifestSHA256 else { return (nil, read) }
+        guard includingManifest, let published = version.manifestSHA256 else { return (nil, read) }
         guard access(manifest, F_OK) == 0 else { return (.manifestMissing, read) }
         switch FileDigest.sha256(manifest) {
         case .failure(let error): return (.unreadable(error.message), read)
         case .success(let (size, digest)):
             read += size
             return (digest == published ? nil : .manifestWrongDigest(onDisk: digest), read)
-        }
-    }
-
-    private func offloaded<T: Sendable>(_ work: @escaping @Sendable () -> T) async -> T {
-        await withCheckedContinuation { continuation in
-            DispatchQueue.global(qos: .utility).async { continuation.resume(returning: work()) }
         }
     }
 }

@@ -172,9 +172,9 @@ public final class ContentStore: Sendable {
         }
         let published = versions.filter { $0.removedAt == nil }
         // What stat tells (presence and size): reading every archive is `iap-server check`'s work.
-        // A missing manifest costs delta updates only, which fall back to whole downloads: not counted.
+        // A missing manifest costs delta updates only, which fall back to whole downloads: not looked at.
         let damaged = published.compactMap { version in
-            damage(of: version, readingContents: false).0.flatMap { $0 == .manifestMissing ? nil : (version, $0) }
+            damage(of: version, readingContents: false, includingManifest: false).0.map { (version, $0) }
         }
         guard let first = damaged.first else {
             // The newest archive: the likeliest to be missing after a bad deploy, and on any mount.
@@ -261,7 +261,7 @@ public final class ContentStore: Sendable {
 
     /// Runs file work that blocks (reading a 2 GiB archive, fsync) on a dispatch queue, so that
     /// it never holds one of the few threads Swift concurrency runs every task on.
-    private static func offload<T: Sendable>(_ work: @escaping @Sendable () throws(CatalogError) -> T) async throws(CatalogError) -> T {
+    static func offload<T: Sendable>(_ work: @escaping @Sendable () throws(CatalogError) -> T) async throws(CatalogError) -> T {
         let result: Result<T, CatalogError> = await withCheckedContinuation { continuation in
             DispatchQueue.global(qos: .utility).async {
                 do throws(CatalogError) { continuation.resume(returning: .success(try work())) } catch { continuation.resume(returning: .failure(error)) }

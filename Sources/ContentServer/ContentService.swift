@@ -206,15 +206,18 @@ final class ContentService: ContentResolver, Sendable {
         let file: ServedFile
         switch openFile(sha256: grant.sha256, manifest: manifest, for: eventLoop) {
         case .missing:
-            if let origin = peers.redirect(sha256: grant.sha256) { return .redirect(origin + Route.contentPrefix + token + "/" + name) }
+            // Another replica's upload not fetched yet: its origin serves meanwhile (PeerArchives).
+            if let origin = foreignOrigin(grant.sha256) { return .redirect(origin + Route.contentPrefix + token + "/" + name) }
             return .refuse(.notFound, APIError(.noContent, "the \(what) for \(grant.productId) \(grant.contentVersion) is not on this server"))
         case .damaged(let problem):
             // Other loops may hold the file open from before: they stop serving it now, not at the next beat.
             forgetFiles(sha256s: [grant.sha256])
-            logDamage(grant, problem: problem)
-            // A replica's own copy of another's upload: the origin serves while the copy is fetched again.
-            let origin = published.withLock { $0[grant.sha256]?.origin }
-            if let origin, origin != configuration.advertiseURL { return .redirect(origin + Route.contentPrefix + token + "/" + name) }
+            let origin = foreignOrigin(grant.sha256)
+            if logDamage(grant, problem: problem), origin != nil {
+                // This replica's copy of another's upload is fetched again now, not at the next beat.
+                Task { await catchUpArchives(force: true) }
+            }
+            if let origin { return .redirect(origin + Route.contentPrefix + token + "/" + name) }
             metrics.damagedArchiveRefused()
             return .refuse(
                 .serviceUnavailable,
@@ -274,20 +277,26 @@ final class ContentService: ContentResolver, Sendable {
         case damaged(String)
     }
 
-    /// Logs a damaged file at most once a minute per archive, with what differs and the fix.
-    private func logDamage(_ grant: Grant, problem: String) {
+    /// The replica that received the archive, when it is not this one: where this replica
+    /// fetches its copy from (a replica with an archive folder of its own).
+    private func foreignOrigin(_ sha256: String) -> String? {
+        published.withLock { $0[sha256]?.origin }.flatMap { $0 == configuration.advertiseURL ? nil : $0 }
+    }
+
+    /// Logs a damaged file at most once a minute per archive, with what differs and the fix;
+    /// whether it logged.
+    private func logDamage(_ grant: Grant, problem: String) -> Bool {
         let now = ContinuousClock.now
         let due = damageLogged.withLock { logged in
             if let last = logged[grant.sha256], now - last < .seconds(60) { return false }
             logged[grant.sha256] = now
             return true
         }
-        guard due else { return }
-        // A copy this replica fetched is fetched again at once rather than at the next beat.
-        Task { await catchUpArchives(force: true) }
+        guard due else { return false }
         Logger(label: "iap-server.store").error(
             "refusing to serve a damaged file: \(problem); publish the version's archive again to repair it (iap-server check lists every damaged version)",
             metadata: ["productId": "\(grant.productId)", "contentVersion": "\(grant.contentVersion)", "sha256": "\(grant.sha256)"])
+        return true
     }
 
     /// Archives are immutable and named by hash, so each is opened once per event loop and the

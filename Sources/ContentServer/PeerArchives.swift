@@ -13,15 +13,14 @@ import Synchronization
 /// that received it (its `--advertise-url`), and a replica without the archive fetches it from
 /// there over the ordinary content path, under a grant it signs itself with the shared keys,
 /// checks size and SHA-256 (and the manifest's), and renames it into its folder. Until then,
-/// content requests for it are redirected (307) to that replica, so none fails meanwhile.
+/// content requests for it are redirected (307) to that replica (``ContentService``), so none
+/// fails meanwhile.
 final class PeerArchives: Sendable {
     private let store: ContentStore
     private let grants: GrantKeys
     private let ownURL: String?
     private let http: HTTPClient
     private let logger: Logger
-    /// Where to send requests for an archive this replica lacks: SHA-256 → the origin's base URL.
-    private let origins = Mutex<[String: String]>([:])
     private let inFlight = Mutex<Set<String>>([])
     /// The catalog's ``ChangeCounter/versions`` at the last pass that left nothing to fetch, and
     /// when that pass was: an unchanged catalog is not read again, but for a pass a minute,
@@ -35,13 +34,6 @@ final class PeerArchives: Sendable {
         self.ownURL = ownURL
         self.http = http
         self.logger = logger
-    }
-
-    /// The origin to redirect a request for `sha256` to, when this replica lacks the archive and
-    /// another has it (``catchUp(force:removed:)`` fetches it meanwhile). Never blocks (runs on the event loop).
-    func redirect(sha256: String) -> String? {
-        guard let origin = origins.withLock({ $0[sha256] }) else { return nil }
-        return origin
     }
 
     /// Reads the catalog (handed to `read`) and fetches every archive this replica lacks from its origin. Called
@@ -66,26 +58,22 @@ final class PeerArchives: Sendable {
         // Missing here, or here with another size than published (a copy cut short): this
         // replica's copy is only a copy, so the origin's replaces it. What stat tells only: a
         // copy of the right size with other bytes is `iap-server check`'s to find.
-        var missing: [PublishedVersion] = []
-        for version in versions where version.removedAt == nil && Self.needsFetch(version, store: store) {
-            guard let origin = version.originURL, origin != ownURL else { continue }
-            missing.append(version)
-        }
-        origins.withLock { map in
-            map = Dictionary(missing.map { ($0.sha256, $0.originURL!) }, uniquingKeysWith: { first, _ in first })
+        // Another replica's uploads only, looked at first: with a shared folder there are none,
+        // and no file is looked at.
+        let missing = versions.filter { version in
+            version.removedAt == nil && version.originURL.map { $0 != ownURL } == true && needsFetch(version)
         }
         for version in missing { await fetch(version) }
         // Settled only when every fetch landed: one that failed is tried again at the next beat.
-        let left = missing.contains { Self.needsFetch($0, store: store) }
+        let left = missing.contains { needsFetch($0) }
         settled.withLock { $0 = left ? nil : counter.map { ($0, ContinuousClock.now) } }
     }
 
     /// Whether this replica lacks the archive or its manifest, or holds an archive of another
     /// size than published (`archiveOnly`: the archive alone).
-    private static func needsFetch(_ version: PublishedVersion, store: ContentStore, archiveOnly: Bool = false) -> Bool {
-        switch store.damage(of: version, readingContents: false).0 {
-        case .missing, .wrongSize, .unreadable: true
-        case .manifestMissing: !archiveOnly
+    private func needsFetch(_ version: PublishedVersion, archiveOnly: Bool = false) -> Bool {
+        switch store.damage(of: version, readingContents: false, includingManifest: !archiveOnly).0 {
+        case .missing, .wrongSize, .unreadable, .manifestMissing: true
         case nil, .wrongDigest, .manifestWrongDigest: false
         }
     }
@@ -107,12 +95,11 @@ final class PeerArchives: Sendable {
                 try store.storeManifest(data, archiveSHA256: version.sha256)
             }
             let damaged = access(store.archivePath(sha256: version.sha256), F_OK) == 0
-            if Self.needsFetch(version, store: store, archiveOnly: true) {
+            if needsFetch(version, archiveOnly: true) {
                 try await fetchArchive(
                     origin + Route.content(token: token, productId: version.productId, contentVersion: version.contentVersion), version,
                     replacing: damaged)
             }
-            origins.withLock { _ = $0.removeValue(forKey: version.sha256) }
             if damaged {
                 logger.notice(
                     "replaced a damaged copy of an archive with its origin's", metadata: ["sha256": "\(version.sha256)", "origin": "\(origin)"])
