@@ -14,7 +14,7 @@ httplint, with the request beside it (a HEAD's response, a range's 206). Each pr
 given to REDbot, which fetches it and then checks it actively: a ranged request, If-None-Match,
 If-Modified-Since, content negotiation. Prints a JSON list, one entry per exchange or probe:
 name, status, every note (level good/info/warn/bad, its id and summary, subnotes flattened),
-and for a multipart/byteranges response how many parts it has and how many carry a
+the WWW-Authenticate challenge when there is one, and for a multipart/byteranges response how many parts it has and how many carry a
 Content-Range. Exits 0 when every exchange and probe ran, whatever the notes say: judging them
 is the caller's part (Tests/ContentServerTests/HTTPLintTests.swift).
 """
@@ -94,6 +94,9 @@ def lint_exchange(port, spec):
 
     content_type = next((v.decode("latin-1") for n, v in fields if n.lower() == b"content-type"), "")
     result = {"name": spec["name"], "status": int(status), "notes": notes_of(response.notes)}
+    challenge = next((v.decode("latin-1") for n, v in fields if n.lower() == b"www-authenticate"), None)
+    if challenge is not None:
+        result["challenge"] = challenge
     parts = byteranges(content_type, content)
     if parts is not None:
         result["byteranges"] = parts

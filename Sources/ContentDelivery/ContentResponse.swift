@@ -226,6 +226,7 @@ struct ContentResponse {
         fields.contentType = .text("application/json")
         fields.contentLength = UInt64(body.count)
         fields.caching = .noStore
+        if status == .unauthorized { fields.challenge = Challenge.grant }
         let pieces: [IOData] = method == .HEAD ? [] : [.byteBuffer(allocator.buffer(bytes: body))]
         return ContentResponse(status: status, fields: fields, body: pieces, keepAlive: keepAlive)
     }

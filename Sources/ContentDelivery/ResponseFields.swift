@@ -35,6 +35,8 @@ struct ResponseFields {
     /// `Allow: GET, HEAD`, for 405.
     var allow = false
     var location: String? = nil
+    /// `WWW-Authenticate`, for 401.
+    var challenge: String? = nil
     var caching = Caching.unset
     /// The file whose validators the response carries: `Accept-Ranges`, `ETag`, `Last-Modified`
     /// and `Repr-Digest` when it has one.
@@ -55,6 +57,7 @@ struct ResponseFields {
         if close { sink.field("Connection", "close" as StaticString) }
         if allow { sink.field("Allow", "GET, HEAD" as StaticString) }
         if let location { sink.field("Location", location) }
+        if let challenge { sink.field("WWW-Authenticate", challenge) }
         switch caching {
         case .unset: break
         case .privateImmutable(let maxAge):

@@ -59,6 +59,7 @@ struct APIRoutes: Sendable {
         headers[.cacheControl] = "max-age=1"
         let uri = request.headers[HTTPField.Name(Route.grantCheckURIHeader)!] ?? ""
         guard uri.hasPrefix(Route.contentPrefix) else {
+            headers[.wwwAuthenticate] = Challenge.grant
             return apiError(
                 .unauthorized,
                 APIError(.malformed, "send the content path in \(Route.grantCheckURIHeader) (nginx: proxy_set_header \(Route.grantCheckURIHeader) $request_uri)"),
@@ -68,6 +69,8 @@ struct APIRoutes: Sendable {
         let token = rest.prefix { $0 != "/" && $0 != "?" }
         switch service.check(token: token, now: Date()) {
         case .failure(let refusal):
+            // nginx passes a 401's challenge on from auth_request to the client.
+            if refusal.status == .unauthorized { headers[.wwwAuthenticate] = Challenge.grant }
             return apiError(HTTPResponse.Status(code: Int(refusal.status.code)), refusal.error, headers: headers)
         case .success(let grant):
             headers[HTTPField.Name(Route.grantCheckArchiveHeader)!] = grant.sha256
@@ -124,7 +127,7 @@ struct APIRoutes: Sendable {
         } catch {
             service.metrics.grant(error.code.rawValue)
             log.refused(code: error.code.rawValue, reason: error.message, transaction: nil, proof: .signedTransaction)
-            return apiError(status(for: error.code), error.apiError)
+            return verificationRefusal(error)
         }
         switch await grant(transaction, contentVersion: contentVersion, proof: .signedTransaction) {
         case .failure(let refusal): return apiError(refusal.status, refusal.error)
@@ -143,7 +146,7 @@ struct APIRoutes: Sendable {
         } catch {
             service.metrics.grant(error.code.rawValue)
             log.refused(code: error.code.rawValue, reason: error.message, transaction: nil, proof: .receipt)
-            return apiError(status(for: error.code), error.apiError)
+            return verificationRefusal(error)
         }
         // Newest first, so a product bought (or renewed) more than once is granted for its latest purchase.
         let transactions = receipt.transactions.sorted { ($0.purchaseDate ?? .distantPast) > ($1.purchaseDate ?? .distantPast) }
@@ -251,6 +254,15 @@ struct APIRoutes: Sendable {
         }
     }
 
+    /// The answer to a proof of purchase or notification that did not verify; a 401 names the
+    /// signature it lacks (``Challenge/appStoreSignature``).
+    func verificationRefusal(_ error: VerificationError) -> Response {
+        let status = status(for: error.code)
+        var headers = HTTPFields()
+        if status == .unauthorized { headers[.wwwAuthenticate] = Challenge.appStoreSignature }
+        return apiError(status, error.apiError, headers: headers)
+    }
+
     func status(for code: VerificationErrorCode) -> HTTPResponse.Status {
         switch code {
         case .malformed, .tooLarge: .badRequest
@@ -275,7 +287,7 @@ struct APIRoutes: Sendable {
         } catch {
             service.metrics.notification("unverified", error.code.rawValue)
             log.notificationRefused(code: error.code.rawValue, reason: error.message)
-            return apiError(status(for: error.code), error.apiError)
+            return verificationRefusal(error)
         }
         let type = notification.notificationType ?? NotificationType(rawValue: "UNKNOWN")
         let revoke = NotificationLedger.revokes(type)
@@ -309,9 +321,8 @@ struct APIRoutes: Sendable {
         let presented = request.headers[.authorization].flatMap { $0.hasPrefix("Bearer ") ? String($0.dropFirst(7)) : nil } ?? ""
         guard constantTimeEqual(presented, expected) else {
             log.adminRefused(presented.isEmpty ? "no bearer token" : "wrong bearer token", path: request.uri.path)
-            // RFC 9110 §11.6.1: a 401 names its challenge; RFC 6750 §3.1 adds the error when a token was sent.
             var challenge = HTTPFields()
-            challenge[.wwwAuthenticate] = "Bearer realm=\"iap-server admin\"" + (presented.isEmpty ? "" : ", error=\"invalid_token\"")
+            challenge[.wwwAuthenticate] = Challenge.admin(tokenSent: !presented.isEmpty)
             return apiError(.unauthorized, APIError(.unauthorized, "send the admin token as Authorization: Bearer <token>"), headers: challenge)
         }
         return nil

@@ -111,7 +111,8 @@ struct BearerTokenMiddleware: RouterMiddleware {
             try verifier.verify(authorization: request.headers[.authorization])
         } catch {
             logger.info("401 \(request.method) \(request.uri.path): \(error.message)")
-            return Response(status: .unauthorized)
+            // Apple documents no body here; RFC 9110 §15.5.2 asks every 401 for a challenge.
+            return Response(status: .unauthorized, headers: [.wwwAuthenticate: "Bearer realm=\"App Store Server API\""])
         }
         return try await next(request, context)
     }

@@ -1,4 +1,5 @@
 import Foundation
+import IAPProtocol
 import IAPTestSupport
 import SandboxStore
 import Testing
@@ -13,6 +14,8 @@ enum HTTPLint {
         var body: String? = nil
         /// Not sent: the status the server must answer with.
         var status = 200
+        /// Not sent: the `WWW-Authenticate` the answer must carry, when the test names one.
+        var challenge: String? = nil
 
         enum CodingKeys: String, CodingKey { case name, method, target, headers, body }
     }
@@ -43,6 +46,7 @@ enum HTTPLint {
         let status: Int
         let notes: [Note]
         let byteranges: ByteRanges?
+        let challenge: String?
     }
 
     /// Notes that are the linter's limits, not the server's faults.
@@ -78,7 +82,9 @@ enum HTTPLint {
                 name: "If-Unmodified-Since, earlier", method: "GET", target: path,
                 headers: [["If-Unmodified-Since", "Thu, 01 Jan 2015 00:00:00 GMT"]], status: 412),
             Exchange(name: "If-Unmodified-Since, same", method: "GET", target: path, headers: [["If-Unmodified-Since", lastModified]]),
-            Exchange(name: "forged grant", method: "GET", target: "/v1/content/k1.Zm9yZ2Vk.Zm9yZ2Vk/x.zip", status: 401),
+            Exchange(
+                name: "forged grant", method: "GET", target: "/v1/content/k1.Zm9yZ2Vk.Zm9yZ2Vk/x.zip", status: 401,
+                challenge: Challenge.grant),
         ]
     }
 
@@ -100,6 +106,9 @@ enum HTTPLint {
     static func judge(_ results: [Result], exchanges: [Exchange], where place: String) {
         for (exchange, result) in zip(exchanges, results) {
             #expect(result.status == exchange.status, "\(place), \(exchange.name): \(result.status), expected \(exchange.status)")
+            // RFC 9110 §15.5.2; httplint does not check it.
+            if result.status == 401 { #expect(result.challenge != nil, "\(place), \(exchange.name): a 401 without WWW-Authenticate") }
+            if let challenge = exchange.challenge { #expect(result.challenge == challenge, "\(place), \(exchange.name)") }
         }
         for result in results {
             for note in result.notes where note.level == "warn" || note.level == "bad" {
@@ -158,11 +167,15 @@ struct HTTPLintTests {
                 Exchange(name: "grant, empty body", method: "POST", target: "/v1/downloads", headers: json, body: "{}", status: 400),
                 Exchange(
                     name: "grant, forged transaction", method: "POST", target: "/v1/downloads", headers: json,
-                    body: "{\"signedTransaction\":\"eyJhbGciOiJFUzI1NiJ9.e30.AAAA\"}", status: 401),
+                    body: "{\"signedTransaction\":\"eyJhbGciOiJFUzI1NiJ9.e30.AAAA\"}", status: 401,
+                    challenge: Challenge.appStoreSignature),
                 Exchange(name: "grant, refunded", method: "POST", target: "/v1/downloads", headers: json, body: "{\"signedTransaction\":\"\(refunded.signedTransaction)\"}", status: 403),
                 Exchange(name: "GET grants", method: "GET", target: "/v1/downloads", status: 405),
                 Exchange(name: "notification, empty body", method: "POST", target: "/v1/notifications", headers: json, body: "{}", status: 400),
-                Exchange(name: "admin, no token", method: "PUT", target: "/v1/admin/archives", body: "", status: 401),
+                Exchange(
+                    name: "notification, forged payload", method: "POST", target: "/v1/notifications", headers: json,
+                    body: "{\"signedPayload\":\"eyJhbGciOiJFUzI1NiJ9.e30.AAAA\"}", status: 401, challenge: Challenge.appStoreSignature),
+                Exchange(name: "admin, no token", method: "PUT", target: "/v1/admin/archives", body: "", status: 401, challenge: Challenge.admin(tokenSent: false)),
                 Exchange(name: "metrics", method: "GET", target: "/metrics"),
                 Exchange(name: "healthz", method: "GET", target: "/healthz"),
                 Exchange(name: "readyz", method: "GET", target: "/readyz"),
