@@ -6,7 +6,9 @@
 # many revocations and versions and left idle for $IDLE seconds with the default
 # --revocation-refresh (2 s); it reports the server's CPU seconds in that window, its resident
 # memory, the CPU one /readyz costs it (mean of 20: balancers ask every few seconds), and how long
-# a refund posted to it takes to refuse the URL it granted (p50 of $REFUNDS).
+# a refund posted to it takes to refuse the URL it granted (p50 of $REFUNDS), and its CPU seconds
+# over $IDLE seconds while another writer (a replica, `iap-server reconcile`, notifications Apple
+# retries after an outage) adds one revocation a second: each one moves the ledger's counter.
 # Usage: tools/bench-revocations.sh [revocations:versions...]
 #        (default 0:0 100000:0 1000000:0 0:25000; IDLE=20 REFUNDS=20)
 set -euo pipefail
@@ -80,7 +82,7 @@ propagation() {
 }
 
 echo "idle ${IDLE}s per measure, --revocation-refresh 2 s; $(nproc) cores" >&2
-printf '%-9s %12s %9s %12s %9s %14s %17s\n' backend revocations versions "idle CPU, s" "RSS, MiB" "readyz CPU, ms" "refund → 403, ms"
+printf '%-9s %12s %9s %12s %9s %14s %17s %13s\n' backend revocations versions "idle CPU, s" "RSS, MiB" "readyz CPU, ms" "refund → 403, ms" "storm CPU, s"
 n=0
 for backend in sqlite postgres; do
   for case in "${cases[@]}"; do
@@ -102,7 +104,16 @@ for backend in sqlite postgres; do
     for _ in $(seq 20); do curl -s -o /dev/null "$base/readyz"; done
     readyz=$(awk -v t=$(( $(cpu_ticks "$pid") - before )) -v hz="$(getconf CLK_TCK)" 'BEGIN {printf "%.1f", t / hz * 1000 / 20}')
     p50=$(propagation)
+    before=$(cpu_ticks "$pid")
+    for i in $(seq "$IDLE"); do
+      case $backend in
+      sqlite) sqlite3 "$data/catalog.sqlite" "INSERT INTO revocations (transactionId, revokedAt) VALUES ('$((3000000000000000 + i))', '2026-01-01 00:00:00.000')" ;;
+      postgres) psql_ -d "$db" -c "INSERT INTO revocations (transaction_id, revoked_at) VALUES ('$((3000000000000000 + i))', now())" ;;
+      esac
+      sleep 1
+    done
+    storm=$(awk -v t=$(( $(cpu_ticks "$pid") - before )) -v hz="$(getconf CLK_TCK)" 'BEGIN {printf "%.2f", t / hz}')
     stop
-    printf '%-9s %12s %9s %12s %9s %14s %17s\n' "$backend" "$revocations" "$versions" "$idle" "$rss" "$readyz" "$p50"
+    printf '%-9s %12s %9s %12s %9s %14s %17s %13s\n' "$backend" "$revocations" "$versions" "$idle" "$rss" "$readyz" "$p50" "$storm"
   done
 done

@@ -148,6 +148,38 @@ public final class PostgresCatalog: CatalogDatabase {
         ],
         // Pruning by age (NotificationPruner) finds old rows without reading the table.
         ["CREATE INDEX notifications_received_at ON notifications (received_at)"],
+        [
+            // Each revocation written carries the counter value its statement raised it to, so a
+            // reader adds the rows after its own position (RevocationSnapshot); deletions raise a
+            // counter of their own and send readers back to the whole set. The counter is raised
+            // before the statement's rows now: its row lock, held to commit, is taken before any
+            // row is stamped, so stamps follow commit order as the counter does, and a reader that
+            // saw the counter at N finds every row stamped up to N committed.
+            "ALTER TABLE revocations ADD COLUMN changed BIGINT",
+            "CREATE INDEX revocations_changed ON revocations (changed)",
+            "INSERT INTO change_counters (name, version) VALUES ('revocationRemovals', 0)",
+            "DROP TRIGGER revocations_counted ON revocations",
+            """
+            CREATE TRIGGER revocations_counted BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON revocations
+            FOR EACH STATEMENT EXECUTE FUNCTION iap_count_change()
+            """,
+            """
+            CREATE FUNCTION iap_stamp_revocation() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN SELECT version INTO NEW.changed FROM change_counters WHERE name = 'revocations'; RETURN NEW; END $$
+            """,
+            """
+            CREATE TRIGGER revocations_stamped BEFORE INSERT OR UPDATE ON revocations
+            FOR EACH ROW EXECUTE FUNCTION iap_stamp_revocation()
+            """,
+            """
+            CREATE FUNCTION iap_count_removal() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN UPDATE change_counters SET version = version + 1 WHERE name = 'revocationRemovals'; RETURN NULL; END $$
+            """,
+            """
+            CREATE TRIGGER revocations_removed AFTER DELETE OR TRUNCATE ON revocations
+            FOR EACH STATEMENT EXECUTE FUNCTION iap_count_removal()
+            """,
+        ],
     ]
 
     private func migrate() async throws(CatalogError) {
@@ -258,15 +290,29 @@ public final class PostgresCatalog: CatalogDatabase {
         }
     }
 
-    public func revocations(changedSince known: Int64?) async throws(CatalogError) -> RevocationSnapshot? {
+    public func revocations(changedSince known: RevocationPosition?) async throws(CatalogError) -> RevocationSnapshot? {
         try await run { connection, logger in
-            // The counter before the ids: a write committing in between is in the ids and raises
-            // the counter past the one kept, so the next look reads again; never the other way.
-            let version = try await Self.counter(.revocations, on: connection, logger: logger)
-            if version == known { return nil }
+            // The counters (one statement, one snapshot) before the ids: a write committing in
+            // between is in the ids and raises a counter past the one kept, so the next look
+            // reads it again; never the other way.
+            var version: Int64 = 0, removals: Int64 = 0
+            let counters = try await connection.query(
+                "SELECT name, version FROM change_counters WHERE name IN (\(ChangeCounter.revocations.rawValue), \(ChangeCounter.revocationRemovals.rawValue))",
+                logger: logger)
+            for try await (name, value) in counters.decode((String, Int64).self) {
+                if name == ChangeCounter.revocations.rawValue { version = value } else { removals = value }
+            }
+            let now = RevocationPosition(version: version, removals: removals)
+            if now == known { return nil }
             var ids = Set<String>()
+            if let known, RevocationSnapshot.canAdd(from: known, to: now) {
+                for try await id in try await connection.query("SELECT transaction_id FROM revocations WHERE changed > \(known.version)", logger: logger).decode(String.self) {
+                    ids.insert(id)
+                }
+                return RevocationSnapshot(position: now, transactionIds: ids, isComplete: false)
+            }
             for try await id in try await connection.query("SELECT transaction_id FROM revocations", logger: logger).decode(String.self) { ids.insert(id) }
-            return RevocationSnapshot(version: version, transactionIds: ids)
+            return RevocationSnapshot(position: now, transactionIds: ids, isComplete: true)
         }
     }
 

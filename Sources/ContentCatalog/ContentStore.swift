@@ -574,10 +574,10 @@ public final class ContentStore: Sendable {
         try await database.revocations(changedSince: nil)?.transactionIds ?? []
     }
 
-    /// The revoked transaction ids, or nil when none was revoked or restored since the snapshot
-    /// read at `version` (``RevocationSnapshot``).
-    public func revocations(changedSince version: Int64?) async throws(CatalogError) -> RevocationSnapshot? {
-        try await database.revocations(changedSince: version)
+    /// What changed in the revocation ledger since `known`: nil when nothing did
+    /// (``RevocationSnapshot``).
+    public func revocations(changedSince known: RevocationPosition?) async throws(CatalogError) -> RevocationSnapshot? {
+        try await database.revocations(changedSince: known)
     }
 
     /// Stores a notification and applies its effect in one transaction, once per UUID: `revoke`

@@ -92,6 +92,32 @@ public final class SQLiteCatalogDatabase: CatalogDatabase {
             // Pruning by age (NotificationPruner) finds old rows without reading the table.
             try db.create(index: "notificationsReceivedAt", on: "notifications", columns: ["receivedAt"])
         }
+        migrator.registerMigration("v8-revocation-stamps") { db in
+            // Each revocation written carries the counter value its write raised it to, so a
+            // reader adds the rows after its own position (RevocationSnapshot); deletions raise a
+            // counter of their own and send readers back to the whole set. Triggers again, for
+            // writers that know nothing of either. The stamp's own update names no column the
+            // update trigger watches, so it does not fire it.
+            try db.execute(
+                sql: """
+                    ALTER TABLE revocations ADD COLUMN changed INTEGER;
+                    CREATE INDEX revocationsChanged ON revocations (changed);
+                    INSERT INTO changeCounters (name, version) VALUES ('revocationRemovals', 0);
+                    DROP TRIGGER revocationsInsertCounted;
+                    DROP TRIGGER revocationsUpdateCounted;
+                    CREATE TRIGGER revocationsInsertCounted AFTER INSERT ON revocations BEGIN
+                        UPDATE changeCounters SET version = version + 1 WHERE name = 'revocations';
+                        UPDATE revocations SET changed = (SELECT version FROM changeCounters WHERE name = 'revocations') WHERE rowid = NEW.rowid;
+                    END;
+                    CREATE TRIGGER revocationsUpdateCounted AFTER UPDATE OF transactionId, revokedAt, notificationUUID ON revocations BEGIN
+                        UPDATE changeCounters SET version = version + 1 WHERE name = 'revocations';
+                        UPDATE revocations SET changed = (SELECT version FROM changeCounters WHERE name = 'revocations') WHERE rowid = NEW.rowid;
+                    END;
+                    CREATE TRIGGER revocationsDeleteRemoved AFTER DELETE ON revocations BEGIN
+                        UPDATE changeCounters SET version = version + 1 WHERE name = 'revocationRemovals';
+                    END;
+                    """)
+        }
         return migrator
     }
 
@@ -158,13 +184,17 @@ public final class SQLiteCatalogDatabase: CatalogDatabase {
         }
     }
 
-    public func revocations(changedSince known: Int64?) async throws(CatalogError) -> RevocationSnapshot? {
+    public func revocations(changedSince known: RevocationPosition?) async throws(CatalogError) -> RevocationSnapshot? {
         try await run { [database] in
-            // One read transaction: the counter and the ids are of the same snapshot.
+            // One read transaction: the counters and the ids are of the same snapshot.
             try await database.read { db -> RevocationSnapshot? in
-                let version = try Self.counter(.revocations, in: db)
-                if version == known { return nil }
-                return RevocationSnapshot(version: version, transactionIds: Set(try String.fetchAll(db, sql: "SELECT transactionId FROM revocations")))
+                let now = RevocationPosition(version: try Self.counter(.revocations, in: db), removals: try Self.counter(.revocationRemovals, in: db))
+                if now == known { return nil }
+                if let known, RevocationSnapshot.canAdd(from: known, to: now) {
+                    let added = try String.fetchAll(db, sql: "SELECT transactionId FROM revocations WHERE changed > ?", arguments: [known.version])
+                    return RevocationSnapshot(position: now, transactionIds: Set(added), isComplete: false)
+                }
+                return RevocationSnapshot(position: now, transactionIds: Set(try String.fetchAll(db, sql: "SELECT transactionId FROM revocations")), isComplete: true)
             }
         }
     }

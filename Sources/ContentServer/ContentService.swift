@@ -36,11 +36,12 @@ final class ContentService: ContentResolver, Sendable {
     /// Orders refreshes: the one that started last decides, whichever read finishes first.
     private let refreshTickets = Atomic<UInt64>(0)
 
-    /// The revoked transaction ids in memory; `version` is the ledger counter they were read at
-    /// (``RevocationSnapshot``), so an unchanged ledger is not read again.
+    /// The revoked transaction ids in memory; `position` is the ledger's counters they were read
+    /// at (``RevocationSnapshot``), so an unchanged ledger is not read again and a changed one
+    /// only from there.
     struct Revocations {
         var ids: Set<String>
-        var version: Int64?
+        var position: RevocationPosition?
         var ticket: UInt64 = 0
     }
     /// Changes with every change to `revoked` and when files are closed: connections reuse
@@ -92,7 +93,7 @@ final class ContentService: ContentResolver, Sendable {
             environments: configuration.environments)
         grantKeys = try GrantKeys(path: configuration.grantKeysPath)
         let snapshot = try await store.revocations(changedSince: nil)
-        revoked = Mutex(Revocations(ids: snapshot?.transactionIds ?? [], version: snapshot?.version))
+        revoked = Mutex(Revocations(ids: snapshot?.transactionIds ?? [], position: snapshot?.position))
         outbound = OutboundHTTP.client(trust)
         receiptChecker = ReceiptChecker(
             mode: configuration.receiptVerification,
@@ -139,17 +140,29 @@ final class ContentService: ContentResolver, Sendable {
     }
 
     /// Picks up revocations written by other replicas (sharing the data folder or the database):
-    /// a look at the ledger's counter, and the whole set only when it moved or `force` says
-    /// (announcements may have been missed).
+    /// a look at the ledger's counters, then the revocations written since the last look, or the
+    /// whole set when one was restored since or `force` says (announcements may have been missed).
     func refreshRevocations(force: Bool = false) async throws {
         let ticket = refreshTickets.add(1, ordering: .sequentiallyConsistent).newValue
-        let known = force ? nil : revoked.withLock { $0.version }
+        let known = force ? nil : revoked.withLock { $0.position }
         guard let snapshot = try await store.revocations(changedSince: known) else { return }
         revoked.withLock { state in
-            // A read that began before another finished later must not undo what that one read.
-            guard ticket > state.ticket else { return }
-            if state.ids != snapshot.transactionIds { stamp.add(1, ordering: .sequentiallyConsistent) }
-            state = Revocations(ids: snapshot.transactionIds, version: snapshot.version, ticket: ticket)
+            // A read that began before another finished later must not undo what that one read,
+            // and what was revoked since `known` adds only to the set read at `known`: a set read
+            // since covers it already (or a restore after it).
+            guard ticket > state.ticket, snapshot.isComplete || state.position == known else { return }
+            let changed: Bool
+            if snapshot.isComplete {
+                changed = state.ids != snapshot.transactionIds
+                state.ids = snapshot.transactionIds
+            } else {
+                // In place: a copy of a million ids is what the read from `known` saves.
+                changed = !snapshot.transactionIds.isSubset(of: state.ids)
+                state.ids.formUnion(snapshot.transactionIds)
+            }
+            if changed { stamp.add(1, ordering: .sequentiallyConsistent) }
+            state.position = snapshot.position
+            state.ticket = ticket
         }
     }
 

@@ -237,38 +237,70 @@ struct CatalogTests {
         await reopened.database.close()
     }
 
-    @Test("the revocation counter: unchanged ledger, no read; every write moves it, the server's own or anyone's", arguments: Backend.allCases)
+    @Test(
+        "the revocation ledger read from where the reader stands: unchanged, no read; revocations since, only those; a restore, the whole set; anyone's writes count",
+        arguments: Backend.allCases)
     func revocationCounter(backend: Backend) async throws {
         let dir = FileManager.default.temporaryDirectory.path + "/counter-" + UUID().uuidString
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let url = try await backend.freshURL()
         let store = try await openStore(dir, databaseURL: url)
+        func sql(_ statement: String) async throws {
+            switch backend {
+            case .sqlite:
+                let wrote = try run("sqlite3", [dir + "/catalog.sqlite", statement])
+                #expect(wrote.status == 0, "\(wrote.stderr)")
+            case .postgres:
+                _ = try await PostgresServer.shared().psql(try #require(url), statement)
+            }
+        }
+        let (id, revokedAt) = backend == .sqlite ? ("transactionId", "revokedAt") : ("transaction_id", "revoked_at")
         let empty = try #require(try await store.revocations(changedSince: nil))
-        #expect(empty.transactionIds.isEmpty)
-        #expect(try await store.revocations(changedSince: empty.version) == nil)
+        #expect(empty.transactionIds.isEmpty && empty.isComplete)
+        #expect(try await store.revocations(changedSince: empty.position) == nil)
 
         _ = try await store.apply(notificationUUID: "n1", type: "REFUND", subtype: nil, transactionId: "t1", revoke: true, revokedAt: Date(), signedPayload: "x")
-        let one = try #require(try await store.revocations(changedSince: empty.version))
-        #expect(one.transactionIds == ["t1"] && one.version > empty.version)
-        #expect(try await store.revocations(changedSince: one.version) == nil)
-        // A notification that touches no revocation (a renewal) leaves the counter alone.
-        _ = try await store.apply(notificationUUID: "n2", type: "DID_RENEW", subtype: nil, transactionId: "t2", revoke: nil, revokedAt: Date(), signedPayload: "x")
-        #expect(try await store.revocations(changedSince: one.version) == nil)
+        let one = try #require(try await store.revocations(changedSince: empty.position))
+        #expect(one.transactionIds == ["t1"] && !one.isComplete && one.position.version > empty.position.version)
+        #expect(try await store.revocations(changedSince: one.position) == nil)
+        // Asked from an older position, everything revoked since it; from none, the whole set.
+        _ = try await store.apply(notificationUUID: "n1b", type: "REFUND", subtype: nil, transactionId: "t2", revoke: true, revokedAt: Date(), signedPayload: "x")
+        let two = try #require(try await store.revocations(changedSince: one.position))
+        #expect(two.transactionIds == ["t2"] && !two.isComplete)
+        #expect(try await store.revocations(changedSince: empty.position)?.transactionIds == ["t1", "t2"])
+        let whole = try #require(try await store.revocations(changedSince: nil))
+        #expect(whole.transactionIds == ["t1", "t2"] && whole.isComplete && whole.position == two.position)
+        // A notification that touches no revocation (a renewal) leaves the counters alone.
+        _ = try await store.apply(notificationUUID: "n2", type: "DID_RENEW", subtype: nil, transactionId: "t3", revoke: nil, revokedAt: Date(), signedPayload: "x")
+        #expect(try await store.revocations(changedSince: two.position) == nil)
+        // A restore cannot be read as rows written since: the whole set.
         _ = try await store.apply(notificationUUID: "n3", type: "REFUND_REVERSED", subtype: nil, transactionId: "t1", revoke: false, revokedAt: Date(), signedPayload: "x")
-        let restored = try #require(try await store.revocations(changedSince: one.version))
-        #expect(restored.transactionIds.isEmpty && restored.version > one.version)
+        let restored = try #require(try await store.revocations(changedSince: two.position))
+        #expect(restored.transactionIds == ["t2"] && restored.isComplete && restored.position.version > two.position.version)
+        #expect(restored.position.removals > two.position.removals)
 
-        // A writer that knows nothing of the counter (an operator's SQL, an older replica) moves it too.
-        switch backend {
-        case .sqlite:
-            let wrote = try run("sqlite3", [dir + "/catalog.sqlite", "INSERT INTO revocations (transactionId, revokedAt) VALUES ('t9', '2026-01-01 00:00:00.000')"])
-            #expect(wrote.status == 0, "\(wrote.stderr)")
-        case .postgres:
-            _ = try await PostgresServer.shared().psql(try #require(url), "INSERT INTO revocations (transaction_id, revoked_at) VALUES ('t9', now())")
+        // A writer that knows nothing of the counters (an operator's SQL, an older replica) moves
+        // them too, and its rows are stamped: an insert is read as one, a delete sends back to the whole set.
+        try await sql("INSERT INTO revocations (\(id), \(revokedAt)) VALUES ('t9', '2026-01-01 00:00:00.000')")
+        let external = try #require(try await store.revocations(changedSince: restored.position))
+        #expect(external.transactionIds == ["t9"] && !external.isComplete)
+        #expect(try await store.revocations(changedSince: external.position) == nil)
+        try await sql("UPDATE revocations SET \(revokedAt) = '2026-02-01 00:00:00.000' WHERE \(id) = 't2'")
+        let updated = try #require(try await store.revocations(changedSince: external.position))
+        #expect(updated.transactionIds == ["t2"] && !updated.isComplete)
+        try await sql("DELETE FROM revocations WHERE \(id) = 't9'")
+        let deleted = try #require(try await store.revocations(changedSince: updated.position))
+        #expect(deleted.transactionIds == ["t2"] && deleted.isComplete)
+
+        if backend == .sqlite {
+            // A ledger written before revocations were stamped (an upgraded catalog): its rows
+            // have no stamp, so only a whole read finds them; the next revocation is read alone.
+            try await sql("UPDATE revocations SET changed = NULL")
+            let upgraded = try #require(try await store.revocations(changedSince: nil))
+            #expect(upgraded.transactionIds == ["t2"])
+            _ = try await store.apply(notificationUUID: "n4", type: "REVOKE", subtype: nil, transactionId: "t4", revoke: true, revokedAt: Date(), signedPayload: "x")
+            #expect(try await store.revocations(changedSince: upgraded.position)?.transactionIds == ["t4"])
         }
-        let external = try #require(try await store.revocations(changedSince: restored.version))
-        #expect(external.transactionIds == ["t9"])
-        #expect(try await store.revocations(changedSince: external.version) == nil)
         await store.database.close()
     }
 

@@ -17,7 +17,7 @@ struct PostgresCatalogTests {
             for _ in 0..<4 { group.addTask { try await testCatalog(url) } }
             return try await group.reduce(into: []) { $0.append($1) }
         }
-        #expect(try await PostgresServer.shared().psql(url, "SELECT string_agg(version::text, ',' ORDER BY version) FROM iap_schema") == "1,2,3,4,5")
+        #expect(try await PostgresServer.shared().psql(url, "SELECT string_agg(version::text, ',' ORDER BY version) FROM iap_schema") == "1,2,3,4,5,6")
 
         try folder.write("content/level.json", "level\n")
         let packed = try ArchivePacker.pack(
