@@ -107,7 +107,7 @@ for backend in sqlite postgres; do
     before=$(cpu_ticks "$pid")
     for i in $(seq "$IDLE"); do
       case $backend in
-      sqlite) sqlite3 "$data/catalog.sqlite" "INSERT INTO revocations (transactionId, revokedAt) VALUES ('$((3000000000000000 + i))', '2026-01-01 00:00:00.000')" ;;
+      sqlite) sqlite3 -cmd '.timeout 10000' "$data/catalog.sqlite" "INSERT INTO revocations (transactionId, revokedAt) VALUES ('$((3000000000000000 + i))', '2026-01-01 00:00:00.000')" ;;
       postgres) psql_ -d "$db" -c "INSERT INTO revocations (transaction_id, revoked_at) VALUES ('$((3000000000000000 + i))', now())" ;;
       esac
       sleep 1
