@@ -14,7 +14,13 @@
 # was about +-15%; 200 rounds narrowed it to about +-4% (docs/performance.md, tenth stop).
 # IAP_EVENT_LOOPS=n runs iap-server with n event loops (`--event-loops`) instead of one per core;
 # nginx keeps its two workers.
-# Usage: [DOWNLOAD_ROUNDS=n] [IAP_EVENT_LOOPS=n] tools/bench-serve.sh [seconds-per-wrk-run] [rounds]
+# LINK=<rate> (tc's units: 4gbit) measures the whole downloads only, with curl on the other end of
+# a link: in a network namespace of its own behind a veth pair (MTU 1500) whose server end sends
+# at most <rate> (tbf). On loopback curl shares the sending with the server, and who does how much
+# of it moves from round to round (docs/performance.md, ninth stop); across a link that the
+# servers can fill, each does its own sending and the link sets the speed, as in production,
+# where the client is another machine. Needs root (ip netns, tc).
+# Usage: [DOWNLOAD_ROUNDS=n] [IAP_EVENT_LOOPS=n] [LINK=rate] tools/bench-serve.sh [seconds-per-wrk-run] [rounds]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-5}
@@ -24,7 +30,24 @@ tools/install-deps.sh
 command -v nginx >/dev/null && command -v wrk >/dev/null || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light wrk >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx wrk >/dev/null; }
 . tools/lib.sh
 build_release iap-server iap-pack iap-sandbox
-work=$(mktemp -d); chmod 755 "$work"; trap 'kill $(jobs -p) 2>/dev/null || true; [ -f "$work/nginx.pid" ] && kill "$(cat "$work/nginx.pid" 2>/dev/null)" 2>/dev/null || true; rm -rf "$work"' EXIT
+link_ns=iap-bench-$$
+work=$(mktemp -d); chmod 755 "$work"; trap 'kill $(jobs -p) 2>/dev/null || true; [ -f "$work/nginx.pid" ] && kill "$(cat "$work/nginx.pid" 2>/dev/null)" 2>/dev/null || true; rm -rf "$work"; ip netns del "$link_ns" 2>/dev/null || true' EXIT
+client=()
+if [ -n "${LINK:-}" ]; then
+  # 10.231.0.1 the servers' end, 10.231.0.2 curl's; deleting the namespace deletes the pair.
+  ip netns add "$link_ns"
+  ip link add iapb0 type veth peer name iapb1 netns "$link_ns"
+  ip addr add 10.231.0.1/30 dev iapb0; ip link set iapb0 up
+  ip netns exec "$link_ns" ip addr add 10.231.0.2/30 dev iapb1
+  ip netns exec "$link_ns" ip link set iapb1 up; ip netns exec "$link_ns" ip link set lo up
+  # The bucket holds a millisecond at the rate (at least 64 KiB): the link's burst, not a queue.
+  burst=$(tc_rate_bytes=$(python3 -c 'import re,sys; v,u=re.fullmatch(r"([0-9.]+)([kmg]?)bit",sys.argv[1].lower()).groups(); print(int(float(v)*{"":1,"k":1e3,"m":1e6,"g":1e9}[u]/8))' "$LINK"); echo $(( tc_rate_bytes / 1000 > 65536 ? tc_rate_bytes / 1000 : 65536 )))
+  tc qdisc add dev iapb0 root tbf rate "$LINK" burst "$burst" latency 5ms
+  client=(ip netns exec "$link_ns")
+  export SERVER_ARGS="${SERVER_ARGS:-} --host 0.0.0.0"
+fi
+# The URL curl is given: across the link when there is one.
+client_url() { if [ -n "${LINK:-}" ]; then echo "$1" | sed -E 's#^http://[^/]+:([0-9]+)/#http://10.231.0.1:\1/#'; else echo "$1"; fi; }
 
 archive=$(random_archive bench.archive $((1024 * 1024 * 1024 - 4096)) "$work" "$work/out")
 size=$(stat -c %s "$archive")
@@ -40,10 +63,11 @@ stored=$(ls "$work"/data/archives/*.zip | head -1)
 mkdir -p "$work/www"; ln "$stored" "$work/www/archive.zip"; chmod 755 "$work/www"; chmod 644 "$work/www/archive.zip"
 # nginx's workers run as an unprivileged user: check they can read the file before measuring.
 nginx_port=$(free_port)  # not port + 1: that one may be taken, and nginx then fails to start
-start_nginx "$work" "server { listen 127.0.0.1:$nginx_port; root $work/www; }"
+start_nginx "$work" "server { listen 127.0.0.1:$nginx_port; ${LINK:+listen 10.231.0.1:$nginx_port;} root $work/www; }"
 nginx_url="http://127.0.0.1:$nginx_port/archive.zip"
+ours_url=$(client_url "$ours_url"); nginx_url=$(client_url "$nginx_url")
 for url in "$ours_url" "$nginx_url"; do
-  code=$(curl -s -o /dev/null -r 0-99 -w '%{http_code}' "$url")
+  code=$("${client[@]}" curl -s -o /dev/null -r 0-99 -w '%{http_code}' "$url")
   [ "$code" = 206 ] || { echo "setup failed: $url answered $code to a range request" >&2; exit 1; }
 done
 nginx_pids() { echo "$(cat "$work/nginx.pid") $(pgrep -P "$(cat "$work/nginx.pid")" | tr '\n' ' ')"; }
@@ -63,12 +87,12 @@ machine_ticks() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 }' /proc/stat; }  
 download() { # url pids... -> "MB/s, server, machine and rest-of-machine CPU seconds per GiB" of one curl download
   local url=$1; shift
   local before=$(cpu_ns "$@") machine_before=$(machine_ticks)
-  local speed=$(curl -s -o /dev/null -w '%{speed_download}' "$url")
+  local speed=$("${client[@]}" curl -s -o /dev/null -w '%{speed_download}' "$url")
   local machine_after=$(machine_ticks) after=$(cpu_ns "$@")  # the machine's window holds curl only
   awk -v s="$speed" -v a="$after" -v b="$before" -v z="$size" -v ma="$machine_after" -v mb="$machine_before" -v hz="$(getconf CLK_TCK)" \
     'BEGIN { g = z / 1073741824; sv = (a - b) / 1e9 / g; m = (ma - mb) / hz / g; printf "%.1f %.4f %.4f %.4f\n", s / 1e6, sv, m, m - sv }'
 }
-echo "archive: $size bytes; $(nproc) cores; iap-server event loops: ${IAP_EVENT_LOOPS:-one per core}, nginx workers: 2; wrk ${secs}s per run, median of $rounds rounds; downloads: median of $download_rounds rounds" >&2
+echo "archive: $size bytes; $(nproc) cores; iap-server event loops: ${IAP_EVENT_LOOPS:-one per core}, nginx workers: 2; wrk ${secs}s per run, median of $rounds rounds; downloads: median of $download_rounds rounds${LINK:+, across a $LINK veth link from a network namespace}" >&2
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
 spread() { sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%s-%s", lo, hi }'; }
 # Runs two measures, the first one first in odd rounds: who goes first flips every round.
@@ -107,6 +131,10 @@ done
 # a shared 2-core machine vary by about 10%, more than the differences being measured.
 # The third: 16 ranges of 64 KiB 1 MiB apart in one request, as a delta update's entries
 # (multipart/byteranges, one response per request).
+if [ -n "${LINK:-}" ]; then
+  echo; echo "server RSS after the run: $(awk '/VmHWM/ {print $2/1024 " MiB peak"}' /proc/$ours_pid/status)"
+  exit 0
+fi
 multi=$(seq 0 15 | awk '{ printf "%s%d-%d", (NR > 1 ? "," : ""), $1 * 1048576, $1 * 1048576 + 65535 }')
 for range in "0-4095" "0-1048575" "$multi"; do
   for c in 16 64; do

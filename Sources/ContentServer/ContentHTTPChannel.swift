@@ -28,6 +28,11 @@ struct ContentHTTPChannel: HTTPChannelHandler {
             limits.maxHeaderFieldSize = 16 * 1024
             limits.maxHeaderListSize = 64 * 1024
             limits.maxHeaderFieldCount = 100
+            // A send that leaves part of its bytes means the socket is full: wait for it to drain
+            // rather than try again at once. NIO tries up to 16 more times by default, which for
+            // a download across a link is one more sendfile per wake-up, answered EAGAIN (thrown
+            // and caught inside NIO as an error), about a thousand per GiB.
+            try channel.syncOptions?.setOption(ChannelOptions.writeSpin, value: 0)
             let sync = channel.pipeline.syncOperations
             try sync.addHandler(IdleStateHandler(readTimeout: TimeAmount(idleTimeout)))
             let deadline = RequestHeadDeadline(timeout: headerTimeout, bodyTimeout: idleTimeout)
