@@ -3,6 +3,7 @@ import ContentArchive
 import ContentCatalog
 import Foundation
 import IAPTestSupport
+import Synchronization
 import Testing
 
 /// The two places the catalog's state can live; every test here runs against both.
@@ -304,6 +305,68 @@ struct CatalogTests {
         await store.database.close()
     }
 
+    @Test(
+        "a replica that reads only what was revoked since its last look, while two others write at once, ends with the whole ledger",
+        arguments: Backend.allCases)
+    func revocationsReadFromPositionUnderConcurrentWriters(backend: Backend) async throws {
+        let dir = FileManager.default.temporaryDirectory.path + "/stamps-" + UUID().uuidString
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let url = try await backend.freshURL()
+        let reader = try await openStore(dir, databaseURL: url)
+        // Two writers as two replicas would be (on PostgreSQL each with its own connections),
+        // each with several transactions in flight: a stamp that did not follow commit order
+        // would let the reader step past a row committed after it looked.
+        let writers = [try await openStore(dir, databaseURL: url), try await openStore(dir, databaseURL: url)]
+        let finished = WritersFinished()
+        let writing = Task {
+            defer { finished.value.withLock { $0 = true } }
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for (w, writer) in writers.enumerated() {
+                    for lane in 0..<4 {
+                        group.addTask {
+                            for i in 0..<40 {
+                                let id = "w\(w)-\(lane)-\(i)"
+                                _ = try await writer.apply(
+                                    notificationUUID: "n-" + id, type: "REFUND", subtype: nil, transactionId: id, revoke: true, revokedAt: Date(), signedPayload: "x")
+                                // Now and then a refund reversed: the reader goes back to the whole set.
+                                if lane == 0, i % 20 == 19 {
+                                    let earlier = "w\(w)-\(lane)-\(i - 7)"
+                                    _ = try await writer.apply(
+                                        notificationUUID: "r-" + earlier, type: "REFUND_REVERSED", subtype: nil, transactionId: earlier, revoke: false,
+                                        revokedAt: Date(), signedPayload: "x")
+                                }
+                            }
+                        }
+                    }
+                }
+                try await group.waitForAll()
+            }
+        }
+        var held = Set<String>(), position: RevocationPosition? = nil, incremental = 0
+        func look() async throws {
+            guard let snapshot = try await reader.revocations(changedSince: position) else { return }
+            if snapshot.isComplete {
+                held = snapshot.transactionIds
+            } else {
+                held.formUnion(snapshot.transactionIds)
+                incremental += 1
+            }
+            position = snapshot.position
+        }
+        while !finished.value.withLock({ $0 }) { try await look() }
+        try await writing.value
+        try await look()
+        let whole = try #require(try await reader.revocations(changedSince: nil))
+        // 2 writers x 4 lanes x 40 refunds, 2 of each writer's first lane reversed.
+        let expected = 2 * 4 * 40 - 2 * 2
+        #expect(whole.transactionIds.count == expected)
+        let missed = whole.transactionIds.subtracting(held), extra = held.subtracting(whole.transactionIds)
+        #expect(missed.isEmpty && extra.isEmpty, "missed \(missed.sorted()), kept \(extra.sorted())")
+        #expect(incremental > 0)
+        for writer in writers { await writer.database.close() }
+        await reader.database.close()
+    }
+
     @Test("old notifications are pruned in batches by age; newer ones and the revocations they made stay", arguments: Backend.allCases)
     func pruneNotifications(backend: Backend) async throws {
         let dir = FileManager.default.temporaryDirectory.path + "/prune-" + UUID().uuidString
@@ -348,4 +411,9 @@ struct CatalogTests {
         #expect(await store.readinessProblems().first?.contains(v2.manifest.archiveSHA256) == true)
         await store.database.close()
     }
+}
+
+/// Set once the writers of a concurrency test are done.
+final class WritersFinished: Sendable {
+    let value = Mutex(false)
 }
