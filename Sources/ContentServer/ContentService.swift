@@ -40,7 +40,7 @@ final class ContentService: ContentResolver, Sendable {
     /// at (``RevocationSnapshot``), so an unchanged ledger is not read again and a changed one
     /// only from there.
     struct Revocations {
-        var ids: Set<String>
+        var ids: RevokedTransactions
         var position: RevocationPosition?
         var ticket: UInt64 = 0
     }
@@ -93,7 +93,7 @@ final class ContentService: ContentResolver, Sendable {
             environments: configuration.environments)
         grantKeys = try GrantKeys(path: configuration.grantKeysPath)
         let snapshot = try await store.revocations(changedSince: nil)
-        revoked = Mutex(Revocations(ids: snapshot?.transactionIds ?? [], position: snapshot?.position))
+        revoked = Mutex(Revocations(ids: RevokedTransactions(snapshot?.transactionIds ?? []), position: snapshot?.position))
         outbound = OutboundHTTP.client(trust)
         receiptChecker = ReceiptChecker(
             mode: configuration.receiptVerification,
@@ -146,19 +146,20 @@ final class ContentService: ContentResolver, Sendable {
         let ticket = refreshTickets.add(1, ordering: .sequentiallyConsistent).newValue
         let known = force ? nil : revoked.withLock { $0.position }
         guard let snapshot = try await store.revocations(changedSince: known) else { return }
+        // Outside the lock, which every content request takes.
+        let complete = snapshot.isComplete ? RevokedTransactions(snapshot.transactionIds) : nil
         revoked.withLock { state in
             // A read that began before another finished later must not undo what that one read,
             // and what was revoked since `known` adds only to the set read at `known`: a set read
             // since covers it already (or a restore after it).
-            guard ticket > state.ticket, snapshot.isComplete || state.position == known else { return }
-            let changed: Bool
-            if snapshot.isComplete {
-                changed = state.ids != snapshot.transactionIds
-                state.ids = snapshot.transactionIds
+            guard ticket > state.ticket, complete != nil || state.position == known else { return }
+            var changed = false
+            if let complete {
+                changed = state.ids != complete
+                state.ids = complete
             } else {
                 // In place: a copy of a million ids is what the read from `known` saves.
-                changed = !snapshot.transactionIds.isSubset(of: state.ids)
-                state.ids.formUnion(snapshot.transactionIds)
+                for id in snapshot.transactionIds where state.ids.insert(id) { changed = true }
             }
             if changed { stamp.add(1, ordering: .sequentiallyConsistent) }
             state.position = snapshot.position
