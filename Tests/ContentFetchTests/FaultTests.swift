@@ -164,7 +164,7 @@ struct FaultTests {
         let log = shop.tmp.sub("proxy.log")
         let proxy = try launch("python3", [script, String(shop.server.port), String(proxyPort), log])
         defer { forceStop(proxy) }
-        let up = try await waitUntil(.seconds(10)) { (try? curl(["http://127.0.0.1:\(proxyPort)/healthz"], folder: shop.tmp).status) == 200 }
+        let up = await waitUntil(.seconds(10)) { (try? curl(["http://127.0.0.1:\(proxyPort)/healthz"], folder: shop.tmp).status) == 200 }
         #expect(up != nil, "the proxy did not start")
 
         let result = try run(

@@ -494,7 +494,7 @@ extension HardeningTests {
         func logged() -> Bool { ((try? String(contentsOfFile: server.log, encoding: .utf8)) ?? "").contains(warning) }
         while !logged() && Date() < deadline && flood.isRunning { usleep(50_000) }
         #expect(logged(), "\((try? String(contentsOfFile: server.log, encoding: .utf8)) ?? "")")
-        FileManager.default.createFile(atPath: release, contents: nil)
+        _ = FileManager.default.createFile(atPath: release, contents: nil)
         flood.waitUntilExit()
         #expect(flood.terminationStatus == 0, "the kernel queued every connection")
         #expect(try curl([server.base + "/healthz"], folder: tmp).status == 200, "served again once the connections closed")

@@ -207,10 +207,10 @@ struct ReplicaTests {
         #expect(try await waitUntil(.seconds(20)) { try curl([b.base + "/readyz"], folder: tmp).status == 200 } != nil, "B still waits for the removed archive")
         let v12 = try packSample(tmp, version: "1.2")
         #expect(try upload(v12.archivePath, to: a, tmp).status == 201)
-        let copied = try await waitUntil(.seconds(20)) { tmp.files(in: "b/archives").contains(v12.manifest.archiveSHA256 + ".zip") }
+        let copied = await waitUntil(.seconds(20)) { tmp.files(in: "b/archives").contains(v12.manifest.archiveSHA256 + ".zip") }
         #expect(copied != nil, "B never fetched 1.2")
         try rollBackAndRemove("1.2")
-        let deleted = try await waitUntil(.seconds(20)) { !tmp.files(in: "b/archives").contains(v12.manifest.archiveSHA256 + ".zip") }
+        let deleted = await waitUntil(.seconds(20)) { !tmp.files(in: "b/archives").contains(v12.manifest.archiveSHA256 + ".zip") }
         #expect(deleted != nil, "B kept its copy of the removed archive")
         #expect(tmp.files(in: "b/archives").contains(packed.manifest.archiveSHA256 + ".zip"), "B deleted a live archive")
     }
