@@ -41,7 +41,7 @@ if [ -n "${LINK:-}" ]; then
   ip netns exec "$link_ns" ip addr add 10.231.0.2/30 dev iapb1
   ip netns exec "$link_ns" ip link set iapb1 up; ip netns exec "$link_ns" ip link set lo up
   # The bucket holds a millisecond at the rate (at least 64 KiB): the link's burst, not a queue.
-  burst=$(tc_rate_bytes=$(python3 -c 'import re,sys; v,u=re.fullmatch(r"([0-9.]+)([kmg]?)bit",sys.argv[1].lower()).groups(); print(int(float(v)*{"":1,"k":1e3,"m":1e6,"g":1e9}[u]/8))' "$LINK"); echo $(( tc_rate_bytes / 1000 > 65536 ? tc_rate_bytes / 1000 : 65536 )))
+  burst=$(python3 -c 'import re,sys; v,u=re.fullmatch(r"([0-9.]+)([kmg]?)bit",sys.argv[1].lower()).groups(); print(max(65536, int(float(v)*{"":1,"k":1e3,"m":1e6,"g":1e9}[u]/8/1000)))' "$LINK")
   tc qdisc add dev iapb0 root tbf rate "$LINK" burst "$burst" latency 5ms
   client=(ip netns exec "$link_ns")
   export SERVER_ARGS="${SERVER_ARGS:-} --host 0.0.0.0"

@@ -105,9 +105,8 @@ public struct RevocationSnapshot: Sendable, Equatable {
 
     /// Whether `known` can be brought to `now` by adding the rows stamped after it: nothing was
     /// removed since, and the counter did not go back (a database restored from a backup).
-    public static func canAdd(from known: RevocationPosition?, to now: RevocationPosition) -> Bool {
-        guard let known else { return false }
-        return known.removals == now.removals && known.version <= now.version
+    public static func canAdd(from known: RevocationPosition, to now: RevocationPosition) -> Bool {
+        known.removals == now.removals && known.version <= now.version
     }
 }
 

@@ -153,9 +153,10 @@ final class ContentService: ContentResolver, Sendable {
             // and what was revoked since `known` adds only to the set read at `known`: a set read
             // since covers it already (or a restore after it).
             guard ticket > state.ticket, complete != nil || state.position == known else { return }
-            var changed = false
+            // A whole set read (at a restore, rare) counts as a change without comparing a
+            // million ids under this lock: connections resolve their next request afresh.
+            var changed = complete != nil
             if let complete {
-                changed = state.ids != complete
                 state.ids = complete
             } else {
                 // In place: a copy of a million ids is what the read from `known` saves.
