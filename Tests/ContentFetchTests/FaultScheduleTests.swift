@@ -50,8 +50,7 @@ struct FaultScheduleTests {
             let process = try client(server.base, queue: queue, content: content)
             #expect(waitUntil(process) { durable() >= Int64(mib) << 20 }, "no progress to \(mib) MiB")
             if index == 1 || index == 4 {
-                kill(server.process.processIdentifier, SIGKILL)
-                server.process.waitUntilExit()
+                try server.killKeepingPort()
                 server = try ServerProcess(data: tmp.sub("data"), arguments: serverArguments + ["--port", String(port)], folder: tmp, fixedPort: true)
                 let before = durable()
                 #expect(waitUntil(process) { durable() > before }, "the client did not continue after the server restart")

@@ -191,8 +191,7 @@ struct FaultTests {
         let deadline = Date().addingTimeInterval(60)
         while client.isRunning, Date() < deadline, (journal.load(s.downloadId)?.recordedLength ?? 0) < 8 << 20 { usleep(2_000) }
         // Kill the server without warning and start it again on the same port.
-        kill(s.server.process.processIdentifier, SIGKILL)
-        s.server.process.waitUntilExit()
+        try s.server.killKeepingPort()
         let again = try ServerProcess(
             data: s.tmp.sub("data"), arguments: s.shop.serverArguments + ["--port", String(s.server.port)],
             folder: s.tmp, fixedPort: true)
@@ -207,8 +206,7 @@ struct FaultTests {
     @Test("a server down for longer than five tries take: the client keeps trying it, and completes once it is back")
     func serverDownForAWhile() throws {
         let s = try halfDownloaded()
-        kill(s.server.process.processIdentifier, SIGKILL)
-        s.server.process.waitUntilExit()
+        try s.server.killKeepingPort()
         let outPath = s.tmp.sub("updates.ndjson")
         _ = FileManager.default.createFile(atPath: outPath, contents: nil)
         let out = try #require(FileHandle(forWritingAtPath: outPath))
@@ -239,8 +237,7 @@ struct FaultTests {
     func unreachableForTheWholeRun() async throws {
         let shop = try Shop(products: ["com.example.a": .random(1 << 20), "com.example.b": .random(1 << 20)])
         for product in ["com.example.a", "com.example.b"] { _ = try shop.store.purchase(productId: product) }
-        kill(shop.server.process.processIdentifier, SIGKILL)
-        shop.server.process.waitUntilExit()
+        try shop.server.killKeepingPort()
         var configuration = FetchConfiguration(server: shop.server.base, contentDirectory: shop.content)
         configuration.unreachablePatience = .seconds(2)
         let fetcher = try ContentFetcher(configuration: configuration, source: try FileTransactionQueue(folder: shop.queue))

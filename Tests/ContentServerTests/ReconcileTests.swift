@@ -23,7 +23,7 @@ extension ServerTests {
         let window = Date().addingTimeInterval(-3600).formatted(.iso8601)
 
         // Down: the refund's notification finds nobody; the sandbox records the failed attempt.
-        #expect(server.stop() == 0)
+        #expect(try server.stopKeepingPort() == 0)
         let notifyURL = server.base + "/v1/notifications"
         let refund = try run(productsDirectory() + "/iap-sandbox", ["refund", "--dir", store.folder, transactionId, "--notify", notifyURL])
         #expect(refund.status == 1 && refund.stderr.contains("iap-server reconcile"), "\(refund.stderr)")

@@ -181,22 +181,6 @@ public func offThread<T: Sendable>(_ work: @escaping @Sendable () throws -> T) a
     }
 }
 
-/// A port nothing listens on now (the kernel's choice for an ephemeral bind).
-public func freePort() throws -> Int {
-    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-    defer { close(fd) }
-    var address = sockaddr_in()
-    address.sin_family = sa_family_t(AF_INET)
-    address.sin_addr.s_addr = inet_addr("127.0.0.1")
-    address.sin_port = 0
-    var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-    let bound = withUnsafeMutablePointer(to: &address) { pointer in
-        pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) == 0 && getsockname(fd, $0, &length) == 0 }
-    }
-    guard bound else { throw ServerError(description: "cannot find a free port: \(String(cString: strerror(errno)))") }
-    return Int(UInt16(bigEndian: address.sin_port))
-}
-
 /// The catalog on `url`, for a test process. Other tests here hold the shared threads for
 /// seconds at a time, so each PostgreSQL operation gets a minute, not the server's ten seconds.
 public func testCatalog(_ url: String) async throws -> PostgresCatalog {

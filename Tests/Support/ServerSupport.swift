@@ -101,6 +101,23 @@ public final class ServerProcess: @unchecked Sendable {
         return process.terminationStatus
     }
 
+    /// ``stop()``, then holds the port (see ``holdPort(_:)``), for a test that connects to it
+    /// while the server is down: refused, never another test's server.
+    public func stopKeepingPort() throws -> Int32 {
+        let status = stop()
+        try holdPort(port)
+        return status
+    }
+
+    /// Kills the server without warning (a crash, a lost machine) and holds its port (see
+    /// ``holdPort(_:)``) so that no other test's server takes it before this test starts one
+    /// there again: meanwhile connecting to it is refused, as to a server that is down.
+    public func killKeepingPort() throws {
+        kill(process.processIdentifier, SIGKILL)
+        process.waitUntilExit()
+        try holdPort(port)
+    }
+
     deinit { if process.isRunning { kill(process.processIdentifier, SIGKILL) } }
 }
 
