@@ -54,6 +54,7 @@ let package = Package(
         // zlib (Debian: zlib1g-dev) for streaming inflate, which libdeflate (whole-buffer only) cannot do.
         .systemLibrary(name: "CZlib", pkgConfig: "zlib", providers: [.apt(["zlib1g-dev"])]),
         .systemLibrary(name: "CLinuxWriteback"),
+        .systemLibrary(name: "CLinuxSendfile"),
         // OpenSSL's libcrypto (Debian: libssl-dev) for PKCS#7, which app receipts are and no Swift package here reads.
         .systemLibrary(name: "COpenSSL", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
         // The HTTP contract (routes, bodies, the error envelope) and the one error shape.
@@ -166,7 +167,7 @@ let package = Package(
         .target(
             name: "ContentDelivery",
             dependencies: [
-                "IAPProtocol",
+                "CLinuxSendfile", "IAPProtocol",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),

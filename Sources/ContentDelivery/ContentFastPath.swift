@@ -43,6 +43,13 @@ public final class ContentFastPath: ChannelDuplexHandler {
     private let maxRanges: Int
     private let parser: RequestHeadParser
     private let installDecoder: ((ChannelPipeline.SynchronousOperations) throws -> Void)?
+    #if os(Linux)
+        private let sender: FileSender?
+        /// The send of a large body in progress on a sending thread, to cancel if the connection closes.
+        @exclusivity(unchecked) private var ticket: FileSender.Ticket?
+    #endif
+    /// A body is on its way outside NIO: nothing else may be written or parsed until it has left.
+    @exclusivity(unchecked) private var sendingElsewhere = false
 
     // The state is touched only on the channel's event loop, one call at a time; unchecked
     // exclusivity drops runtime access checks that every request would pay for.
@@ -64,15 +71,25 @@ public final class ContentFastPath: ChannelDuplexHandler {
     @exclusivity(unchecked) private var writable = true
     @exclusivity(unchecked) private var allocator = ByteBufferAllocator()
 
-    /// - Parameter installDecoder: adds the HTTP/1 handlers behind this one at the first request
-    ///   it does not take. A connection that only downloads then never has them: every `read`
-    ///   and every event would otherwise cross them on every request. Without it, the handlers
-    ///   behind must be in place from the start.
+    /// Bodies of one file region at least this long go through the `FileSender` when there is
+    /// one: below it, the two hops between threads cost more than the sending saves.
+    public static let elsewhereMinimum = 4 << 20
+
+    /// - Parameters:
+    ///   - installDecoder: adds the HTTP/1 handlers behind this one at the first request it does
+    ///     not take. A connection that only downloads then never has them: every `read` and every
+    ///     event would otherwise cross them on every request. Without it, the handlers behind must
+    ///     be in place from the start.
+    ///   - sender: sends bodies of ``elsewhereMinimum`` bytes or more (Linux); without it, or
+    ///     where it cannot take a connection, they go through NIO.
     public init(
         prefix: String, resolver: any ContentResolver, observer: (any ContentObserver)? = nil,
         heads: (any RequestHeadObserver)? = nil, maxRanges: Int = RangeEvaluator.defaultMaxRanges,
-        installDecoder: ((ChannelPipeline.SynchronousOperations) throws -> Void)? = nil
+        sender: FileSender? = nil, installDecoder: ((ChannelPipeline.SynchronousOperations) throws -> Void)? = nil
     ) {
+        #if os(Linux)
+            self.sender = sender
+        #endif
         self.installDecoder = installDecoder
         self.prefix = prefix
         self.resolver = resolver
@@ -112,7 +129,7 @@ public final class ContentFastPath: ChannelDuplexHandler {
 
     public func channelWritabilityChanged(context: ChannelHandlerContext) {
         writable = context.channel.isWritable
-        if writable, !handedOff {
+        if writable, !handedOff, !sendingElsewhere {
             answerPending(context: context)
             if readHeld, !handedOff {
                 readHeld = false
@@ -124,7 +141,7 @@ public final class ContentFastPath: ChannelDuplexHandler {
 
     public func read(context: ChannelHandlerContext) {
         // Pipelined requests wait in the socket while responses cannot be written.
-        if !handedOff, !writable {
+        if !handedOff, !writable || sendingElsewhere {
             readHeld = true
             return
         }
@@ -158,6 +175,9 @@ public final class ContentFastPath: ChannelDuplexHandler {
 
     public func channelInactive(context: ChannelHandlerContext) {
         pending = nil
+        #if os(Linux)
+            if let ticket, let sender { sender.cancel(ticket) }
+        #endif
         context.fireChannelInactive()
     }
 
@@ -181,7 +201,7 @@ public final class ContentFastPath: ChannelDuplexHandler {
                 }
             }
         }
-        while !closing, writable, let buffer = pending, buffer.readableBytes > 0 {
+        while !closing, writable, !sendingElsewhere, let buffer = pending, buffer.readableBytes > 0 {
             switch parser.parse(buffer, knownURI: memory.resolved?.uri) {
             case .incomplete:
                 return
@@ -279,6 +299,13 @@ public final class ContentFastPath: ChannelDuplexHandler {
             return
         }
         inFlight += 1
+        #if os(Linux)
+            if let sender, pieces.count == 1, case .fileRegion(let region) = pieces[0], region.readableBytes >= Self.elsewhereMinimum,
+                sendElsewhere(head: head, region: region, sender: sender, report: report, context: context)
+            {
+                return
+            }
+        #endif
         // A head followed by a file: corked until all of it has left (see `setCork`).
         let corked = !pieces.isEmpty
         if corked { context.setCork(true) }
@@ -292,16 +319,70 @@ public final class ContentFastPath: ChannelDuplexHandler {
         }
         sent.futureResult.assumeIsolated().whenComplete { [self] result in
             if corked { context.setCork(false) }
-            inFlight -= 1
-            if !report.finished(result, observer: observer) {
-                context.close(promise: nil)
-            } else if closing, inFlight == 0 {
-                context.close(promise: nil)
-            } else {
-                heads?.responseSent()
-            }
+            responseLeft(result, report: report, context: context)
         }
     }
+
+    /// The last write of a response counted in `inFlight` has ended.
+    private func responseLeft(_ result: Result<Void, any Error>, report: ResponseReport, context: ChannelHandlerContext) {
+        inFlight -= 1
+        if !report.finished(result, observer: observer) {
+            context.close(promise: nil)
+        } else if closing, inFlight == 0 {
+            context.close(promise: nil)
+        } else {
+            heads?.responseSent()
+        }
+    }
+
+    #if os(Linux)
+        /// Writes the head through NIO, then hands the body to the sender once the head (and every
+        /// response before it) has been written; parsing and reading wait until the body has left.
+        /// Returns false, having written nothing, when the connection's socket cannot be had.
+        private func sendElsewhere(
+            head: ByteBuffer, region: FileRegion, sender: FileSender, report: ResponseReport, context: ChannelHandlerContext
+        ) -> Bool {
+            guard let socket = ChannelSocket.duplicate(of: context.channel) else { return false }
+            guard let file = try? region.fileHandle.withUnsafeFileDescriptor({ fcntl($0, F_DUPFD_CLOEXEC, 0) }), file >= 0 else {
+                Glibc.close(socket)
+                return false
+            }
+            sendingElsewhere = true
+            context.setCork(true)
+            let headWritten = context.eventLoop.makePromise(of: Void.self)
+            context.write(wrapOutboundOut(.byteBuffer(head)), promise: headWritten)
+            let (offset, count) = (Int64(region.readerIndex), Int64(region.readableBytes))
+            headWritten.futureResult.assumeIsolated().whenComplete { [self] written in
+                guard case .success = written else {
+                    Glibc.close(socket)
+                    Glibc.close(file)
+                    bodyLeft(written, report: report, context: context)
+                    return
+                }
+                let loop = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+                ticket = sender.send(socket: socket, file: file, offset: offset, count: count) { result in
+                    loop.eventLoop.execute {
+                        let (handler, context) = loop.value
+                        handler.bodyLeft(result.mapError { $0 }, report: report, context: context)
+                    }
+                }
+            }
+            return true
+        }
+
+        private func bodyLeft(_ result: Result<Void, any Error>, report: ResponseReport, context: ChannelHandlerContext) {
+            ticket = nil
+            sendingElsewhere = false
+            context.setCork(false)
+            responseLeft(result, report: report, context: context)
+            guard context.channel.isActive, !closing else { return }
+            answerPending(context: context)
+            if readHeld, !handedOff, writable, !sendingElsewhere {
+                readHeld = false
+                context.read()
+            }
+        }
+    #endif
 }
 
 /// Once per pass of an event loop that flushed responses, the loop offers its core to

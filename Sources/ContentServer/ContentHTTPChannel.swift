@@ -14,6 +14,7 @@ struct ContentHTTPChannel: HTTPChannelHandler {
 
     let responder: Responder
     let service: ContentService
+    let sender: FileSender?
     let idleTimeout: Duration
     let headerTimeout: Duration
     static let contentPrefix = "/v1/content/"
@@ -41,7 +42,7 @@ struct ContentHTTPChannel: HTTPChannelHandler {
             // Plain content requests are answered here from the bytes read; the first other
             // request adds the HTTP/1 handlers behind it and hands the connection to them for good.
             let fastPath = ContentFastPath(
-                prefix: Self.contentPrefix, resolver: service, observer: service.metrics, heads: deadline,
+                prefix: Self.contentPrefix, resolver: service, observer: service.metrics, heads: deadline, sender: sender,
                 installDecoder: { sync in
                     try sync.configureHTTPServerPipeline(
                         position: .after(quiesce), withPipeliningAssistance: true, withErrorHandling: false, withOutboundHeaderValidation: false,

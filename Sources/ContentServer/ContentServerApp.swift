@@ -1,4 +1,5 @@
 import ContentCatalog
+import ContentDelivery
 import Foundation
 import Hummingbird
 import HummingbirdCore
@@ -32,10 +33,14 @@ public enum ContentServerApp {
         // NIO's shared group (one loop per core) unless asked otherwise; a group of our own is
         // shut down once the server has stopped.
         let ownGroup = configuration.eventLoops.map { MultiThreadedEventLoopGroup(numberOfThreads: $0) }
+        // Large archive bodies leave from sending threads of their own, as many as event loops.
+        let sender = try? FileSender(threads: configuration.eventLoops ?? System.coreCount)
+        defer { sender?.shutdown() }
         let app = Application(
             router: router,
             server: HTTPServerBuilder { responder in
-                ContentHTTPChannel(responder: responder, service: service, idleTimeout: configuration.idleTimeout, headerTimeout: configuration.headerTimeout)
+                ContentHTTPChannel(
+                    responder: responder, service: service, sender: sender, idleTimeout: configuration.idleTimeout, headerTimeout: configuration.headerTimeout)
             },
             configuration: .init(address: .hostname(configuration.host, port: configuration.port), serverName: "iap-server"),
             onServerRunning: { channel in

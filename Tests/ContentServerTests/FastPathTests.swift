@@ -212,3 +212,107 @@ extension HardeningTests {
         #expect(server.stop() == 0)
     }
 }
+
+extension HardeningTests {
+    static let largeBodies = """
+        import socket, sys
+
+        port, path, archive = int(sys.argv[1]), sys.argv[2], open(sys.argv[3], 'rb').read()
+        failures = []
+
+        def response(f):
+            status = f.readline().decode().split(' ')[1]
+            length = 0
+            while (line := f.readline().decode()) not in ('\\r\\n', ''):
+                name, _, value = line.partition(':')
+                if name.lower() == 'content-length':
+                    length = int(value)
+            return status, f.read(length)
+
+        # Pipelined in one write: a small answer, the whole archive and a 5 MiB range (each sent
+        # from a sending thread), then a small answer that has to wait for them.
+        s = socket.create_connection(('127.0.0.1', port))
+        s.settimeout(20)
+        f = s.makefile('rb')
+        end = 100 + (5 << 20) - 1
+        s.sendall((f'GET {path} HTTP/1.1\\r\\nHost: x\\r\\nRange: bytes=0-9\\r\\n\\r\\n'
+                   f'GET {path} HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n'
+                   f'GET {path} HTTP/1.1\\r\\nHost: x\\r\\nRange: bytes=100-{end}\\r\\n\\r\\n'
+                   f'GET {path} HTTP/1.1\\r\\nHost: x\\r\\nRange: bytes=10-19\\r\\nConnection: close\\r\\n\\r\\n').encode())
+        expected = [('206', archive[0:10]), ('200', archive), ('206', archive[100:end + 1]), ('206', archive[10:20])]
+        for index, (code, body) in enumerate(expected):
+            got_code, got_body = response(f)
+            if (got_code, got_body) != (code, body):
+                failures.append(f'response {index}: {got_code} with {len(got_body)} bytes, not {code} with {len(body)}')
+        if f.read(1) != b'':
+            failures.append('not closed after Connection: close')
+        s.close()
+
+        # A client that goes away with most of the body unread.
+        s = socket.create_connection(('127.0.0.1', port))
+        s.settimeout(20)
+        f = s.makefile('rb')
+        s.sendall(f'GET {path} HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n'.encode())
+        f.readline()
+        f.read(1 << 20)
+        s.close()
+        print('\\n'.join(failures) if failures else 'ok')
+        """
+
+    @Test("archive bodies of 4 MiB or more leave from the sending threads: in order among pipelined answers, and a client that goes away frees its connection")
+    func largeBodiesFromSendingThreads() async throws {
+        let tmp = try TemporaryFolder()
+        // One event loop: the server keeps an archive open once per loop.
+        let (store, server) = try start(tmp, extra: ["--event-loops", "1"])
+        let noise = try #require(FileHandle(forReadingAtPath: "/dev/urandom")?.readData(ofLength: 12 << 20))
+        _ = try tmp.write("large/noise.bin", noise)
+        let archive = try ArchivePacker.pack(
+            folder: tmp.sub("large"),
+            options: .init(productId: try ProductIdentifier(product), contentVersion: try ContentVersion("1.0"), outputDirectory: tmp.sub("out"), level: 0))
+        let (_, url) = try publishAndBuy(archive, server: server, store: store, tmp: tmp)
+        let pid = server.process.processIdentifier
+        let links = {
+            ((try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd")) ?? []).map {
+                (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(pid)/fd/\($0)")) ?? ""
+            }
+        }
+        // Connections the server holds open on its port (TCP sockets of its own, not listening).
+        func connections() -> Int {
+            let inodes = Set(links().filter { $0.hasPrefix("socket:[") }.map { String($0.dropFirst(8).dropLast()) })
+            let table = (try? String(contentsOfFile: "/proc/\(pid)/net/tcp", encoding: .utf8)) ?? ""
+            let local = String(format: ":%04X", server.port)
+            var count = 0
+            for line in table.split(separator: "\n").dropFirst() {
+                let fields = line.split(separator: " ")
+                guard fields.count > 9, fields[1].hasSuffix(local), fields[3] != "0A" else { continue }
+                if inodes.contains(String(fields[9])) { count += 1 }
+            }
+            return count
+        }
+        // Once the archive has been served, the server keeps it open.
+        #expect(try curl(["-r", "0-9", url], folder: tmp).status == 206)
+        let archivesOpen = { links().filter { $0.hasSuffix(".zip") }.count }
+        let before = archivesOpen()
+
+        let script = try tmp.write("large.py", Self.largeBodies)
+        let result = try run("python3", [script, String(server.port), String(url.dropFirst(server.base.count)), archive.archivePath])
+        #expect(result.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "ok", "\(result.stdout) \(result.stderr)")
+
+        // What the sending threads wrote (a thread's `wchar` counts what its sendfile calls sent).
+        let tasks = try FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")
+        var sent = 0
+        for task in tasks where ((try? String(contentsOfFile: "/proc/\(pid)/task/\(task)/comm", encoding: .utf8)) ?? "").hasPrefix("iap-send-") {
+            let io = try String(contentsOfFile: "/proc/\(pid)/task/\(task)/io", encoding: .utf8)
+            sent += io.split(separator: "\n").first { $0.hasPrefix("wchar:") }.flatMap { Int($0.dropFirst(6).trimmingCharacters(in: .whitespaces)) } ?? 0
+        }
+        let size = try #require(FileManager.default.attributesOfItem(atPath: archive.archivePath)[.size] as? Int)
+        #expect(sent >= size + 5 << 20, "the sending threads wrote \(sent) bytes of the \(size + 5 << 20) asked for")
+        #expect(sent < 2 * size + 5 << 20, "the sending threads wrote \(sent) bytes")
+
+        // The connection that went away mid-body is closed, and the duplicates made for its send.
+        let freed = await waitUntil(.seconds(10)) { connections() == 0 && archivesOpen() <= before }
+        #expect(freed != nil, "\(connections()) connections and \(archivesOpen()) archives open, \(before) before")
+        #expect(try curl([server.base + "/healthz"], folder: tmp).status == 200)
+        #expect(server.stop() == 0)
+    }
+}

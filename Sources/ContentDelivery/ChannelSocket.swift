@@ -1,0 +1,61 @@
+#if os(Linux)
+    import Glibc
+    import NIOCore
+
+    /// The socket under a NIO TCP channel, for ``FileSender``.
+    ///
+    /// NIOPosix keeps a channel's socket descriptor internal (its `BaseSocketChannel.socket`,
+    /// whose `BaseSocket.descriptor` is private) and has no call that hands it out. It is read
+    /// here by reflection and then checked against the channel's own addresses with
+    /// `getsockname` and `getpeername`: a NIO release that stores it otherwise yields `nil`, and
+    /// the response goes through NIO's `FileRegion` as before, never to another socket. A test
+    /// asserts that large responses are sent this way, so such a release is noticed.
+    enum ChannelSocket {
+        /// A duplicate of `channel`'s socket descriptor (the caller closes it), or `nil`.
+        /// Call on the channel's event loop while the channel is open.
+        static func duplicate(of channel: any Channel) -> CInt? {
+            guard let descriptor = descriptor(of: channel), matches(descriptor, channel) else { return nil }
+            let copy = fcntl(descriptor, F_DUPFD_CLOEXEC, 0)
+            return copy >= 0 ? copy : nil
+        }
+
+        private static func descriptor(of channel: any Channel) -> CInt? {
+            guard let socket = field("socket", of: channel) else { return nil }
+            return field("descriptor", of: socket) as? CInt
+        }
+
+        /// A stored property of an object or of one of its superclasses.
+        private static func field(_ name: String, of subject: Any) -> Any? {
+            var mirror: Mirror? = Mirror(reflecting: subject)
+            while let current = mirror {
+                if let child = current.children.first(where: { $0.label == name }) { return child.value }
+                mirror = current.superclassMirror
+            }
+            return nil
+        }
+
+        private static func matches(_ descriptor: CInt, _ channel: any Channel) -> Bool {
+            guard descriptor >= 0, let local = channel.localAddress, let remote = channel.remoteAddress else { return false }
+            return address(of: descriptor, getsockname) == local && address(of: descriptor, getpeername) == remote
+        }
+
+        private static func address(
+            of descriptor: CInt, _ call: (CInt, UnsafeMutablePointer<sockaddr>, UnsafeMutablePointer<socklen_t>) -> CInt
+        ) -> SocketAddress? {
+            var storage = sockaddr_storage()
+            var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
+            let result = withUnsafeMutablePointer(to: &storage) { pointer in
+                pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { call(descriptor, $0, &length) }
+            }
+            guard result == 0 else { return nil }
+            switch CInt(storage.ss_family) {
+            case AF_INET:
+                return withUnsafeBytes(of: &storage) { SocketAddress($0.load(as: sockaddr_in.self), host: "") }
+            case AF_INET6:
+                return withUnsafeBytes(of: &storage) { SocketAddress($0.load(as: sockaddr_in6.self), host: "") }
+            default:
+                return nil
+            }
+        }
+    }
+#endif

@@ -1,0 +1,251 @@
+#if os(Linux)
+    import CLinuxSendfile
+    import Foundation
+    import Glibc
+    import NIOCore
+    import Synchronization
+
+    /// Sends the bodies of large file responses with `sendfile`, from threads of its own that
+    /// each wait on an epoll set of their own, for connections whose response head NIO has
+    /// written. The connection's handler holds its reads and writes meanwhile.
+    ///
+    /// Why not NIO's `FileRegion`, which every other response uses: across a link the server
+    /// wakes about a thousand times per GiB to send what the socket has room for, and NIO's event
+    /// loop spends about 4 µs more per wake-up than nginx's (its selector's registration lookup,
+    /// the task queue's lock, the pending-write bookkeeping): 1.05-1.09x nginx's CPU per GiB
+    /// with the kernel's work the same. A loop that only waits and sends, as nginx's does, took
+    /// 0.85x nginx's (docs/performance.md, eighteenth stop). NIO offers no way to hand it a
+    /// socket, so the socket is found with ``ChannelSocket`` and duplicated for the send.
+    public final class FileSender: Sendable {
+        /// One send, as its owner names it to cancel it.
+        public struct Ticket: Hashable, Sendable {
+            fileprivate let id: UInt64
+            fileprivate let worker: Int
+        }
+
+        /// Why a send did not complete.
+        public enum Failure: Error, Equatable, Sendable {
+            /// The socket refused the bytes (the peer closed or reset the connection): `errno`.
+            case socket(CInt)
+            /// The file ended before the bytes promised were sent (it was cut short on disk).
+            case fileEnded(sent: Int64)
+            /// The owner cancelled it (its connection closed).
+            case cancelled
+        }
+
+        private let workers: [Worker]
+        private let nextId = Atomic<UInt64>(0)
+
+        /// Starts `threads` sending threads (at least one).
+        public init(threads: Int) throws(Failure) {
+            var started: [Worker] = []
+            for index in 0..<max(1, threads) { started.append(try Worker(index: index)) }
+            workers = started
+        }
+
+        /// Sends `count` bytes of `file` from `offset` to `socket`, then calls `completion` once,
+        /// on a sending thread. Takes ownership of both descriptors (duplicates made for the
+        /// send): they are closed when it ends. The socket must be non-blocking.
+        public func send(
+            socket: CInt, file: CInt, offset: Int64, count: Int64, completion: @escaping @Sendable (Result<Void, Failure>) -> Void
+        ) -> Ticket {
+            let id = nextId.wrappingAdd(1, ordering: .relaxed).newValue
+            let worker = Int(id % UInt64(workers.count))
+            workers[worker].submit(.start(Job(id: id, socket: socket, file: file, offset: offset, remaining: count, completion: completion)))
+            return Ticket(id: id, worker: worker)
+        }
+
+        /// Ends the send at once if it is still running; its completion is called with
+        /// `.cancelled`. Nothing happens for one that has ended.
+        public func cancel(_ ticket: Ticket) {
+            workers[ticket.worker].submit(.cancel(ticket.id))
+        }
+
+        /// Cancels every send and ends the threads; sends asked for afterwards fail at once.
+        /// An app embedding the server goes on running: its threads must not outlive it.
+        public func shutdown() {
+            for worker in workers { worker.submit(.stop) }
+        }
+    }
+
+    /// Made on the submitting thread, then touched by its worker's thread only.
+    private final class Job: @unchecked Sendable {
+        let id: UInt64
+        let socket: CInt
+        let file: CInt
+        var offset: Int64
+        var remaining: Int64
+        var sent: Int64 = 0
+        let completion: @Sendable (Result<Void, FileSender.Failure>) -> Void
+
+        init(
+            id: UInt64, socket: CInt, file: CInt, offset: Int64, remaining: Int64,
+            completion: @escaping @Sendable (Result<Void, FileSender.Failure>) -> Void
+        ) {
+            (self.id, self.socket, self.file, self.offset, self.remaining, self.completion) = (id, socket, file, offset, remaining, completion)
+        }
+    }
+
+    private enum Command: Sendable {
+        case start(Job)
+        case cancel(UInt64)
+        case stop
+    }
+
+    /// One sending thread: its epoll set holds the sockets of its sends (edge-triggered, as
+    /// nginx's) and an eventfd that other threads write to when they hand it a command.
+    private final class Worker: @unchecked Sendable {
+        private let epoll: CInt
+        private let wake: CInt
+        /// Commands from other threads; everything else is touched by this worker's thread only.
+        private struct Inbox {
+            var commands: [Command] = []
+            /// A stop was asked for: later commands are refused.
+            var closed = false
+        }
+        private let inbox = Mutex(Inbox())
+        private var stopping = false
+        private var jobs: [CInt: Job] = [:]
+        private var sockets: [UInt64: CInt] = [:]
+        private static let wakeMarker = UInt64.max
+
+        init(index: Int) throws(FileSender.Failure) {
+            epoll = epoll_create1(CInt(EPOLL_CLOEXEC))
+            guard epoll >= 0 else { throw .socket(errno) }
+            wake = eventfd(0, CInt(EFD_CLOEXEC) | CInt(EFD_NONBLOCK))
+            guard wake >= 0 else {
+                let code = errno
+                close(epoll)
+                throw .socket(code)
+            }
+            var event = epoll_event()
+            event.events = EPOLLIN.rawValue
+            event.data.u64 = Self.wakeMarker
+            guard epoll_ctl(epoll, EPOLL_CTL_ADD, wake, &event) == 0 else {
+                let code = errno
+                close(wake)
+                close(epoll)
+                throw .socket(code)
+            }
+            // Named in the thread itself: a name set before it starts does not reach the kernel,
+            // and a thread's name is what `top -H` and /proc show.
+            let name = "iap-send-\(index)"
+            Thread { [self] in
+                clinuxsendfile_name_thread(name)
+                run()
+            }.start()
+        }
+
+        func submit(_ command: Command) {
+            let accepted = inbox.withLock { inbox in
+                guard !inbox.closed else { return false }
+                inbox.commands.append(command)
+                if case .stop = command { inbox.closed = true }
+                return true
+            }
+            guard accepted else {
+                if case .start(let job) = command {
+                    close(job.socket)
+                    close(job.file)
+                    job.completion(.failure(.cancelled))
+                }
+                return
+            }
+            var one: UInt64 = 1
+            _ = write(wake, &one, 8)
+        }
+
+        private func run() {
+            var events = [epoll_event](repeating: epoll_event(), count: 64)
+            while !stopping {
+                let ready = events.withUnsafeMutableBufferPointer { epoll_wait(epoll, $0.baseAddress, CInt($0.count), -1) }
+                if ready < 0 { continue }  // EINTR
+                for index in 0..<Int(ready) {
+                    let key = events[index].data.u64
+                    if key == Self.wakeMarker {
+                        var count: UInt64 = 0
+                        _ = read(wake, &count, 8)
+                        let commands = inbox.withLock { inbox in
+                            defer { inbox.commands = [] }
+                            return inbox.commands
+                        }
+                        for command in commands { handle(command) }
+                        if stopping { break }
+                    } else if let job = jobs[CInt(truncatingIfNeeded: key)] {
+                        pump(job)
+                    }
+                }
+            }
+            for job in Array(jobs.values) { end(job, .failure(.cancelled)) }
+            close(wake)
+            close(epoll)
+        }
+
+        private func handle(_ command: Command) {
+            switch command {
+            case .start(let job):
+                var event = epoll_event()
+                event.events = EPOLLOUT.rawValue | EPOLLET.rawValue
+                event.data.u64 = UInt64(UInt32(bitPattern: job.socket))
+                guard epoll_ctl(epoll, EPOLL_CTL_ADD, job.socket, &event) == 0 else {
+                    let code = errno
+                    close(job.socket)
+                    close(job.file)
+                    job.completion(.failure(.socket(code)))
+                    return
+                }
+                jobs[job.socket] = job
+                sockets[job.id] = job.socket
+                pump(job)
+            case .cancel(let id):
+                guard let socket = sockets[id], let job = jobs[socket] else { return }
+                end(job, .failure(.cancelled))
+            case .stop:
+                stopping = true
+            }
+        }
+
+        /// Sends until the socket is full (the next edge resumes it), the body is sent, or an error.
+        private func pump(_ job: Job) {
+            while job.remaining > 0 {
+                // Linux sends at most 0x7ffff000 bytes per call.
+                let asked = Int(min(job.remaining, 1 << 30))
+                var offset = off_t(job.offset)
+                let sent = sendfile(job.socket, job.file, &offset, asked)
+                if sent > 0 {
+                    job.offset += Int64(sent)
+                    job.remaining -= Int64(sent)
+                    job.sent += Int64(sent)
+                    if sent < asked { return }  // the socket is full
+                } else if sent == 0 {
+                    end(job, .failure(.fileEnded(sent: job.sent)))
+                    return
+                } else if errno == EAGAIN {
+                    return
+                } else if errno != EINTR {
+                    end(job, .failure(.socket(errno)))
+                    return
+                }
+            }
+            end(job, .success(()))
+        }
+
+        private func end(_ job: Job, _ result: Result<Void, FileSender.Failure>) {
+            _ = epoll_ctl(epoll, EPOLL_CTL_DEL, job.socket, nil)
+            jobs[job.socket] = nil
+            sockets[job.id] = nil
+            close(job.socket)
+            close(job.file)
+            job.completion(result)
+        }
+    }
+#else
+    /// Elsewhere than Linux, large bodies go through NIO: there is no sending thread to start.
+    public final class FileSender: Sendable {
+        public struct Unavailable: Error {}
+
+        public init(threads: Int) throws(Unavailable) { throw Unavailable() }
+
+        public func shutdown() {}
+    }
+#endif
