@@ -92,8 +92,14 @@
         case stop
     }
 
-    /// One sending thread: its epoll set holds the sockets of its sends (edge-triggered, as
-    /// nginx's) and an eventfd that other threads write to when they hand it a command.
+    /// One sending thread: its epoll set holds the sockets of its sends and an eventfd that other
+    /// threads write to when they hand it a command.
+    ///
+    /// Level-triggered, unlike nginx's: a send cut short by a file that ended early (truncated
+    /// on disk meanwhile) leaves a socket with room, which an edge-triggered set would never
+    /// report again, and the connection would hang; level-triggered, the next wait returns at once
+    /// and the next send finds the end. A socket that is full is not reported writable until
+    /// it has drained to the kernel's threshold either way, so the wake-ups are the same.
     private final class Worker: @unchecked Sendable {
         private let epoll: CInt
         private let wake: CInt
@@ -132,6 +138,14 @@
             let name = "iap-send-\(index)"
             Thread { [self] in
                 clinuxsendfile_name_thread(name)
+                // sendfile has no MSG_NOSIGNAL: to a connection the peer has reset it raises
+                // SIGPIPE, whose default action ends the process. Blocked on this thread, the
+                // signal stays pending here and the call fails with EPIPE instead, whatever the
+                // process does with SIGPIPE.
+                var pipe = sigset_t()
+                sigemptyset(&pipe)
+                sigaddset(&pipe, SIGPIPE)
+                pthread_sigmask(SIG_BLOCK, &pipe, nil)
                 run()
             }.start()
         }
@@ -185,7 +199,7 @@
             switch command {
             case .start(let job):
                 var event = epoll_event()
-                event.events = EPOLLOUT.rawValue | EPOLLET.rawValue
+                event.events = EPOLLOUT.rawValue
                 event.data.u64 = UInt64(UInt32(bitPattern: job.socket))
                 guard epoll_ctl(epoll, EPOLL_CTL_ADD, job.socket, &event) == 0 else {
                     let code = errno
@@ -205,7 +219,8 @@
             }
         }
 
-        /// Sends until the socket is full (the next edge resumes it), the body is sent, or an error.
+        /// Sends until the socket is full (the set reports it again once it has room), the body is
+        /// sent, or an error.
         private func pump(_ job: Job) {
             while job.remaining > 0 {
                 // Linux sends at most 0x7ffff000 bytes per call.
