@@ -219,19 +219,22 @@
             }
         }
 
-        /// Sends until the socket is full (the set reports it again once it has room), the body is
-        /// sent, or an error.
+        /// At most this much per turn of a send, as nginx's `sendfile_max_chunk` (2m by default):
+        /// a socket with room left is reported again at the next wait, after the other sends ready.
+        private static let turn = 2 << 20
+
+        /// One `sendfile` of up to `turn` bytes: the set reports the socket again while it has
+        /// room; ends the send once the body has left or on an error.
         private func pump(_ job: Job) {
             while job.remaining > 0 {
-                // Linux sends at most 0x7ffff000 bytes per call.
-                let asked = Int(min(job.remaining, 1 << 30))
+                let asked = Int(min(job.remaining, Int64(Self.turn)))
                 var offset = off_t(job.offset)
                 let sent = sendfile(job.socket, job.file, &offset, asked)
                 if sent > 0 {
                     job.offset += Int64(sent)
                     job.remaining -= Int64(sent)
                     job.sent += Int64(sent)
-                    if sent < asked { return }  // the socket is full
+                    if job.remaining > 0 { return }
                 } else if sent == 0 {
                     end(job, .failure(.fileEnded(sent: job.sent)))
                     return
