@@ -55,7 +55,9 @@ struct Serve: AsyncParsableCommand {
     var notificationRetention: Int?
     @Option(
         name: .customLong("event-loops"),
-        help: "Threads serving connections (default: one per core). Fewer leave cores to a TLS proxy or database on the same machine; see docs/performance.md.")
+        help:
+            "Threads serving connections (default: one per core), and as many sending bodies of 4 MiB or more. Fewer leave cores to a TLS proxy or database on the same machine; see docs/performance.md."
+    )
     var eventLoops: Int?
     @Option(name: .customLong("port-file"), help: "Write the bound port to this file once listening (for scripts).") var portFile: String?
     @Flag(name: .customLong("allow-local-testing"), help: "Also accept Xcode and LocalTesting transactions.") var allowLocalTesting = false
