@@ -61,10 +61,11 @@
             workers[ticket.worker].submit(.cancel(ticket.id))
         }
 
-        /// Cancels every send and ends the threads; sends asked for afterwards fail at once.
+        /// Cancels every send, ends the threads, and returns once they have ended: every
+        /// cancelled send's completion has been called. Sends asked for afterwards fail at once.
         /// An app embedding the server goes on running: its threads must not outlive it.
-        public func shutdown() {
-            for worker in workers { worker.submit(.stop) }
+        public func shutdown() async {
+            for worker in workers { await worker.stop() }
         }
     }
 
@@ -104,10 +105,16 @@
         private let epoll: CInt
         private let wake: CInt
         /// Commands from other threads; everything else is touched by this worker's thread only.
+        /// The eventfd is written and closed with its lock held, so that no thread writes to its
+        /// number once it is closed (and perhaps given to another file).
         private struct Inbox {
             var commands: [Command] = []
             /// A stop was asked for: later commands are refused.
             var closed = false
+            /// The thread has ended and closed its descriptors.
+            var ended = false
+            /// Who waits for the thread to end.
+            var waiting: [CheckedContinuation<Void, Never>] = []
         }
         private let inbox = Mutex(Inbox())
         private var stopping = false
@@ -154,17 +161,35 @@
             let accepted = inbox.withLock { inbox in
                 guard !inbox.closed else { return false }
                 inbox.commands.append(command)
-                if case .stop = command { inbox.closed = true }
+                wakeUp()
                 return true
             }
-            guard accepted else {
-                if case .start(let job) = command {
-                    close(job.socket)
-                    close(job.file)
-                    job.completion(.failure(.cancelled))
-                }
-                return
+            if !accepted, case .start(let job) = command {
+                close(job.socket)
+                close(job.file)
+                job.completion(.failure(.cancelled))
             }
+        }
+
+        /// Asks the thread to cancel its sends and end; returns once it has.
+        func stop() async {
+            await withCheckedContinuation { continuation in
+                let ended = inbox.withLock { inbox in
+                    guard !inbox.ended else { return true }
+                    inbox.waiting.append(continuation)
+                    if !inbox.closed {
+                        inbox.closed = true
+                        inbox.commands.append(.stop)
+                        wakeUp()
+                    }
+                    return false
+                }
+                if ended { continuation.resume() }
+            }
+        }
+
+        /// Called with the inbox's lock held.
+        private func wakeUp() {
             var one: UInt64 = 1
             _ = write(wake, &one, 8)
         }
@@ -191,8 +216,13 @@
                 }
             }
             for job in Array(jobs.values) { end(job, .failure(.cancelled)) }
-            close(wake)
-            close(epoll)
+            let waiting = inbox.withLock { inbox in
+                close(wake)
+                close(epoll)
+                inbox.ended = true
+                return inbox.waiting
+            }
+            for continuation in waiting { continuation.resume() }
         }
 
         private func handle(_ command: Command) {
@@ -264,6 +294,6 @@
 
         public init(threads: Int) throws(Unavailable) { throw Unavailable() }
 
-        public func shutdown() {}
+        public func shutdown() async {}
     }
 #endif

@@ -35,7 +35,6 @@ public enum ContentServerApp {
         let ownGroup = configuration.eventLoops.map { MultiThreadedEventLoopGroup(numberOfThreads: $0) }
         // Large archive bodies leave from sending threads of their own, as many as event loops.
         let sender = try? FileSender(threads: configuration.eventLoops ?? System.coreCount)
-        defer { sender?.shutdown() }
         let app = Application(
             router: router,
             server: HTTPServerBuilder { responder in
@@ -66,10 +65,13 @@ public enum ContentServerApp {
             try await ServiceGroup(configuration: group).run()
         } catch {
             // An app embedding the server keeps running: its threads must not outlive the server.
+            // The sender first: a send it cancels reports back on its connection's event loop.
+            await sender?.shutdown()
             try? await service.outbound.shutdown()
             try? await ownGroup?.shutdownGracefully()
             throw ServerStartError.reported(error, listening: service.boundPort.withLock { $0 } != 0, host: configuration.host, port: configuration.port)
         }
+        await sender?.shutdown()
         try? await service.outbound.shutdown()
         service.closeFiles()
         await service.store.database.close()

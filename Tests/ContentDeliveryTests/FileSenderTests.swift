@@ -84,7 +84,6 @@
         func sendsTheRange() async throws {
             let folder = try TemporaryFolder()
             let sender = try FileSender(threads: 2)
-            defer { sender.shutdown() }
             let (file, bytes) = try Self.file(folder, size: 24 << 20)
             defer { close(file) }
             let connection = try Self.connection()
@@ -96,13 +95,13 @@
             let got = await received.value
             #expect(got.count == 20 << 20)
             #expect(got == Array(bytes[1_000..<(1_000 + (20 << 20))]))
+            await sender.shutdown()
         }
 
         @Test("a file that ends before the bytes asked for ends the send with what was sent, not a wait for ever")
         func fileEndedEarly() async throws {
             let folder = try TemporaryFolder()
             let sender = try FileSender(threads: 1)
-            defer { sender.shutdown() }
             let (file, _) = try Self.file(folder, size: 100_000)
             defer { close(file) }
             let connection = try Self.connection()
@@ -112,6 +111,7 @@
             close(connection.sending)
             #expect(Self.ending(result) == .fileEnded(sent: 100_000))
             #expect(await received.value.count == 100_000)
+            await sender.shutdown()
         }
 
         @Test("a peer that goes away ends the send with the socket's error; a cancelled send ends as cancelled; none starts after shutdown")
@@ -144,7 +144,7 @@
             }
             #expect(Self.ending(cancelled) == .cancelled)
 
-            sender.shutdown()
+            await sender.shutdown()
             let late = await Self.send(sender, socket: stalled.sending, file: file, offset: 0, count: 1)
             #expect(Self.ending(late) == .cancelled)
         }
