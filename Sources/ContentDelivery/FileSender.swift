@@ -26,6 +26,7 @@
         /// Why a send did not complete.
         public enum Failure: Error, Equatable, Sendable {
             /// The socket refused the bytes (the peer closed or reset the connection): `errno`.
+            /// From `init`: the system refused an epoll set or eventfd.
             case socket(CInt)
             /// The file ended before the bytes promised were sent (it was cut short on disk).
             case fileEnded(sent: Int64)
@@ -36,15 +37,22 @@
         private let workers: [Worker]
         private let nextId = Atomic<UInt64>(0)
 
-        /// Starts `threads` sending threads (at least one).
+        /// Starts `threads` sending threads (at least one); throws, having started none, when the
+        /// system refuses an epoll set or eventfd (out of descriptors).
         public init(threads: Int) throws(Failure) {
-            var started: [Worker] = []
-            for index in 0..<max(1, threads) { started.append(try Worker(index: index)) }
-            workers = started
+            var made: [Worker] = []
+            do {
+                for _ in 0..<max(1, threads) { made.append(try Worker()) }
+            } catch {
+                for worker in made { worker.closeDescriptors() }
+                throw error
+            }
+            for (index, worker) in made.enumerated() { worker.start(name: "iap-send-\(index)") }
+            workers = made
         }
 
         /// Sends `count` bytes of `file` from `offset` to `socket`, then calls `completion` once,
-        /// on a sending thread. Takes ownership of both descriptors (duplicates made for the
+        /// on a sending thread (after a shutdown, at once on the caller's). Takes ownership of both descriptors (duplicates made for the
         /// send): they are closed when it ends. The socket must be non-blocking.
         public func send(
             socket: CInt, file: CInt, offset: Int64, count: Int64, completion: @escaping @Sendable (Result<Void, Failure>) -> Void
@@ -122,7 +130,7 @@
         private var sockets: [UInt64: CInt] = [:]
         private static let wakeMarker = UInt64.max
 
-        init(index: Int) throws(FileSender.Failure) {
+        init() throws(FileSender.Failure) {
             epoll = epoll_create1(CInt(EPOLL_CLOEXEC))
             guard epoll >= 0 else { throw .socket(errno) }
             wake = eventfd(0, CInt(EFD_CLOEXEC) | CInt(EFD_NONBLOCK))
@@ -140,9 +148,17 @@
                 close(epoll)
                 throw .socket(code)
             }
+        }
+
+        /// For a worker whose thread never started.
+        func closeDescriptors() {
+            close(wake)
+            close(epoll)
+        }
+
+        func start(name: String) {
             // Named in the thread itself: a name set before it starts does not reach the kernel,
             // and a thread's name is what `top -H` and /proc show.
-            let name = "iap-send-\(index)"
             Thread { [self] in
                 clinuxsendfile_name_thread(name)
                 // sendfile has no MSG_NOSIGNAL: to a connection the peer has reset it raises
