@@ -32,6 +32,8 @@
             case fileEnded(sent: Int64)
             /// The owner cancelled it (its connection closed).
             case cancelled
+            /// The peer took no byte for the stall limit: a client that stopped reading.
+            case stalled
         }
 
         private let workers: [Worker]
@@ -39,10 +41,15 @@
 
         /// Starts `threads` sending threads (at least one); throws, having started none, when the
         /// system refuses an epoll set or eventfd (out of descriptors).
-        public init(threads: Int) throws(Failure) {
+        ///
+        /// - Parameter stallLimit: a send whose peer takes no byte for this long ends as
+        ///   `.stalled` (checked about once a second), as nginx's `send_timeout` closes a
+        ///   connection: a client that asks for an archive and stops reading would otherwise hold
+        ///   its connection, and the socket's megabytes of buffers, for ever.
+        public init(threads: Int, stallLimit: Duration = .seconds(60)) throws(Failure) {
             var made: [Worker] = []
             do {
-                for _ in 0..<max(1, threads) { made.append(try Worker()) }
+                for _ in 0..<max(1, threads) { made.append(try Worker(stallLimit: stallLimit)) }
             } catch {
                 for worker in made { worker.closeDescriptors() }
                 throw error
@@ -85,6 +92,8 @@
         var offset: Int64
         var remaining: Int64
         var sent: Int64 = 0
+        /// When the peer last took bytes (or the send started).
+        var progressed = ContinuousClock.now
         let completion: @Sendable (Result<Void, FileSender.Failure>) -> Void
 
         init(
@@ -127,10 +136,13 @@
         private let inbox = Mutex(Inbox())
         private var stopping = false
         private var jobs: [CInt: Job] = [:]
+        private let stallLimit: Duration
+        private var stallsChecked = ContinuousClock.now
         private var sockets: [UInt64: CInt] = [:]
         private static let wakeMarker = UInt64.max
 
-        init() throws(FileSender.Failure) {
+        init(stallLimit: Duration) throws(FileSender.Failure) {
+            self.stallLimit = stallLimit
             epoll = epoll_create1(CInt(EPOLL_CLOEXEC))
             guard epoll >= 0 else { throw .socket(errno) }
             wake = eventfd(0, CInt(EFD_CLOEXEC) | CInt(EFD_NONBLOCK))
@@ -213,7 +225,10 @@
         private func run() {
             var events = [epoll_event](repeating: epoll_event(), count: 64)
             while !stopping {
-                let ready = events.withUnsafeMutableBufferPointer { epoll_wait(epoll, $0.baseAddress, CInt($0.count), -1) }
+                // With sends in progress, a wait ends at least once a second to look for stalls.
+                let timeout: CInt = jobs.isEmpty ? -1 : 1_000
+                let ready = events.withUnsafeMutableBufferPointer { epoll_wait(epoll, $0.baseAddress, CInt($0.count), timeout) }
+                if !jobs.isEmpty { endStalled() }
                 if ready < 0 { continue }  // EINTR
                 for index in 0..<Int(ready) {
                     let key = events[index].data.u64
@@ -239,6 +254,13 @@
                 return inbox.waiting
             }
             for continuation in waiting { continuation.resume() }
+        }
+
+        private func endStalled() {
+            let now = ContinuousClock.now
+            guard now - stallsChecked >= .seconds(1) else { return }
+            stallsChecked = now
+            for job in Array(jobs.values) where now - job.progressed >= stallLimit { end(job, .failure(.stalled)) }
         }
 
         private func handle(_ command: Command) {
@@ -280,6 +302,7 @@
                     job.offset += Int64(sent)
                     job.remaining -= Int64(sent)
                     job.sent += Int64(sent)
+                    job.progressed = .now
                     if job.remaining > 0 { return }
                 } else if sent == 0 {
                     end(job, .failure(.fileEnded(sent: job.sent)))
@@ -308,7 +331,7 @@
     public final class FileSender: Sendable {
         public struct Unavailable: Error {}
 
-        public init(threads: Int) throws(Unavailable) { throw Unavailable() }
+        public init(threads: Int, stallLimit: Duration = .seconds(60)) throws(Unavailable) { throw Unavailable() }
 
         public func shutdown() async {}
     }

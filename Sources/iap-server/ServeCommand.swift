@@ -42,7 +42,12 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .customLong("admin-token-file"), help: "A file holding the bearer token for PUT /v1/admin/archives; without it the admin API is off.") var adminTokenFile: String?
     @Option(name: .customLong("public-url"), help: "The base of download URLs, e.g. https://content.example.com (default http://<host>:<port>).") var publicURL: String?
     @Option(name: .customLong("header-timeout"), help: "Seconds a client has to send a complete request head (default 30).") var headerTimeout: Int?
-    @Option(name: .customLong("idle-timeout"), help: "Seconds a connection may send nothing between requests, or in the middle of a request body (default 60).") var idleTimeout: Int?
+    @Option(
+        name: .customLong("idle-timeout"),
+        help:
+            "Seconds a connection may send nothing between requests, or in the middle of a request body, and a client may take nothing of a download of 4 MiB or more (default 60)."
+    )
+    var idleTimeout: Int?
     @Option(
         name: .customLong("revocation-refresh"),
         help: "Seconds between looks for revocations and catalog changes other replicas wrote (default 2); with --database PostgreSQL announces each one at once anyway.")

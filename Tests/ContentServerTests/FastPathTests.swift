@@ -259,11 +259,11 @@ extension HardeningTests {
         print('\\n'.join(failures) if failures else 'ok')
         """
 
-    @Test("archive bodies of 4 MiB or more leave from the sending threads: in order among pipelined answers, and a client that goes away frees its connection")
+    @Test("archive bodies of 4 MiB or more leave from the sending threads: in order among pipelined answers; a client that goes away, or stops reading for --idle-timeout, frees its connection")
     func largeBodiesFromSendingThreads() async throws {
         let tmp = try TemporaryFolder()
         // One event loop: the server keeps an archive open once per loop.
-        let (store, server) = try start(tmp, extra: ["--event-loops", "1"])
+        let (store, server) = try start(tmp, extra: ["--event-loops", "1", "--idle-timeout", "3"])
         let noise = try #require(FileHandle(forReadingAtPath: "/dev/urandom")?.readData(ofLength: 12 << 20))
         _ = try tmp.write("large/noise.bin", noise)
         let archive = try ArchivePacker.pack(
@@ -312,6 +312,31 @@ extension HardeningTests {
         // The connection that went away mid-body is closed, and the duplicates made for its send.
         let freed = await waitUntil(.seconds(10)) { connections() == 0 && archivesOpen() <= before }
         #expect(freed != nil, "\(connections()) connections and \(archivesOpen()) archives open, \(before) before")
+
+        // A client that asks for the archive and reads nothing, its connection kept open: closed
+        // by the server once it has taken no byte for the idle timeout, as nginx's send_timeout.
+        // The transfer's end is counted (its duration recorded, its bytes not served) while the
+        // client still runs and has read nothing.
+        func metric(_ name: String) throws -> Double? {
+            try curl([server.base + "/metrics"], folder: tmp).text.split(separator: "\n").first { $0.hasPrefix(name + " ") }
+                .flatMap { Double($0.split(separator: " ").last ?? "") }
+        }
+        let transfers = try metric("iap_content_transfer_duration_seconds_count") ?? 0
+        let served = try metric("iap_content_bytes_served_total") ?? 0
+        let path = String(url.dropFirst(server.base.count))
+        let stalled = try launch(
+            "python3",
+            [
+                "-c",
+                "import socket, sys, time; s = socket.create_connection(('127.0.0.1', int(sys.argv[1]))); "
+                    + "s.sendall(f'GET {sys.argv[2]} HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n'.encode()); time.sleep(120)",
+                String(server.port), path,
+            ])
+        defer { forceStop(stalled) }
+        let cut = try await waitUntil(.seconds(30)) { try metric("iap_content_transfer_duration_seconds_count") == transfers + 1 && connections() == 0 }
+        #expect(cut != nil, "the server still holds the connection of a client that reads nothing: \(connections()) open")
+        #expect(try metric("iap_content_bytes_served_total") == served, "the cut transfer was counted as served")
+        #expect(stalled.isRunning, "the client went away by itself")
         #expect(try curl([server.base + "/healthz"], folder: tmp).status == 200)
         #expect(server.stop() == 0)
     }
