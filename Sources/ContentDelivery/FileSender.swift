@@ -92,8 +92,10 @@
         var offset: Int64
         var remaining: Int64
         var sent: Int64 = 0
-        /// When the peer last took bytes (or the send started).
-        var progressed = ContinuousClock.now
+        /// What had been sent at the last look for stalls, and since when no more has been: kept
+        /// by that once-a-second look rather than by every send, which reads no clock.
+        var sentWhenLooked: Int64 = 0
+        var quietSince = ContinuousClock.now
         let completion: @Sendable (Result<Void, FileSender.Failure>) -> Void
 
         init(
@@ -260,7 +262,14 @@
             let now = ContinuousClock.now
             guard now - stallsChecked >= .seconds(1) else { return }
             stallsChecked = now
-            for job in Array(jobs.values) where now - job.progressed >= stallLimit { end(job, .failure(.stalled)) }
+            for job in Array(jobs.values) {
+                if job.sent != job.sentWhenLooked {
+                    job.sentWhenLooked = job.sent
+                    job.quietSince = now
+                } else if now - job.quietSince >= stallLimit {
+                    end(job, .failure(.stalled))
+                }
+            }
         }
 
         private func handle(_ command: Command) {
@@ -302,7 +311,6 @@
                     job.offset += Int64(sent)
                     job.remaining -= Int64(sent)
                     job.sent += Int64(sent)
-                    job.progressed = .now
                     if job.remaining > 0 { return }
                 } else if sent == 0 {
                     end(job, .failure(.fileEnded(sent: job.sent)))
