@@ -129,14 +129,19 @@ public final class ContentFastPath: ChannelDuplexHandler {
 
     public func channelWritabilityChanged(context: ChannelHandlerContext) {
         writable = context.channel.isWritable
-        if writable, !handedOff, !sendingElsewhere {
-            answerPending(context: context)
-            if readHeld, !handedOff {
-                readHeld = false
-                context.read()
-            }
-        }
+        resumeAnswering(context: context)
         context.fireChannelWritabilityChanged()
+    }
+
+    /// Once responses can be written again: answers what is pending, then reads again if reads
+    /// were held and the answers left nothing to wait for.
+    private func resumeAnswering(context: ChannelHandlerContext) {
+        guard writable, !handedOff, !sendingElsewhere else { return }
+        answerPending(context: context)
+        if readHeld, !handedOff, writable, !sendingElsewhere {
+            readHeld = false
+            context.read()
+        }
     }
 
     public func read(context: ChannelHandlerContext) {
@@ -376,11 +381,7 @@ public final class ContentFastPath: ChannelDuplexHandler {
             context.setCork(false)
             responseLeft(result, report: report, context: context)
             guard context.channel.isActive, !closing else { return }
-            answerPending(context: context)
-            if readHeld, !handedOff, writable, !sendingElsewhere {
-                readHeld = false
-                context.read()
-            }
+            resumeAnswering(context: context)
         }
     #endif
 }

@@ -18,7 +18,7 @@
     /// socket, so the socket is found with ``ChannelSocket`` and duplicated for the send.
     public final class FileSender: Sendable {
         /// One send, as its owner names it to cancel it.
-        public struct Ticket: Hashable, Sendable {
+        public struct Ticket: Sendable {
             fileprivate let id: UInt64
             fileprivate let worker: Int
         }
@@ -137,10 +137,11 @@
         }
         private let inbox = Mutex(Inbox())
         private var stopping = false
-        private var jobs: [CInt: Job] = [:]
+        /// By id, which is also each socket's key in the epoll set: an event still pending for a
+        /// send that has ended (its descriptor number perhaps reused since) finds nothing.
+        private var jobs: [UInt64: Job] = [:]
         private let stallLimit: Duration
         private var stallsChecked = ContinuousClock.now
-        private var sockets: [UInt64: CInt] = [:]
         private static let wakeMarker = UInt64.max
 
         init(stallLimit: Duration) throws(FileSender.Failure) {
@@ -243,7 +244,7 @@
                         }
                         for command in commands { handle(command) }
                         if stopping { break }
-                    } else if let job = jobs[CInt(truncatingIfNeeded: key)] {
+                    } else if let job = jobs[key] {
                         pump(job)
                     }
                 }
@@ -277,7 +278,7 @@
             case .start(let job):
                 var event = epoll_event()
                 event.events = EPOLLOUT.rawValue
-                event.data.u64 = UInt64(UInt32(bitPattern: job.socket))
+                event.data.u64 = job.id
                 guard epoll_ctl(epoll, EPOLL_CTL_ADD, job.socket, &event) == 0 else {
                     let code = errno
                     close(job.socket)
@@ -285,11 +286,10 @@
                     job.completion(.failure(.socket(code)))
                     return
                 }
-                jobs[job.socket] = job
-                sockets[job.id] = job.socket
+                jobs[job.id] = job
                 pump(job)
             case .cancel(let id):
-                guard let socket = sockets[id], let job = jobs[socket] else { return }
+                guard let job = jobs[id] else { return }
                 end(job, .failure(.cancelled))
             case .stop:
                 stopping = true
@@ -327,8 +327,7 @@
 
         private func end(_ job: Job, _ result: Result<Void, FileSender.Failure>) {
             _ = epoll_ctl(epoll, EPOLL_CTL_DEL, job.socket, nil)
-            jobs[job.socket] = nil
-            sockets[job.id] = nil
+            jobs[job.id] = nil
             close(job.socket)
             close(job.file)
             job.completion(result)

@@ -80,38 +80,38 @@
             }
         }
 
-        @Test("the bytes asked for leave, from the offset asked for, however many waits the socket takes")
-        func sendsTheRange() async throws {
+        /// Sends `count` bytes from `offset` of a file of `size` pseudo-random bytes to a peer
+        /// that reads until the end; returns how the send ended, the file and what the peer read.
+        static func sendToReader(
+            threads: Int, size: Int, offset: Int64, count: Int64
+        ) async throws -> (result: Result<Void, FileSender.Failure>, file: [UInt8], received: [UInt8]) {
             let folder = try TemporaryFolder()
-            let sender = try FileSender(threads: 2)
-            let (file, bytes) = try Self.file(folder, size: 24 << 20)
+            let sender = try FileSender(threads: threads)
+            let (file, bytes) = try Self.file(folder, size: size)
             defer { close(file) }
             let connection = try Self.connection()
             defer { close(connection.receiving) }
             let received = Task { await Self.readAll(connection.receiving) }
-            let result = await Self.send(sender, socket: connection.sending, file: file, offset: 1_000, count: 20 << 20)
+            let result = await Self.send(sender, socket: connection.sending, file: file, offset: offset, count: count)
             close(connection.sending)
-            #expect((try? result.get()) != nil, "\(result)")
             let got = await received.value
+            await sender.shutdown()
+            return (result, bytes, got)
+        }
+
+        @Test("the bytes asked for leave, from the offset asked for, however many waits the socket takes")
+        func sendsTheRange() async throws {
+            let (result, bytes, got) = try await Self.sendToReader(threads: 2, size: 24 << 20, offset: 1_000, count: 20 << 20)
+            #expect((try? result.get()) != nil, "\(result)")
             #expect(got.count == 20 << 20)
             #expect(got == Array(bytes[1_000..<(1_000 + (20 << 20))]))
-            await sender.shutdown()
         }
 
         @Test("a file that ends before the bytes asked for ends the send with what was sent, not a wait for ever")
         func fileEndedEarly() async throws {
-            let folder = try TemporaryFolder()
-            let sender = try FileSender(threads: 1)
-            let (file, _) = try Self.file(folder, size: 100_000)
-            defer { close(file) }
-            let connection = try Self.connection()
-            defer { close(connection.receiving) }
-            let received = Task { await Self.readAll(connection.receiving) }
-            let result = await Self.send(sender, socket: connection.sending, file: file, offset: 0, count: 1 << 20)
-            close(connection.sending)
+            let (result, _, got) = try await Self.sendToReader(threads: 1, size: 100_000, offset: 0, count: 1 << 20)
             #expect(Self.ending(result) == .fileEnded(sent: 100_000))
-            #expect(await received.value.count == 100_000)
-            await sender.shutdown()
+            #expect(got.count == 100_000)
         }
 
         @Test("a peer that goes away ends the send with the socket's error; a cancelled send ends as cancelled; one that reads nothing as stalled; none starts after shutdown")
