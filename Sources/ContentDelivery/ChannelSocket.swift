@@ -2,7 +2,7 @@
     import Glibc
     import NIOCore
 
-    /// The socket under a NIO TCP channel, for ``FileSender``.
+    /// The socket under a NIO TCP channel, for ``FileSender`` and ``StalledReader``.
     ///
     /// NIOPosix keeps a channel's socket descriptor internal (its `BaseSocketChannel.socket`,
     /// whose `BaseSocket.descriptor` is private) and has no call that hands it out. It is read
@@ -17,6 +17,22 @@
             guard let descriptor = descriptor(of: channel), matches(descriptor, channel) else { return nil }
             let copy = fcntl(descriptor, F_DUPFD_CLOEXEC, 0)
             return copy >= 0 ? copy : nil
+        }
+
+        /// The bytes the peer of `channel`'s socket has acknowledged so far, or `nil`.
+        /// Call on the channel's event loop while the channel is open.
+        static func bytesAcknowledged(on channel: any Channel) -> UInt64? {
+            guard let descriptor = descriptor(of: channel), matches(descriptor, channel) else { return nil }
+            // `tcpi_bytes_acked` of the kernel's `struct tcp_info` (Linux 4.1 and later), read at
+            // its offset: glibc's struct stops before it, and <linux/tcp.h>'s cannot be imported
+            // beside glibc's (the two definitions clash in Clang's modules). The layout is kernel
+            // ABI, only ever extended at its end; a kernel too old to fill it returns less.
+            let tcpInfo: CInt = 11, offset = 120
+            var info = [UInt8](repeating: 0, count: 256)
+            var length = socklen_t(info.count)
+            let result = info.withUnsafeMutableBytes { getsockopt(descriptor, CInt(IPPROTO_TCP), tcpInfo, $0.baseAddress, &length) }
+            guard result == 0, Int(length) >= offset + 8 else { return nil }
+            return info.withUnsafeBytes { $0.loadUnaligned(fromByteOffset: offset, as: UInt64.self) }
         }
 
         private static func descriptor(of channel: any Channel) -> CInt? {

@@ -137,6 +137,7 @@ public final class ContentChannelHandler: ChannelDuplexHandler, RemovableChannel
     /// A forwarded request whose response has not ended yet.
     private var forwardedResponsePending = false
     private var memory = ResponseMemory()
+    private var stalls = StalledReader()
 
     public init(
         prefix: String, resolver: any ContentResolver, observer: (any ContentObserver)? = nil,
@@ -192,10 +193,18 @@ public final class ContentChannelHandler: ChannelDuplexHandler, RemovableChannel
     }
 
     public func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
-        // Read-idle (from an IdleStateHandler in front) closes only a connection that is between
-        // requests: a client downloading a large archive sends nothing for minutes.
+        // Read-idle (from an IdleStateHandler in front) closes a connection that is between
+        // requests, and one whose client has taken nothing of its content response since the
+        // last event: a client downloading a large archive sends nothing for minutes.
         if let idle = event as? IdleStateHandler.IdleStateEvent, idle == .read {
-            if case .idle = state, !forwardedResponsePending { context.close(promise: nil) }
+            switch state {
+            case .idle where !forwardedResponsePending:
+                context.close(promise: nil)
+            case .sending where stalls.hasStopped(context.channel):
+                context.close(promise: nil)
+            default:
+                break
+            }
             return
         }
         context.fireUserInboundEventTriggered(event)
@@ -240,6 +249,7 @@ public final class ContentChannelHandler: ChannelDuplexHandler, RemovableChannel
             if corked { context.setCork(false) }
             let succeeded = report.finished(result, observer: observer)
             state = .idle
+            stalls.reset()
             if !keepAlive || !succeeded { context.close(promise: nil) }
         }
     }

@@ -50,6 +50,7 @@ public final class ContentFastPath: ChannelDuplexHandler {
     #endif
     /// A body is on its way outside NIO: nothing else may be written or parsed until it has left.
     @exclusivity(unchecked) private var sendingElsewhere = false
+    @exclusivity(unchecked) private var stalls = StalledReader()
 
     // The state is touched only on the channel's event loop, one call at a time; unchecked
     // exclusivity drops runtime access checks that every request would pay for.
@@ -155,7 +156,16 @@ public final class ContentFastPath: ChannelDuplexHandler {
 
     public func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
         if let idle = event as? IdleStateHandler.IdleStateEvent, idle == .read {
-            if inFlight > 0 { return }  // a client downloading sends nothing for minutes
+            // A client downloading sends nothing for minutes; one that has also taken nothing
+            // since the last event has stopped reading (the sender watches its own sends).
+            if inFlight > 0 {
+                if sendingElsewhere {
+                    stalls.reset()
+                } else if stalls.hasStopped(context.channel) {
+                    context.close(promise: nil)
+                }
+                return
+            }
             if !handedOff {  // between requests: idle
                 context.close(promise: nil)
                 return
@@ -331,6 +341,7 @@ public final class ContentFastPath: ChannelDuplexHandler {
     /// The last write of a response counted in `inFlight` has ended.
     private func responseLeft(_ result: Result<Void, any Error>, report: ResponseReport, context: ChannelHandlerContext) {
         inFlight -= 1
+        if inFlight == 0 { stalls.reset() }
         if !report.finished(result, observer: observer) {
             context.close(promise: nil)
         } else if closing, inFlight == 0 {

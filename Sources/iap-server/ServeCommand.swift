@@ -45,7 +45,7 @@ struct Serve: AsyncParsableCommand {
     @Option(
         name: .customLong("idle-timeout"),
         help:
-            "Seconds a connection may send nothing between requests, or in the middle of a request body, and a client may take nothing of a download of 4 MiB or more (default 60)."
+            "Seconds a connection may send nothing between requests, or in the middle of a request body, and a client may take nothing of a response (default 60)."
     )
     var idleTimeout: Int?
     @Option(

@@ -116,8 +116,10 @@ extension HardeningTests {
         """
 
     /// Publishes `archive`, buys its product and returns the purchase and the granted download URL.
+    /// The upload sends its body at once (no `Expect: 100-continue`, for which curl waits a second):
+    /// a server with a short `--idle-timeout` would take that second for a body that stopped.
     func publishAndBuy(_ archive: PackResult, server: ServerProcess, store: SandboxStore, tmp: TemporaryFolder) throws -> (SandboxStore.Purchase, String) {
-        #expect(try multipart(server, tmp, ["archive=@\(archive.archivePath)"]).status == 201)
+        #expect(try multipart(server, tmp, ["archive=@\(archive.archivePath)"], headers: ["-H", "Expect:"]).status == 201)
         let purchase = try store.purchase(productId: product)
         let grant = try postJSON(server.base + "/v1/downloads", ["signedTransaction": purchase.signedTransaction], folder: tmp)
         return (purchase, try #require((grant.json["downloads"] as? [[String: Any]])?.first?["url"] as? String))
@@ -259,6 +261,112 @@ extension HardeningTests {
         print('\\n'.join(failures) if failures else 'ok')
         """
 
+    /// Where the descriptors of process `pid` lead (`socket:[inode]`, file paths).
+    static func descriptorLinks(_ pid: Int32) -> [String] {
+        ((try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd")) ?? []).map {
+            (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(pid)/fd/\($0)")) ?? ""
+        }
+    }
+
+    /// Connections `server` holds open on its port (TCP sockets of its own, not listening).
+    static func connections(of server: ServerProcess) -> Int {
+        let pid = server.process.processIdentifier
+        let inodes = Set(descriptorLinks(pid).filter { $0.hasPrefix("socket:[") }.map { String($0.dropFirst(8).dropLast()) })
+        let table = (try? String(contentsOfFile: "/proc/\(pid)/net/tcp", encoding: .utf8)) ?? ""
+        let local = String(format: ":%04X", server.port)
+        var count = 0
+        for line in table.split(separator: "\n").dropFirst() {
+            let fields = line.split(separator: " ")
+            guard fields.count > 9, fields[1].hasSuffix(local), fields[3] != "0A" else { continue }
+            if inodes.contains(String(fields[9])) { count += 1 }
+        }
+        return count
+    }
+
+    /// A sample of `server`'s /metrics without labels, or nil when it has none.
+    func metric(_ name: String, of server: ServerProcess, tmp: TemporaryFolder) throws -> Double? {
+        try curl([server.base + "/metrics"], folder: tmp).text.split(separator: "\n").first { $0.hasPrefix(name + " ") }
+            .flatMap { Double($0.split(separator: " ").last ?? "") }
+    }
+
+    /// Two connections that each ask for three 3 MiB ranges in one write and read nothing: one
+    /// answered by the fast path, one in absolute form, which the fast path hands to NIO's
+    /// decoder. The answers fill the kernel's buffers and the rest waits in NIO, below the
+    /// sending threads' 4 MiB.
+    static let stoppedReaders = """
+        import socket, sys, time
+
+        port, path = int(sys.argv[1]), sys.argv[2]
+        held = []
+        for target in (path, f'http://x{path}'):
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.connect(('127.0.0.1', port))
+            s.sendall(f'GET {target} HTTP/1.1\\r\\nHost: x\\r\\nRange: bytes=0-3145727\\r\\n\\r\\n'.encode() * 3)
+            held.append(s)
+        time.sleep(120)
+        """
+
+    /// A client that reads 48 KiB every tenth of a second: slower than the server sends, never
+    /// still for an idle timeout. It asks for two pipelined ranges of nearly 4 MiB, more than the
+    /// kernel's buffers hold, so that the second waits in NIO for seconds while they drain, and
+    /// prints both statuses and whether the bodies are the archive's bytes.
+    static let slowReader = """
+        import socket, sys, time
+
+        port, path, archive = int(sys.argv[1]), sys.argv[2], open(sys.argv[3], 'rb').read()
+        half = 4000000
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+        s.connect(('127.0.0.1', port))
+        s.sendall((f'GET {path} HTTP/1.1\\r\\nHost: x\\r\\nRange: bytes=0-{half - 1}\\r\\n\\r\\n'
+                   f'GET {path} HTTP/1.1\\r\\nHost: x\\r\\nRange: bytes={half}-{2 * half - 1}\\r\\nConnection: close\\r\\n\\r\\n').encode())
+        got = b''
+        while True:
+            data = s.recv(49152)
+            if not data:
+                break
+            got += data
+            time.sleep(0.1)
+        statuses, bodies = [], b''
+        while got:
+            head, _, got = got.partition(b'\\r\\n\\r\\n')
+            statuses.append(head.split(b' ')[1].decode())
+            bodies, got = bodies + got[:half], got[half:]
+        print(' '.join(statuses), bodies == archive[:2 * half])
+        """
+
+    @Test("a client that stops reading a body under 4 MiB, on either request path, has its connection closed after the idle timeout; one that reads slowly keeps it")
+    func stoppedReadersAreCut() async throws {
+        let tmp = try TemporaryFolder()
+        let (store, server) = try start(tmp, extra: ["--idle-timeout", "2"])
+        let noise = try #require(FileHandle(forReadingAtPath: "/dev/urandom")?.readData(ofLength: 8 << 20))
+        _ = try tmp.write("small/noise.bin", noise)
+        let archive = try ArchivePacker.pack(
+            folder: tmp.sub("small"),
+            options: .init(productId: try ProductIdentifier(product), contentVersion: try ContentVersion("1.0"), outputDirectory: tmp.sub("out"), level: 0))
+        let (_, url) = try publishAndBuy(archive, server: server, store: store, tmp: tmp)
+        let path = String(url.dropFirst(server.base.count))
+        let transfers = try metric("iap_content_transfer_duration_seconds_count", of: server, tmp: tmp) ?? 0
+        let served = try metric("iap_content_bytes_served_total", of: server, tmp: tmp) ?? 0
+
+        let stopped = try launch("python3", [try tmp.write("stopped.py", Self.stoppedReaders), String(server.port), path])
+        defer { forceStop(stopped) }
+        // Takes 16 s or more, through eight idle timeouts, while the stopped readers are cut.
+        let slow = try run("python3", [try tmp.write("slow.py", Self.slowReader), String(server.port), path, archive.archivePath])
+        #expect(slow.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "206 206 True", "\(slow.stdout) \(slow.stderr)")
+
+        // The answers in flight on the stopped connections end, unserved, when their connections
+        // are closed; the slow reader's two are the ones served.
+        let cut = try await waitUntil(.seconds(30)) {
+            try metric("iap_content_transfer_duration_seconds_count", of: server, tmp: tmp) ?? 0 >= transfers + 4 && Self.connections(of: server) == 0
+        }
+        #expect(cut != nil, "the server still holds \(Self.connections(of: server)) connections of clients that read nothing")
+        #expect(try metric("iap_content_bytes_served_total", of: server, tmp: tmp) == served + 8_000_000)
+        #expect(stopped.isRunning, "the stopped readers went away by themselves")
+        #expect(server.stop() == 0)
+    }
+
     @Test("archive bodies of 4 MiB or more leave from the sending threads: in order among pipelined answers; a client that goes away, or stops reading for --idle-timeout, frees its connection")
     func largeBodiesFromSendingThreads() async throws {
         let tmp = try TemporaryFolder()
@@ -271,24 +379,8 @@ extension HardeningTests {
             options: .init(productId: try ProductIdentifier(product), contentVersion: try ContentVersion("1.0"), outputDirectory: tmp.sub("out"), level: 0))
         let (_, url) = try publishAndBuy(archive, server: server, store: store, tmp: tmp)
         let pid = server.process.processIdentifier
-        let links = {
-            ((try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd")) ?? []).map {
-                (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(pid)/fd/\($0)")) ?? ""
-            }
-        }
-        // Connections the server holds open on its port (TCP sockets of its own, not listening).
-        func connections() -> Int {
-            let inodes = Set(links().filter { $0.hasPrefix("socket:[") }.map { String($0.dropFirst(8).dropLast()) })
-            let table = (try? String(contentsOfFile: "/proc/\(pid)/net/tcp", encoding: .utf8)) ?? ""
-            let local = String(format: ":%04X", server.port)
-            var count = 0
-            for line in table.split(separator: "\n").dropFirst() {
-                let fields = line.split(separator: " ")
-                guard fields.count > 9, fields[1].hasSuffix(local), fields[3] != "0A" else { continue }
-                if inodes.contains(String(fields[9])) { count += 1 }
-            }
-            return count
-        }
+        let links = { Self.descriptorLinks(pid) }
+        let connections = { Self.connections(of: server) }
         // Once the archive has been served, the server keeps it open.
         #expect(try curl(["-r", "0-9", url], folder: tmp).status == 206)
         let archivesOpen = { links().filter { $0.hasSuffix(".zip") }.count }
@@ -317,10 +409,7 @@ extension HardeningTests {
         // by the server once it has taken no byte for the idle timeout, as nginx's send_timeout.
         // The transfer's end is counted (its duration recorded, its bytes not served) while the
         // client still runs and has read nothing.
-        func metric(_ name: String) throws -> Double? {
-            try curl([server.base + "/metrics"], folder: tmp).text.split(separator: "\n").first { $0.hasPrefix(name + " ") }
-                .flatMap { Double($0.split(separator: " ").last ?? "") }
-        }
+        let metric = { (name: String) in try self.metric(name, of: server, tmp: tmp) }
         let transfers = try metric("iap_content_transfer_duration_seconds_count") ?? 0
         let served = try metric("iap_content_bytes_served_total") ?? 0
         let path = String(url.dropFirst(server.base.count))
