@@ -127,6 +127,11 @@ for column in 1 2 3 4; do
   [ $column = 4 ] && label="  rest of machine (client, etc.)"
   awk -v l="$label" -v o="$om" -v n="$nm" -v a="$os" -v b="$ns" -v ci="$ci" 'BEGIN { printf "%-34s %24s %24s %8.2f %11s\n", l, o " (" a ")", n " (" b ")", (n > 0 ? o/n : 0), ci }'
 done
+if [ -z "${LINK:-}" ]; then
+  echo "  (on loopback the server is charged the part of curl's receiving that runs in its context, which"
+  echo "   moves with the speed from round to round: compare the machine's CPU here, and the server's own"
+  echo "   across a link, where each side does its own work: LINK=4gbit DOWNLOAD_ROUNDS=35 $0)"
+fi
 # Each range measure alternates the two servers $rounds times and compares medians: single runs on
 # a shared 2-core machine vary by about 10%, more than the differences being measured.
 # The third: 16 ranges of 64 KiB 1 MiB apart in one request, as a delta update's entries
