@@ -261,6 +261,18 @@ extension HardeningTests {
         print('\\n'.join(failures) if failures else 'ok')
         """
 
+    /// Packs `size` random bytes, stored, as the product's version 1.0, publishes it and buys it:
+    /// the archive and its download URL.
+    func publishNoise(_ size: Int, server: ServerProcess, store: SandboxStore, tmp: TemporaryFolder) throws -> (PackResult, String) {
+        let noise = try #require(FileHandle(forReadingAtPath: "/dev/urandom")?.readData(ofLength: size))
+        _ = try tmp.write("noise/noise.bin", noise)
+        let archive = try ArchivePacker.pack(
+            folder: tmp.sub("noise"),
+            options: .init(productId: try ProductIdentifier(product), contentVersion: try ContentVersion("1.0"), outputDirectory: tmp.sub("out"), level: 0))
+        let (_, url) = try publishAndBuy(archive, server: server, store: store, tmp: tmp)
+        return (archive, url)
+    }
+
     /// Where the descriptors of process `pid` lead (`socket:[inode]`, file paths).
     static func descriptorLinks(_ pid: Int32) -> [String] {
         ((try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd")) ?? []).map {
@@ -340,12 +352,7 @@ extension HardeningTests {
     func stoppedReadersAreCut() async throws {
         let tmp = try TemporaryFolder()
         let (store, server) = try start(tmp, extra: ["--idle-timeout", "2"])
-        let noise = try #require(FileHandle(forReadingAtPath: "/dev/urandom")?.readData(ofLength: 8 << 20))
-        _ = try tmp.write("small/noise.bin", noise)
-        let archive = try ArchivePacker.pack(
-            folder: tmp.sub("small"),
-            options: .init(productId: try ProductIdentifier(product), contentVersion: try ContentVersion("1.0"), outputDirectory: tmp.sub("out"), level: 0))
-        let (_, url) = try publishAndBuy(archive, server: server, store: store, tmp: tmp)
+        let (archive, url) = try publishNoise(8 << 20, server: server, store: store, tmp: tmp)
         let path = String(url.dropFirst(server.base.count))
         let transfers = try metric("iap_content_transfer_duration_seconds_count", of: server, tmp: tmp) ?? 0
         let served = try metric("iap_content_bytes_served_total", of: server, tmp: tmp) ?? 0
@@ -372,12 +379,7 @@ extension HardeningTests {
         let tmp = try TemporaryFolder()
         // One event loop: the server keeps an archive open once per loop.
         let (store, server) = try start(tmp, extra: ["--event-loops", "1", "--idle-timeout", "3"])
-        let noise = try #require(FileHandle(forReadingAtPath: "/dev/urandom")?.readData(ofLength: 12 << 20))
-        _ = try tmp.write("large/noise.bin", noise)
-        let archive = try ArchivePacker.pack(
-            folder: tmp.sub("large"),
-            options: .init(productId: try ProductIdentifier(product), contentVersion: try ContentVersion("1.0"), outputDirectory: tmp.sub("out"), level: 0))
-        let (_, url) = try publishAndBuy(archive, server: server, store: store, tmp: tmp)
+        let (archive, url) = try publishNoise(12 << 20, server: server, store: store, tmp: tmp)
         let pid = server.process.processIdentifier
         let links = { Self.descriptorLinks(pid) }
         let connections = { Self.connections(of: server) }
