@@ -157,13 +157,9 @@ public final class ContentFastPath: ChannelDuplexHandler {
     public func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
         if let idle = event as? IdleStateHandler.IdleStateEvent, idle == .read {
             // A client downloading sends nothing for minutes; one that has also taken nothing
-            // since the last event has stopped reading (the sender watches its own sends).
+            // since the last event has stopped reading, whoever sends its body.
             if inFlight > 0 {
-                if sendingElsewhere {
-                    stalls.reset()
-                } else if stalls.hasStopped(context.channel) {
-                    context.close(promise: nil)
-                }
+                if stalls.hasStopped(context.channel) { context.close(promise: nil) }
                 return
             }
             if !handedOff {  // between requests: idle

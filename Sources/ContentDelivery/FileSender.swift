@@ -30,10 +30,9 @@
             case socket(CInt)
             /// The file ended before the bytes promised were sent (it was cut short on disk).
             case fileEnded(sent: Int64)
-            /// The owner cancelled it (its connection closed).
+            /// The owner cancelled it (its connection closed: a client that stopped reading is
+            /// found by its connection's handler, as for any response, see `StalledReader`).
             case cancelled
-            /// The peer took no byte for the stall limit: a client that stopped reading.
-            case stalled
         }
 
         private let workers: [Worker]
@@ -41,15 +40,10 @@
 
         /// Starts `threads` sending threads (at least one); throws, having started none, when the
         /// system refuses an epoll set or eventfd (out of descriptors).
-        ///
-        /// - Parameter stallLimit: a send whose peer takes no byte for this long ends as
-        ///   `.stalled` (checked about once a second), as nginx's `send_timeout` closes a
-        ///   connection: a client that asks for an archive and stops reading would otherwise hold
-        ///   its connection, and the socket's megabytes of buffers, for ever.
-        public init(threads: Int, stallLimit: Duration = .seconds(60)) throws(Failure) {
+        public init(threads: Int) throws(Failure) {
             var made: [Worker] = []
             do {
-                for _ in 0..<max(1, threads) { made.append(try Worker(stallLimit: stallLimit)) }
+                for _ in 0..<max(1, threads) { made.append(try Worker()) }
             } catch {
                 for worker in made { worker.closeDescriptors() }
                 throw error
@@ -92,10 +86,6 @@
         var offset: Int64
         var remaining: Int64
         var sent: Int64 = 0
-        /// What had been sent at the last look for stalls, and since when no more has been: kept
-        /// by that once-a-second look rather than by every send, which reads no clock.
-        var sentWhenLooked: Int64 = 0
-        var quietSince = ContinuousClock.now
         let completion: @Sendable (Result<Void, FileSender.Failure>) -> Void
 
         init(
@@ -140,12 +130,9 @@
         /// By id, which is also each socket's key in the epoll set: an event still pending for a
         /// send that has ended (its descriptor number perhaps reused since) finds nothing.
         private var jobs: [UInt64: Job] = [:]
-        private let stallLimit: Duration
-        private var stallsChecked = ContinuousClock.now
         private static let wakeMarker = UInt64.max
 
-        init(stallLimit: Duration) throws(FileSender.Failure) {
-            self.stallLimit = stallLimit
+        init() throws(FileSender.Failure) {
             epoll = epoll_create1(CInt(EPOLL_CLOEXEC))
             guard epoll >= 0 else { throw .socket(errno) }
             wake = eventfd(0, CInt(EFD_CLOEXEC) | CInt(EFD_NONBLOCK))
@@ -228,10 +215,7 @@
         private func run() {
             var events = [epoll_event](repeating: epoll_event(), count: 64)
             while !stopping {
-                // With sends in progress, a wait ends at least once a second to look for stalls.
-                let timeout: CInt = jobs.isEmpty ? -1 : 1_000
-                let ready = events.withUnsafeMutableBufferPointer { epoll_wait(epoll, $0.baseAddress, CInt($0.count), timeout) }
-                if !jobs.isEmpty { endStalled() }
+                let ready = events.withUnsafeMutableBufferPointer { epoll_wait(epoll, $0.baseAddress, CInt($0.count), -1) }
                 if ready < 0 { continue }  // EINTR
                 for index in 0..<Int(ready) {
                     let key = events[index].data.u64
@@ -257,20 +241,6 @@
                 return inbox.waiting
             }
             for continuation in waiting { continuation.resume() }
-        }
-
-        private func endStalled() {
-            let now = ContinuousClock.now
-            guard now - stallsChecked >= .seconds(1) else { return }
-            stallsChecked = now
-            for job in Array(jobs.values) {
-                if job.sent != job.sentWhenLooked {
-                    job.sentWhenLooked = job.sent
-                    job.quietSince = now
-                } else if now - job.quietSince >= stallLimit {
-                    end(job, .failure(.stalled))
-                }
-            }
         }
 
         private func handle(_ command: Command) {
@@ -338,7 +308,7 @@
     public final class FileSender: Sendable {
         public struct Unavailable: Error {}
 
-        public init(threads: Int, stallLimit: Duration = .seconds(60)) throws(Unavailable) { throw Unavailable() }
+        public init(threads: Int) throws(Unavailable) { throw Unavailable() }
 
         public func shutdown() async {}
     }

@@ -8,9 +8,10 @@ import NIOCore
 /// rather than kept for ever with its socket buffers and the response's file; a client that
 /// reads slowly acknowledges something in every period and keeps it.
 ///
-/// Bodies the ``FileSender`` sends are watched by it (once a second); this watches what NIO
-/// sends. It costs one `getsockopt(TCP_INFO)` per idle period of a connection with a response in
-/// flight and nothing per request. Where the socket cannot be read (not Linux), nothing is cut.
+/// What the peer acknowledges counts whoever sends the body, NIO or the ``FileSender`` (whose send
+/// is then cancelled as the connection closes), so one look covers every response. It costs one
+/// `getsockopt(TCP_INFO)` per idle period of a connection with a response in flight and nothing
+/// per request or per send. Where the socket cannot be read (not Linux), nothing is cut.
 struct StalledReader {
     private var acknowledgedAtLastLook: UInt64?
 

@@ -34,7 +34,7 @@ public enum ContentServerApp {
         // shut down once the server has stopped.
         let ownGroup = configuration.eventLoops.map { MultiThreadedEventLoopGroup(numberOfThreads: $0) }
         // Large archive bodies leave from sending threads of their own, as many as event loops.
-        let sender = try? FileSender(threads: configuration.eventLoops ?? System.coreCount, stallLimit: configuration.idleTimeout)
+        let sender = try? FileSender(threads: configuration.eventLoops ?? System.coreCount)
         let app = Application(
             router: router,
             server: HTTPServerBuilder { responder in

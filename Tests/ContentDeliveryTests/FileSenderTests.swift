@@ -114,10 +114,10 @@
             #expect(got.count == 100_000)
         }
 
-        @Test("a peer that goes away ends the send with the socket's error; a cancelled send ends as cancelled; one that reads nothing as stalled; none starts after shutdown")
+        @Test("a peer that goes away ends the send with the socket's error; a cancelled send ends as cancelled, also on a peer that reads nothing; none starts after shutdown")
         func endings() async throws {
             let folder = try TemporaryFolder()
-            let sender = try FileSender(threads: 1, stallLimit: .seconds(1))
+            let sender = try FileSender(threads: 1)
             let (file, _) = try Self.file(folder, size: 64 << 20)
             defer { close(file) }
 
@@ -143,10 +143,6 @@
                 sender.cancel(ticket)
             }
             #expect(Self.ending(cancelled) == .cancelled)
-
-            // The same peer, left alone: the send ends once the peer has taken nothing for a second.
-            let stall = await Self.send(sender, socket: stalled.sending, file: file, offset: 0, count: 64 << 20)
-            #expect(Self.ending(stall) == .stalled)
 
             await sender.shutdown()
             let late = await Self.send(sender, socket: stalled.sending, file: file, offset: 0, count: 1)
