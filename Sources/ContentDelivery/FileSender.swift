@@ -53,8 +53,9 @@
         }
 
         /// Sends `count` bytes of `file` from `offset` to `socket`, then calls `completion` once,
-        /// on a sending thread (after a shutdown, at once on the caller's). Takes ownership of both descriptors (duplicates made for the
-        /// send): they are closed when it ends. The socket must be non-blocking.
+        /// on a sending thread (after a shutdown, at once on the caller's). Takes ownership of
+        /// both descriptors (duplicates made for the send): they are closed when it ends. The
+        /// socket must be non-blocking.
         public func send(
             socket: CInt, file: CInt, offset: Int64, count: Int64, completion: @escaping @Sendable (Result<Void, Failure>) -> Void
         ) -> Ticket {
@@ -83,16 +84,19 @@
         let id: UInt64
         let socket: CInt
         let file: CInt
+        /// Where the send began: what has been sent is `offset - start`.
+        let start: Int64
         var offset: Int64
         var remaining: Int64
-        var sent: Int64 = 0
         let completion: @Sendable (Result<Void, FileSender.Failure>) -> Void
 
         init(
             id: UInt64, socket: CInt, file: CInt, offset: Int64, remaining: Int64,
             completion: @escaping @Sendable (Result<Void, FileSender.Failure>) -> Void
         ) {
-            (self.id, self.socket, self.file, self.offset, self.remaining, self.completion) = (id, socket, file, offset, remaining, completion)
+            (self.id, self.socket, self.file, self.start, self.offset, self.remaining, self.completion) = (
+                id, socket, file, offset, offset, remaining, completion
+            )
         }
     }
 
@@ -280,10 +284,9 @@
                 if sent > 0 {
                     job.offset += Int64(sent)
                     job.remaining -= Int64(sent)
-                    job.sent += Int64(sent)
                     if job.remaining > 0 { return }
                 } else if sent == 0 {
-                    end(job, .failure(.fileEnded(sent: job.sent)))
+                    end(job, .failure(.fileEnded(sent: job.offset - job.start)))
                     return
                 } else if errno == EAGAIN {
                     return
