@@ -9,14 +9,22 @@ import NIOHTTPTypesHTTP1
 
 /// Hummingbird's HTTP/1 child channel with the content handler placed ahead of the HTTP-types
 /// codec, so archive bytes leave through sendfile while the JSON API goes through the router.
+/// The router's part (the decoder, the codec, the async channel and the task that reads it) is
+/// set up only when a connection first asks for something other than content: see
+/// `HandedOffConnections`.
 struct ContentHTTPChannel: HTTPChannelHandler {
-    typealias Value = NIOAsyncChannel<HTTPRequestPart, HTTPResponsePart>
+    /// What Hummingbird's task for the connection gets: nothing to do.
+    struct Connection: ServerChildChannelValue {
+        let channel: any Channel
+    }
+    typealias Value = Connection
 
     let responder: Responder
     let service: ContentService
     let sender: FileSender?
     let idleTimeout: Duration
     let headerTimeout: Duration
+    let handedOff: HandedOffConnections
     static let contentPrefix = "/v1/content/"
 
     func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<Value> {
@@ -56,15 +64,19 @@ struct ContentHTTPChannel: HTTPChannelHandler {
                             // No idle timeout here: this handler cannot see content transfers and would cut them.
                             HTTPConnectionStateHandler(idleTimeout: nil, logger: logger),
                         ], position: .after(deadline))
+                    let http = try NIOAsyncChannel<HTTPRequestPart, HTTPResponsePart>(
+                        wrappingChannelSynchronously: channel, configuration: .init(isOutboundHalfClosureEnabled: true))
+                    // Refused once the server has stopped: the fast path then closes the connection.
+                    guard handedOff.start({ await handleHTTP(asyncChannel: http, logger: logger) }) else {
+                        throw ChannelError.ioOnClosedChannel
+                    }
                 })
             try sync.addHandler(fastPath)
             try sync.addHandler(quiesce)
             try sync.addHandler(deadline)
-            return try NIOAsyncChannel(wrappingChannelSynchronously: channel, configuration: .init(isOutboundHalfClosureEnabled: true))
+            return Connection(channel: channel)
         }
     }
 
-    func handle(value: Value, logger: Logger) async {
-        await handleHTTP(asyncChannel: value, logger: logger)
-    }
+    func handle(value: Value, logger: Logger) async {}
 }

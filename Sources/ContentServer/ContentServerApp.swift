@@ -35,11 +35,13 @@ public enum ContentServerApp {
         let ownGroup = configuration.eventLoops.map { MultiThreadedEventLoopGroup(numberOfThreads: $0) }
         // Large archive bodies leave from sending threads of their own, as many as event loops.
         let sender = try? FileSender(threads: configuration.eventLoops ?? System.coreCount)
+        let handedOff = HandedOffConnections()
         let app = Application(
             router: router,
             server: HTTPServerBuilder { responder in
                 ContentHTTPChannel(
-                    responder: responder, service: service, sender: sender, idleTimeout: configuration.idleTimeout, headerTimeout: configuration.headerTimeout)
+                    responder: responder, service: service, sender: sender, idleTimeout: configuration.idleTimeout, headerTimeout: configuration.headerTimeout,
+                    handedOff: handedOff)
             },
             configuration: .init(address: .hostname(configuration.host, port: configuration.port), serverName: "iap-server"),
             onServerRunning: { channel in
@@ -56,6 +58,8 @@ public enum ContentServerApp {
 
         var group = ServiceGroupConfiguration(
             services: [
+                // Before the server: stopped after it (see `HandedOffConnections`).
+                .init(service: handedOff),
                 .init(service: app), .init(service: RevocationRefresher(service: service, interval: configuration.revocationRefresh)),
                 .init(service: NotificationPruner(store: service.store, retention: configuration.notificationRetention, logger: logger)),
             ],
