@@ -2,8 +2,8 @@
 # Serving benchmark: iap-server against nginx (sendfile on) on the same ~1 GiB archive, in one run.
 # Reports 1 GiB download throughput with curl, server CPU seconds per GiB served and the whole machine's (alternated,
 # medians of the rounds), and wrk
-# requests/s and p99 latency for 4 KiB and 1 MiB ranges and 16 x 64 KiB multi-range requests at
-# 16 and 64 connections. iap-server
+# requests/s and p99 latency for 4 KiB and 1 MiB ranges, 16 x 64 KiB multi-range requests and 4 KiB
+# ranges on a new connection each, at 16 and 64 connections. iap-server
 # checks a grant token (HMAC + revocation) on every request; nginx serves a plain file.
 # Range measures alternate the servers over several rounds (default 7) and report the ratio of
 # medians, each median with its spread (min-max): what a user sees on a typical run, and a 95%
@@ -108,15 +108,15 @@ for round in $(seq "$download_rounds"); do
   echo "  1 GiB download, round $round: iap-server $(tail -1 "$work/ours.dl"), nginx $(tail -1 "$work/nginx.dl") (MB/s; server, machine and rest-of-machine CPU-s/GiB)" >&2
 done
 
-wrk_run() { # url range connections -> "req/s p99ms"
-  wrk -t2 -c"$3" -d"${secs}s" --latency -H "Range: bytes=$2" "$1" 2>/dev/null | awk '
+wrk_run() { # url range connections [fresh] -> "req/s p99ms"; fresh: a new connection for every request
+  wrk -t2 -c"$3" -d"${secs}s" --latency -H "Range: bytes=$2" ${4:+-H "Connection: close"} "$1" 2>/dev/null | awk '
     /Requests\/sec/ { rps = $2 }
     $1 == "99%" { v = $2; if (v ~ /us$/) { sub(/us/, "", v); v /= 1000 } else if (v ~ /ms$/) { sub(/ms/, "", v) } else if (v ~ /s$/) { sub(/s/, "", v); v *= 1000 }; p99 = v }
     END { printf "%s %s", rps, p99 }'
 }
 # One wrk run of the current $range and $c against each server, appended to its runs.
-ours_wrk() { wrk_run "$ours_url" "$range" "$c" >> "$work/ours.runs"; echo >> "$work/ours.runs"; }
-nginx_wrk() { wrk_run "$nginx_url" "$range" "$c" >> "$work/nginx.runs"; echo >> "$work/nginx.runs"; }
+ours_wrk() { wrk_run "$ours_url" "$range" "$c" "$fresh" >> "$work/ours.runs"; echo >> "$work/ours.runs"; }
+nginx_wrk() { wrk_run "$nginx_url" "$range" "$c" "$fresh" >> "$work/nginx.runs"; echo >> "$work/nginx.runs"; }
 printf '\n%-34s %24s %24s %8s %11s\n' "measure" "iap-server" "nginx" "ratio" "95% interval"
 # The interval column: where the ratio of medians of these rounds could lie (ratio_interval).
 for column in 1 2 3 4; do
@@ -141,12 +141,15 @@ if [ -n "${LINK:-}" ]; then
   exit 0
 fi
 multi=$(seq 0 15 | awk '{ printf "%s%d-%d", (NR > 1 ? "," : ""), $1 * 1048576, $1 * 1048576 + 65535 }')
-for range in "0-4095" "0-1048575" "$multi"; do
+# The fourth: 4 KiB ranges with a new connection for each (`Connection: close`), as from clients
+# that do not keep connections open: the cost of accepting and closing one.
+for measure in "0-4095" "0-1048575" "$multi" "fresh:0-4095"; do
+  range=${measure#fresh:}; fresh=; [ "$range" = "$measure" ] || fresh=1
   for c in 16 64; do
     : > "$work/ours.runs"; : > "$work/nginx.runs"
     for round in $(seq "$rounds"); do
       in_turn "$round" ours_wrk nginx_wrk
-      echo "  range ${range:0:20}, $c conns, round $round: iap-server $(tail -1 "$work/ours.runs"), nginx $(tail -1 "$work/nginx.runs") (req/s p99-ms)" >&2
+      echo "  range ${range:0:20}${fresh:+ (new connections)}, $c conns, round $round: iap-server $(tail -1 "$work/ours.runs"), nginx $(tail -1 "$work/nginx.runs") (req/s p99-ms)" >&2
     done
     # Column 1 req/s, column 2 p99 ms, one file per server and column.
     for column in 1 2; do cut -d' ' -f$column "$work/ours.runs" > "$work/ours.col$column"; cut -d' ' -f$column "$work/nginx.runs" > "$work/nginx.col$column"; done
@@ -155,6 +158,7 @@ for range in "0-4095" "0-1048575" "$multi"; do
     opr=$(spread < "$work/ours.col2"); npr=$(spread < "$work/nginx.col2")
     label="range $range, $c conns"
     [ "$range" = "$multi" ] && label="16 x 64 KiB ranges, $c conns"
+    [ -n "$fresh" ] && label="range $range, new conn each, $c"
     rci=$(ratio_interval "$work/ours.col1" "$work/nginx.col1"); pci=$(ratio_interval "$work/ours.col2" "$work/nginx.col2")
     awk -v l="$label" -v o="$ors" -v n="$nrs" -v a="$orr" -v b="$nrr" -v ci="$rci" 'BEGIN { printf "%-34s %24s %24s %8.2f %11s\n", l " req/s", sprintf("%.0f (%s)", o, a), sprintf("%.0f (%s)", n, b), o/n, ci }'
     awk -v l="$label" -v o="$op" -v n="$np" -v a="$opr" -v b="$npr" -v ci="$pci" 'BEGIN { printf "%-34s %24s %24s %8.2f %11s\n", l " p99 ms", sprintf("%.2f (%s)", o, a), sprintf("%.2f (%s)", n, b), (n > 0 ? o/n : 0), ci }'
