@@ -1,6 +1,8 @@
 import ContentDelivery
+import Foundation
 import Hummingbird
 import HummingbirdCore
+import IAPProtocol
 import Logging
 import NIOCore
 import NIOHTTP1
@@ -79,4 +81,28 @@ struct ContentHTTPChannel: HTTPChannelHandler {
     }
 
     func handle(value: Value, logger: Logger) async {}
+}
+
+extension ContentHTTPChannel {
+    /// The router's answers as Hummingbird's `Application` gives them: each request with an id in
+    /// its logger's metadata, an error the router did not turn into a response answered 500, and
+    /// `Date` and `Server` fields on every response.
+    static func responder(_ router: some HTTPResponder<ServerRequestContext>, logger: Logger) -> Responder {
+        { request, writer, channel in
+            var logger = logger
+            logger[metadataKey: "hb.request.id"] = .stringConvertible(RequestID())
+            var response: Response
+            do {
+                response = try await router.respond(to: request, context: ServerRequestContext(source: .init(channel: channel, logger: logger)))
+            } catch let error as HTTPParserError {
+                throw error  // the connection's handler answers it and closes
+            } catch {
+                logger.debug("unrecognised error", metadata: ["error.type": "\(error)"])
+                response = Response(status: .internalServerError)
+            }
+            response.headers[.date] = HTTPDate.format(Date())
+            response.headers[.server] = "iap-server"
+            try await writer.write(response: response.head, body: response.body)
+        }
+    }
 }

@@ -36,31 +36,27 @@ public enum ContentServerApp {
         // Large archive bodies leave from sending threads of their own, as many as event loops.
         let sender = try? FileSender(threads: configuration.eventLoops ?? System.coreCount)
         let handedOff = HandedOffConnections()
-        let app = Application(
-            router: router,
-            server: HTTPServerBuilder { responder in
-                ContentHTTPChannel(
-                    responder: responder, service: service, sender: sender, idleTimeout: configuration.idleTimeout, headerTimeout: configuration.headerTimeout,
-                    handedOff: handedOff)
-            },
-            configuration: .init(address: .hostname(configuration.host, port: configuration.port), serverName: "iap-server"),
-            onServerRunning: { channel in
-                try? await channel.eventLoop.submit {
-                    // First: NIO's accept back-off handler further on swallows the error.
-                    try channel.pipeline.syncOperations.addHandler(AcceptFailureLogger(logger: logger, metrics: service.metrics), position: .first)
-                }.get()
-                let port = channel.localAddress?.port ?? configuration.port
+        let loops = ownGroup ?? MultiThreadedEventLoopGroup.singleton
+        let channel = ContentHTTPChannel(
+            responder: ContentHTTPChannel.responder(router.buildResponder(), logger: logger), service: service, sender: sender,
+            idleTimeout: configuration.idleTimeout, headerTimeout: configuration.headerTimeout, handedOff: handedOff)
+        let connections = OpenConnections()
+        let listener = ContentListener(
+            host: configuration.host, port: configuration.port, group: loops, connections: connections,
+            setUp: { channel.setup(channel: $0, logger: logger).map { _ in } },
+            // First: NIO's accept back-off handler further on swallows the error.
+            listenerHandlers: { [AcceptFailureLogger(logger: logger, metrics: service.metrics)] },
+            onListening: { port in
                 service.boundPort.withLock { $0 = port }
+                logger.info("listening on \(configuration.host):\(port)")
                 await onListening(port)
-            },
-            eventLoopGroupProvider: ownGroup.map { .shared($0) } ?? .singleton,
-            logger: logger)
+            })
 
         var group = ServiceGroupConfiguration(
             services: [
                 // Before the server: stopped after it (see `HandedOffConnections`).
                 .init(service: handedOff),
-                .init(service: app), .init(service: RevocationRefresher(service: service, interval: configuration.revocationRefresh)),
+                .init(service: listener), .init(service: RevocationRefresher(service: service, interval: configuration.revocationRefresh)),
                 .init(service: NotificationPruner(store: service.store, retention: configuration.notificationRetention, logger: logger)),
             ],
             gracefulShutdownSignals: [.sigterm, .sigint], cancellationSignals: [], logger: logger)

@@ -93,7 +93,7 @@ public struct ServerConfiguration: Sendable {
         ("IAP_PORT", "--port"),
         ("IAP_TRUST_ROOTS", "--trust-root, colon-separated"), ("IAP_ENVIRONMENT", "--environment"),
         ("IAP_TOKEN_TTL", "--token-ttl"), ("IAP_ADMIN_TOKEN_FILE", "--admin-token-file"), ("IAP_PUBLIC_URL", "--public-url"),
-        ("IAP_HEADER_TIMEOUT", "--header-timeout"), ("IAP_IDLE_TIMEOUT", "--idle-timeout"),
+        ("IAP_HEADER_TIMEOUT", "--header-timeout"), ("IAP_IDLE_TIMEOUT", "--idle-timeout"), ("IAP_DRAIN_TIMEOUT", "--drain-timeout"),
         ("IAP_RECEIPT_VERIFICATION", "--receipt-verification"), ("IAP_VERIFY_RECEIPT_URL", "--verify-receipt-url"),
         ("IAP_VERIFY_RECEIPT_SANDBOX_URL", "--verify-receipt-sandbox-url"), ("IAP_RECEIPT_SHARED_SECRET_FILE", "--receipt-shared-secret-file"),
         ("IAP_VERIFY_RECEIPT_TIMEOUT", "--verify-receipt-timeout"), ("IAP_REVOCATION_REFRESH", "--revocation-refresh"),

@@ -49,6 +49,10 @@ struct Serve: AsyncParsableCommand {
     )
     var idleTimeout: Int?
     @Option(
+        name: .customLong("drain-timeout"),
+        help: "Seconds SIGTERM waits for transfers in flight before closing them and exiting (default 30); keep it below your supervisor's kill timeout.")
+    var drainTimeout: Int?
+    @Option(
         name: .customLong("revocation-refresh"),
         help: "Seconds between looks for revocations and catalog changes other replicas wrote (default 2); with --database PostgreSQL announces each one at once anyway.")
     var revocationRefresh: Int?
@@ -168,6 +172,7 @@ struct Serve: AsyncParsableCommand {
         }
         if let seconds = try timeout(headerTimeout, "IAP_HEADER_TIMEOUT", "--header-timeout") { configuration.headerTimeout = seconds }
         if let seconds = try timeout(idleTimeout, "IAP_IDLE_TIMEOUT", "--idle-timeout") { configuration.idleTimeout = seconds }
+        if let seconds = try timeout(drainTimeout, "IAP_DRAIN_TIMEOUT", "--drain-timeout") { configuration.drainTimeout = seconds }
         if let seconds = try timeout(revocationRefresh, "IAP_REVOCATION_REFRESH", "--revocation-refresh") { configuration.revocationRefresh = seconds }
         if let days = try number(notificationRetention, "IAP_NOTIFICATION_RETENTION", "--notification-retention", 0...36_500, "a number of days") {
             let minimum = Int(ServerConfiguration.minimumNotificationRetention.components.seconds / 86_400)

@@ -374,6 +374,32 @@ extension HardeningTests {
         #expect(server.stop() == 0)
     }
 
+    @Test("told to stop, the server drains for --drain-timeout, then closes what is left and exits: clients that stopped reading, on either request path, do not hold it up")
+    func drainRunsOut() async throws {
+        let tmp = try TemporaryFolder()
+        // The idle timeout (60 s) would cut the stopped readers long after the drain's 2 s.
+        let (store, server) = try start(tmp, extra: ["--drain-timeout", "2"])
+        let (_, url) = try publishNoise(8 << 20, server: server, store: store, tmp: tmp)
+        // The stopped readers, told to say when the server has answered on both connections (or
+        // to fail after 20 s). Asked of the client: /proc/<pid>/net/tcp, listed a page per read,
+        // can miss connections while other tests' come and go.
+        let said = Pipe()
+        let script = Self.stoppedReaders.replacingOccurrences(
+            of: "time.sleep(120)", with: "for s in held: s.settimeout(20); s.recv(1, socket.MSG_PEEK)\nprint('held', flush=True)\ntime.sleep(120)")
+        let stopped = try launch("python3", [try tmp.write("stopped.py", script), String(server.port), String(url.dropFirst(server.base.count))], stdout: said)
+        defer { forceStop(stopped) }
+        let held = String(decoding: said.fileHandleForReading.availableData, as: UTF8.self)
+        try #require(held == "held\n", "the stopped readers said '\(held)'")
+
+        kill(server.process.processIdentifier, SIGTERM)
+        // Two seconds of drain, then the connections are closed and the server exits by itself
+        // (stop() would SIGKILL a server still running after 20 s: status 9).
+        let exited = await waitUntil(.seconds(30)) { !server.process.isRunning }
+        #expect(exited != nil, "the server still runs, holding \(Self.connections(of: server)) connections")
+        #expect(server.stop() == 0)
+        #expect(stopped.isRunning, "the stopped readers went away by themselves")
+    }
+
     @Test("archive bodies of 4 MiB or more leave from the sending threads: in order among pipelined answers; a client that goes away, or stops reading for --idle-timeout, frees its connection")
     func largeBodiesFromSendingThreads() async throws {
         let tmp = try TemporaryFolder()

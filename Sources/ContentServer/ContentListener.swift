@@ -1,0 +1,127 @@
+import Logging
+import NIOCore
+import NIOExtras
+import NIOPosix
+import ServiceLifecycle
+import Synchronization
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// Accepts the server's connections: one listening socket per event loop on the same port
+/// (`SO_REUSEPORT`), so that the kernel spreads new connections over the loops and each loop
+/// serves the connections it accepted, as nginx's workers do with `reuseport`.
+///
+/// Why not Hummingbird's server, which the JSON API still answers through (see
+/// `HandedOffConnections`): it accepts on one loop and hands every connection to the next loop
+/// of the group (a wake-up of another thread), then passes it through an async stream to a task
+/// of its own on the concurrency pool (another). A fresh connection cost the server 207 µs of CPU
+/// that way, nginx 41 µs (docs/performance.md, twentieth stop).
+///
+/// Another process of the same user could join the port the same way, so the port is chosen by
+/// a socket bound without `SO_REUSEPORT` first: a port something already listens on (an earlier
+/// instance left running) is refused as before, by name, instead of sharing the connections, and
+/// `--port 0` gets a port nothing is bound to (the kernel gives a socket with `SO_REUSEPORT` one
+/// that another such socket of the same user holds: two test servers shared one).
+struct ContentListener: Service {
+    let host: String
+    let port: Int
+    let group: MultiThreadedEventLoopGroup
+    let connections: OpenConnections
+    /// Sets up an accepted connection's pipeline, on its loop.
+    let setUp: @Sendable (any Channel) -> EventLoopFuture<Void>
+    /// Added first to each listening socket's pipeline.
+    let listenerHandlers: @Sendable () -> [any ChannelHandler]
+    /// Called with the port once every loop listens.
+    let onListening: @Sendable (Int) async -> Void
+
+    func run() async throws {
+        // One helper per listener: a helper drains the connections of the first listener it is
+        // given only.
+        let quiescing = group.makeIterator().map { _ in ServerQuiescingHelper(group: group) }
+        let listeners = try await bind(quiescing)
+        await onListening(listeners.first?.localAddress?.port ?? port)
+        let stopped = quiescing.map { _ in group.any().makePromise(of: Void.self) }
+        let drained = EventLoopFuture.andAllComplete(stopped.map(\.futureResult), on: group.any())
+        await withTaskCancellationHandler {
+            await withGracefulShutdownHandler {
+                // Ends when the drain has closed the listeners and every connection.
+                try? await drained.get()
+            } onGracefulShutdown: {
+                for (helper, promise) in zip(quiescing, stopped) { helper.initiateShutdown(promise: promise) }
+            }
+        } onCancel: {
+            // The drain ran out of time (or the server failed): what is left is cut.
+            for listener in listeners { listener.close(promise: nil) }
+            connections.closeAll()
+            for promise in stopped { promise.succeed() }
+        }
+    }
+
+    private func bind(_ quiescing: [ServerQuiescingHelper]) async throws -> [any Channel] {
+        let free = try freePort()
+        var listeners: [any Channel] = []
+        do {
+            for (loop, quiescing) in zip(group.makeIterator(), quiescing) {
+                let listener = try await ServerBootstrap(group: loop)
+                    .serverChannelOption(ChannelOptions.backlog, value: 256)
+                    .serverChannelOption(ChannelOptions.socketOption(.so_reuseaddr), value: 1)
+                    .serverChannelOption(ChannelOptions.socketOption(.init(rawValue: SO_REUSEPORT)), value: 1)
+                    .childChannelOption(ChannelOptions.allowRemoteHalfClosure, value: true)
+                    .serverChannelInitializer { channel in
+                        channel.eventLoop.makeCompletedFuture {
+                            let sync = channel.pipeline.syncOperations
+                            for handler in listenerHandlers() { try sync.addHandler(handler, position: .first) }
+                            try sync.addHandler(quiescing.makeServerChannelHandler(channel: channel))
+                        }
+                    }
+                    .childChannelInitializer { channel in
+                        connections.add(channel)
+                        return setUp(channel)
+                    }
+                    .bind(host: host, port: free).get()
+                listeners.append(listener)
+            }
+        } catch {
+            for listener in listeners { try? await listener.close() }
+            throw error
+        }
+        return listeners
+    }
+
+    /// Binds `port` (0: any) once without `SO_REUSEPORT`, on a socket that never listens, and
+    /// returns the port it got: fails as a plain bind would, with the same error, when anything
+    /// listens there.
+    private func freePort() throws -> Int {
+        let address = try SocketAddress.makeAddressResolvingHost(host, port: port)
+        let probe = socket(CInt(address.protocol.rawValue), CInt(SOCK_STREAM.rawValue) | CInt(SOCK_CLOEXEC.rawValue), 0)
+        guard probe >= 0 else { throw IOError(errnoCode: errno, reason: "socket") }
+        defer { close(probe) }
+        var one: CInt = 1
+        _ = setsockopt(probe, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<CInt>.size))
+        let bound = address.withSockAddr { Glibc.bind(probe, $0, socklen_t($1)) }
+        guard bound == 0 else { throw IOError(errnoCode: errno, reason: "bind(descriptor:ptr:bytes:)") }
+        var local = sockaddr_storage()
+        var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
+        let named = withUnsafeMutablePointer(to: &local) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(probe, $0, &length) } }
+        guard named == 0 else { throw IOError(errnoCode: errno, reason: "getsockname") }
+        // sin_port and sin6_port sit at the same offset, in network byte order.
+        return withUnsafeBytes(of: &local) { Int(UInt16(bigEndian: $0.load(fromByteOffset: 2, as: UInt16.self))) }
+    }
+}
+
+/// The connections open on the server, to close those a drain that ran out of time left.
+final class OpenConnections: Sendable {
+    private let open = Mutex<[ObjectIdentifier: any Channel]>([:])
+
+    func add(_ channel: any Channel) {
+        let key = ObjectIdentifier(channel)
+        open.withLock { $0[key] = channel }
+        channel.closeFuture.whenComplete { [self] _ in _ = open.withLock { $0.removeValue(forKey: key) } }
+    }
+
+    func closeAll() {
+        for channel in open.withLock({ Array($0.values) }) { channel.close(promise: nil) }
+    }
+}
