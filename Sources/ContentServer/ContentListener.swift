@@ -19,11 +19,10 @@ import Synchronization
 /// of its own on the concurrency pool (another). A fresh connection cost the server 207 µs of CPU
 /// that way, nginx 41 µs (docs/performance.md, twentieth stop).
 ///
-/// Another process of the same user could join the port the same way, so the port is chosen by
-/// a socket bound without `SO_REUSEPORT` first: a port something already listens on (an earlier
-/// instance left running) is refused as before, by name, instead of sharing the connections, and
-/// `--port 0` gets a port nothing is bound to (the kernel gives a socket with `SO_REUSEPORT` one
-/// that another such socket of the same user holds: two test servers shared one).
+/// Another process of the same user could join the port the same way, so the port is first
+/// bound by a socket without `SO_REUSEPORT`: a port something already listens on (an earlier
+/// instance left running) is refused as before, by name, instead of sharing the connections
+/// (`--port 0` takes the port that socket was given).
 struct ContentListener: Service {
     let host: String
     let port: Int
