@@ -9,13 +9,14 @@ import NIOHTTP1
 import NIOHTTPTypes
 import NIOHTTPTypesHTTP1
 
-/// Hummingbird's HTTP/1 child channel with the content handler placed ahead of the HTTP-types
-/// codec, so archive bytes leave through sendfile while the JSON API goes through the router.
+/// A connection's pipeline, set up by `ContentListener` as it accepts: the content fast path
+/// first, so archive bytes leave through sendfile, and the JSON API through Hummingbird's router.
 /// The router's part (the decoder, the codec, the async channel and the task that reads it) is
 /// set up only when a connection first asks for something other than content: see
-/// `HandedOffConnections`.
+/// `HandedOffConnections`. A Hummingbird `HTTPChannelHandler` for its request loop
+/// (`handleHTTP`), which Hummingbird's own server would start for every connection.
 struct ContentHTTPChannel: HTTPChannelHandler {
-    /// What Hummingbird's task for the connection gets: nothing to do.
+    /// What the protocol hands a server's task for the connection: `ContentListener` starts none.
     struct Connection: ServerChildChannelValue {
         let channel: any Channel
     }

@@ -4,11 +4,10 @@ import ServiceLifecycle
 /// decoder (the first request that is not a plain content `GET` or `HEAD`), each in a task of
 /// this service's group, started at the hand-off.
 ///
-/// Why not the task Hummingbird starts for every connection it accepts: a connection that only
+/// Why not a task for every connection, as Hummingbird's server starts: a connection that only
 /// downloads never needs one, and the task with its async channel (a handler pair and two
-/// streams, a wake-up of the concurrency pool at the start and another at the close) took most
-/// of the server's CPU for a fresh connection, which nginx spends a sixth of
-/// (docs/performance.md, twentieth stop). Hummingbird's task now returns at once.
+/// streams, a wake-up of the concurrency pool at the start and another at the close) took a
+/// fifth of the server's CPU for a fresh connection (docs/performance.md, twentieth stop).
 ///
 /// Listed before the server in the service group, so that it is shut down after it: the
 /// server's drain closes every connection first, and their loops then end; the group waits for
