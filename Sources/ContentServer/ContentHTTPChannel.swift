@@ -32,53 +32,58 @@ struct ContentHTTPChannel: HTTPChannelHandler {
 
     func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<Value> {
         channel.eventLoop.makeCompletedFuture {
-            // Header floods are cut by the decoder's limits. A head it refuses is answered by
-            // ProtocolErrorAnswer (431 or 400 with the error envelope), an error within a request by
-            // Hummingbird (400), so NIO's own error handler stays off: two answers would break the
-            // connection.
-            var limits = NIOHTTPDecoderLimitConfiguration()
-            limits.maxHeaderFieldSize = 16 * 1024
-            limits.maxHeaderListSize = 64 * 1024
-            limits.maxHeaderFieldCount = 100
-            // A send that leaves part of its bytes means the socket is full: wait for it to drain
-            // rather than try again at once. NIO tries up to 16 more times by default, which for
-            // a download across a link is one more sendfile per wake-up, answered EAGAIN (thrown
-            // and caught inside NIO as an error), about a thousand per GiB.
-            try channel.syncOptions?.setOption(ChannelOptions.writeSpin, value: 0)
-            let sync = channel.pipeline.syncOperations
-            try sync.addHandler(IdleStateHandler(readTimeout: TimeAmount(idleTimeout)))
-            let deadline = RequestHeadDeadline(timeout: headerTimeout, bodyTimeout: idleTimeout)
-            // Shutdown waits for responses the HTTP/1 handlers have written to leave (sendfile).
-            let quiesce = QuiesceAfterWrites()
-            // Plain content requests are answered here from the bytes read; the first other
-            // request adds the HTTP/1 handlers behind it and hands the connection to them for good.
-            let fastPath = ContentFastPath(
-                prefix: Self.contentPrefix, resolver: service, observer: service.metrics, heads: deadline, sender: sender,
-                installDecoder: { sync in
-                    try sync.configureHTTPServerPipeline(
-                        position: .after(quiesce), withPipeliningAssistance: true, withErrorHandling: false, withOutboundHeaderValidation: false,
-                        withEncoderConfiguration: .init(), withDecoderLimitConfiguration: limits)
-                    try sync.addHandlers(
-                        [
-                            ProtocolErrorAnswer(limits: "100 header fields, 16 KiB a field, 64 KiB in all"),
-                            ContentChannelHandler(prefix: Self.contentPrefix, resolver: service, observer: service.metrics),
-                            HTTP10Expectations(),
-                            HTTP1ToHTTPServerCodec(secure: false),
-                            // No idle timeout here: this handler cannot see content transfers and would cut them.
-                            HTTPConnectionStateHandler(idleTimeout: nil, logger: logger),
-                        ], position: .after(deadline))
-                    let http = try NIOAsyncChannel<HTTPRequestPart, HTTPResponsePart>(
-                        wrappingChannelSynchronously: channel, configuration: .init(isOutboundHalfClosureEnabled: true))
-                    // Refused once the server has stopped: the fast path then closes the connection.
-                    guard handedOff.start({ await handleHTTP(asyncChannel: http, logger: logger) }) else {
-                        throw ChannelError.ioOnClosedChannel
-                    }
-                })
-            try sync.addHandler(fastPath)
-            try sync.addHandler(quiesce)
-            try sync.addHandler(deadline)
+            try configure(channel, logger: logger)
             return Connection(channel: channel)
         }
+    }
+
+    /// Sets up an accepted connection's pipeline, on its event loop.
+    func configure(_ channel: any Channel, logger: Logger) throws {
+        // Header floods are cut by the decoder's limits. A head it refuses is answered by
+        // ProtocolErrorAnswer (431 or 400 with the error envelope), an error within a request by
+        // Hummingbird (400), so NIO's own error handler stays off: two answers would break the
+        // connection.
+        var limits = NIOHTTPDecoderLimitConfiguration()
+        limits.maxHeaderFieldSize = 16 * 1024
+        limits.maxHeaderListSize = 64 * 1024
+        limits.maxHeaderFieldCount = 100
+        // A send that leaves part of its bytes means the socket is full: wait for it to drain
+        // rather than try again at once. NIO tries up to 16 more times by default, which for
+        // a download across a link is one more sendfile per wake-up, answered EAGAIN (thrown
+        // and caught inside NIO as an error), about a thousand per GiB.
+        try channel.syncOptions?.setOption(ChannelOptions.writeSpin, value: 0)
+        let sync = channel.pipeline.syncOperations
+        try sync.addHandler(IdleStateHandler(readTimeout: TimeAmount(idleTimeout)))
+        let deadline = RequestHeadDeadline(timeout: headerTimeout, bodyTimeout: idleTimeout)
+        // Shutdown waits for responses the HTTP/1 handlers have written to leave (sendfile).
+        let quiesce = QuiesceAfterWrites()
+        // Plain content requests are answered here from the bytes read; the first other
+        // request adds the HTTP/1 handlers behind it and hands the connection to them for good.
+        let fastPath = ContentFastPath(
+            prefix: Self.contentPrefix, resolver: service, observer: service.metrics, heads: deadline, sender: sender,
+            installDecoder: { sync in
+                try sync.configureHTTPServerPipeline(
+                    position: .after(quiesce), withPipeliningAssistance: true, withErrorHandling: false, withOutboundHeaderValidation: false,
+                    withEncoderConfiguration: .init(), withDecoderLimitConfiguration: limits)
+                try sync.addHandlers(
+                    [
+                        ProtocolErrorAnswer(limits: "100 header fields, 16 KiB a field, 64 KiB in all"),
+                        ContentChannelHandler(prefix: Self.contentPrefix, resolver: service, observer: service.metrics),
+                        HTTP10Expectations(),
+                        HTTP1ToHTTPServerCodec(secure: false),
+                        // No idle timeout here: this handler cannot see content transfers and would cut them.
+                        HTTPConnectionStateHandler(idleTimeout: nil, logger: logger),
+                    ], position: .after(deadline))
+                let http = try NIOAsyncChannel<HTTPRequestPart, HTTPResponsePart>(
+                    wrappingChannelSynchronously: channel, configuration: .init(isOutboundHalfClosureEnabled: true))
+                // Refused once the server has stopped: the fast path then closes the connection.
+                guard handedOff.start({ await handleHTTP(asyncChannel: http, logger: logger) }) else {
+                    throw ChannelError.ioOnClosedChannel
+                }
+            })
+        try sync.addHandler(fastPath)
+        try sync.addHandler(quiesce)
+        try sync.addHandler(deadline)
     }
 
     func handle(value: Value, logger: Logger) async {}

@@ -29,7 +29,7 @@ struct ContentListener: Service {
     let group: MultiThreadedEventLoopGroup
     let connections: OpenConnections
     /// Sets up an accepted connection's pipeline, on its loop.
-    let setUp: @Sendable (any Channel) -> EventLoopFuture<Void>
+    let setUp: @Sendable (any Channel) throws -> Void
     /// Added first to each listening socket's pipeline.
     let listenerHandlers: @Sendable () -> [any ChannelHandler]
     /// Called with the port once every loop listens.
@@ -76,8 +76,10 @@ struct ContentListener: Service {
                         }
                     }
                     .childChannelInitializer { channel in
-                        connections.add(channel)
-                        return setUp(channel)
+                        channel.eventLoop.makeCompletedFuture {
+                            connections.add(channel)
+                            try setUp(channel)
+                        }
                     }
                     .bind(host: host, port: free).get()
                 listeners.append(listener)

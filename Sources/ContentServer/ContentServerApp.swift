@@ -43,7 +43,7 @@ public enum ContentServerApp {
         let connections = OpenConnections()
         let listener = ContentListener(
             host: configuration.host, port: configuration.port, group: loops, connections: connections,
-            setUp: { channel.setup(channel: $0, logger: logger).map { _ in } },
+            setUp: { try channel.configure($0, logger: logger) },
             // First: NIO's accept back-off handler further on swallows the error.
             listenerHandlers: { [AcceptFailureLogger(logger: logger, metrics: service.metrics)] },
             onListening: { port in
