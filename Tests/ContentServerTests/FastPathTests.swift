@@ -388,7 +388,14 @@ extension HardeningTests {
             of: "time.sleep(120)", with: "for s in held: s.settimeout(20); s.recv(1, socket.MSG_PEEK)\nprint('held', flush=True)\ntime.sleep(120)")
         let stopped = try launch("python3", [try tmp.write("stopped.py", script), String(server.port), String(url.dropFirst(server.base.count))], stdout: said)
         defer { forceStop(stopped) }
-        let held = String(decoding: said.fileHandleForReading.availableData, as: UTF8.self)
+        // Read to the line's end: print() may reach the pipe in more than one write.
+        var saying = Data()
+        while !saying.contains(UInt8(ascii: "\n")) {
+            let chunk = said.fileHandleForReading.availableData
+            if chunk.isEmpty { break }
+            saying.append(chunk)
+        }
+        let held = String(decoding: saying, as: UTF8.self)
         try #require(held == "held\n", "the stopped readers said '\(held)'")
 
         kill(server.process.processIdentifier, SIGTERM)
