@@ -128,6 +128,9 @@ for column in 1 2 3 4; do
   awk -v l="$label" -v o="$om" -v n="$nm" -v a="$os" -v b="$ns" -v ci="$ci" 'BEGIN { printf "%-34s %24s %24s %8.2f %11s\n", l, o " (" a ")", n " (" b ")", (n > 0 ? o/n : 0), ci }'
 done
 if [ -z "${LINK:-}" ]; then
+  # The same CPU at the same speed: each server's rounds fitted against their speed (lib.sh).
+  cut -d' ' -f1,2 "$work/ours.dl" > "$work/ours.fit"; cut -d' ' -f1,2 "$work/nginx.dl" > "$work/nginx.fit"
+  echo "  server CPU per GiB at the same speed (each server's rounds fitted): $(matched_speed_ratio "$work/ours.fit" "$work/nginx.fit")"
   echo "  (on loopback the server is charged the part of curl's receiving that runs in its context, which"
   echo "   moves with the speed from round to round: compare the machine's CPU here, and the server's own"
   echo "   across a link, where each side does its own work: LINK=4gbit DOWNLOAD_ROUNDS=35 $0)"

@@ -84,6 +84,36 @@ print(f"{ratios[int(0.025 * len(ratios))]:.2f}-{ratios[int(0.975 * len(ratios)) 
 PY
 }
 
+# The ratio of two servers' CPU at the same speed, for loopback downloads, where a round's CPU
+# follows its speed (docs/performance.md, ninth stop): each server's rounds fitted by least squares
+# (CPU against speed), both fits read at the median speed of all rounds. Prints "ratio lo-hi" (the
+# interval as ratio_interval's, the rounds resampled as pairs) and the speed it was read at.
+matched_speed_ratio() { # a b -> "ratio (lo-hi) at <speed> MB/s"; files of "speed cpu" lines
+  python3 - "$1" "$2" <<'PY'
+import random, statistics, sys
+def rows(path): return [tuple(map(float, line.split()[:2])) for line in open(path) if line.strip()]
+a, b = rows(sys.argv[1]), rows(sys.argv[2])
+n = min(len(a), len(b))
+def at(points, speed):
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx > 0 else 0.0
+    return my + slope * (speed - mx)
+def ratio(picks):
+    pa, pb = [a[i] for i in picks], [b[i] for i in picks]
+    speed = statistics.median([p[0] for p in pa + pb])
+    cb = at(pb, speed)
+    return at(pa, speed) / cb if cb > 0 else None, speed
+if n < 3:
+    print("-"); sys.exit()
+value, speed = ratio(range(n))
+rng = random.Random(1)
+rs = sorted(r for r in (ratio([rng.randrange(n) for _ in range(n)])[0] for _ in range(2000)) if r is not None)
+print(f"{value:.2f} ({rs[int(0.025 * len(rs))]:.2f}-{rs[int(0.975 * len(rs)) - 1]:.2f}) at {speed:.0f} MB/s")
+PY
+}
+
 # nginx in <work> as the benchmarks' peer: two workers, sendfile and keep-alive as a tuned site has
 # them, no access log, with <server> as its server block; returns once its pid file is written.
 # Stop it with: kill "$(cat "$work/nginx.pid")" (in the caller's EXIT trap).
