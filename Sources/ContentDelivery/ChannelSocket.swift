@@ -1,6 +1,7 @@
 #if os(Linux)
     import Glibc
     import NIOCore
+    import Synchronization
 
     /// The socket under a NIO TCP channel, for ``FileSender`` and ``StalledReader``.
     ///
@@ -40,14 +41,53 @@
             return field("descriptor", of: socket) as? CInt
         }
 
+        /// Where a stored property was found: how many superclasses up from the object's own
+        /// class, and its place among that class's own properties.
+        private struct Place {
+            let depth: Int
+            let index: Int
+        }
+
+        private struct Key: Hashable {
+            let type: ObjectIdentifier
+            let name: String
+        }
+
+        /// Places found so far, by class and property (a handful: NIO's channel and socket classes).
+        private static let places = Mutex<[Key: Place]>([:])
+
         /// A stored property of an object or of one of its superclasses.
+        ///
+        /// Why the places are kept: walking a mirror's children boxes every property up to the
+        /// one asked for, which cost the event loop about 90 µs for each response handed to the
+        /// sending threads (docs/performance.md, twenty-first stop); read at a known place, one.
+        /// A place that no longer holds the name (another class) is looked for again.
         private static func field(_ name: String, of subject: Any) -> Any? {
+            let key = Key(type: ObjectIdentifier(type(of: subject)), name: name)
+            if let place = places.withLock({ $0[key] }), let value = value(name, at: place, of: subject) { return value }
             var mirror: Mirror? = Mirror(reflecting: subject)
+            var depth = 0
             while let current = mirror {
-                if let child = current.children.first(where: { $0.label == name }) { return child.value }
+                for (index, child) in current.children.enumerated() where child.label == name {
+                    places.withLock { $0[key] = Place(depth: depth, index: index) }
+                    return child.value
+                }
                 mirror = current.superclassMirror
+                depth += 1
             }
             return nil
+        }
+
+        private static func value(_ name: String, at place: Place, of subject: Any) -> Any? {
+            var mirror = Mirror(reflecting: subject)
+            for _ in 0..<place.depth {
+                guard let up = mirror.superclassMirror else { return nil }
+                mirror = up
+            }
+            let children = mirror.children
+            guard place.index < children.count else { return nil }
+            let child = children[children.index(children.startIndex, offsetBy: place.index)]
+            return child.label == name ? child.value : nil
         }
 
         private static func matches(_ descriptor: CInt, _ channel: any Channel) -> Bool {

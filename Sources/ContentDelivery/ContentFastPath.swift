@@ -360,12 +360,14 @@ public final class ContentFastPath: ChannelDuplexHandler {
                 return false
             }
             sendingElsewhere = true
-            context.setCork(true)
+            // Uncorked by the sender when the body has left.
+            FileSender.setCork(socket, true)
             let headWritten = context.eventLoop.makePromise(of: Void.self)
             context.write(wrapOutboundOut(.byteBuffer(head)), promise: headWritten)
             let (offset, count) = (Int64(region.readerIndex), Int64(region.readableBytes))
             headWritten.futureResult.assumeIsolated().whenComplete { [self] written in
                 guard case .success = written else {
+                    FileSender.setCork(socket, false)
                     Glibc.close(socket)
                     Glibc.close(file)
                     bodyLeft(written, report: report, context: context)
@@ -385,7 +387,6 @@ public final class ContentFastPath: ChannelDuplexHandler {
         private func bodyLeft(_ result: Result<Void, any Error>, report: ResponseReport, context: ChannelHandlerContext) {
             ticket = nil
             sendingElsewhere = false
-            context.setCork(false)
             responseLeft(result, report: report, context: context)
             guard context.channel.isActive, !closing else { return }
             resumeAnswering(context: context)
@@ -431,6 +432,11 @@ enum PassYield {
     }
 }
 
+#if os(Linux)
+    /// `TCP_CORK` of <netinet/tcp.h>, not imported into Swift.
+    let tcpCork: CInt = 3
+#endif
+
 extension ChannelHandlerContext {
     /// Sets `TCP_CORK` (Linux; elsewhere nothing): while it is on, the kernel sends only full
     /// segments. A response head written before a file region (sendfile) otherwise leaves in a
@@ -447,7 +453,6 @@ extension ChannelHandlerContext {
     /// head in one write and are not corked.
     func setCork(_ on: Bool) {
         #if os(Linux)
-            let tcpCork: CInt = 3  // <netinet/tcp.h>; not imported into Swift
             try? channel.syncOptions?.setOption(ChannelOptions.tcpOption(.init(rawValue: tcpCork)), value: on ? 1 : 0)
         #endif
     }

@@ -38,6 +38,14 @@
         private let workers: [Worker]
         private let nextId = Atomic<UInt64>(0)
 
+        /// Sets `TCP_CORK` on `socket` (see `ChannelHandlerContext.setCork`), straight on the
+        /// descriptor: through NIO's channel options the call costs a dynamic cast and a
+        /// generic-metadata lookup more, each time.
+        static func setCork(_ socket: CInt, _ on: Bool) {
+            var value: CInt = on ? 1 : 0
+            _ = setsockopt(socket, CInt(IPPROTO_TCP), tcpCork, &value, socklen_t(MemoryLayout<CInt>.size))
+        }
+
         /// Starts `threads` sending threads (at least one); throws, having started none, when the
         /// system refuses an epoll set or eventfd (out of descriptors).
         public init(threads: Int) throws(Failure) {
@@ -55,7 +63,9 @@
         /// Sends `count` bytes of `file` from `offset` to `socket`, then calls `completion` once,
         /// on a sending thread (after a shutdown, at once on the caller's). Takes ownership of
         /// both descriptors (duplicates made for the send): they are closed when it ends. The
-        /// socket must be non-blocking.
+        /// socket must be non-blocking. A socket corked for the response (``setCork(_:_:)``) is
+        /// uncorked when the send ends, so that the body's last segment leaves then, not when the
+        /// owner has heard of it.
         public func send(
             socket: CInt, file: CInt, offset: Int64, count: Int64, completion: @escaping @Sendable (Result<Void, Failure>) -> Void
         ) -> Ticket {
@@ -97,6 +107,14 @@
             (self.id, self.socket, self.file, self.start, self.offset, self.remaining, self.completion) = (
                 id, socket, file, offset, offset, remaining, completion
             )
+        }
+
+        /// Ends the job: uncorks its socket, closes both descriptors, and reports `result`.
+        func finish(_ result: Result<Void, FileSender.Failure>) {
+            FileSender.setCork(socket, false)
+            close(socket)
+            close(file)
+            completion(result)
         }
     }
 
@@ -186,11 +204,7 @@
                 wakeUp()
                 return true
             }
-            if !accepted, case .start(let job) = command {
-                close(job.socket)
-                close(job.file)
-                job.completion(.failure(.cancelled))
-            }
+            if !accepted, case .start(let job) = command { job.finish(.failure(.cancelled)) }
         }
 
         /// Asks the thread to cancel its sends and end; returns once it has.
@@ -254,10 +268,7 @@
                 event.events = EPOLLOUT.rawValue
                 event.data.u64 = job.id
                 guard epoll_ctl(epoll, EPOLL_CTL_ADD, job.socket, &event) == 0 else {
-                    let code = errno
-                    close(job.socket)
-                    close(job.file)
-                    job.completion(.failure(.socket(code)))
+                    job.finish(.failure(.socket(errno)))
                     return
                 }
                 jobs[job.id] = job
@@ -301,9 +312,7 @@
         private func end(_ job: Job, _ result: Result<Void, FileSender.Failure>) {
             _ = epoll_ctl(epoll, EPOLL_CTL_DEL, job.socket, nil)
             jobs[job.id] = nil
-            close(job.socket)
-            close(job.file)
-            job.completion(result)
+            job.finish(result)
         }
     }
 #else
