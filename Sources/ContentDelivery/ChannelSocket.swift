@@ -3,7 +3,8 @@
     import NIOCore
     import Synchronization
 
-    /// The socket under a NIO TCP channel, for ``FileSender`` and ``StalledReader``.
+    /// The socket under a NIO TCP channel, and calls on its descriptor, for ``FileSender``,
+    /// ``StalledReader`` and the fast path.
     ///
     /// NIOPosix keeps a channel's socket descriptor internal (its `BaseSocketChannel.socket`,
     /// whose `BaseSocket.descriptor` is private) and has no call that hands it out. It is read
@@ -18,6 +19,17 @@
             guard let descriptor = descriptor(of: channel), matches(descriptor, channel) else { return nil }
             let copy = fcntl(descriptor, F_DUPFD_CLOEXEC, 0)
             return copy >= 0 ? copy : nil
+        }
+
+        /// `TCP_CORK` of <netinet/tcp.h>, not imported into Swift.
+        static let tcpCork: CInt = 3
+
+        /// Sets `TCP_CORK` on a socket descriptor (see `ChannelHandlerContext.setCork`), for the
+        /// fast path, which holds a duplicate of the channel's for the sending threads: through
+        /// NIO's channel options the call costs a dynamic cast and a generic-metadata lookup more.
+        static func setCork(_ descriptor: CInt, _ on: Bool) {
+            var value: CInt = on ? 1 : 0
+            _ = setsockopt(descriptor, CInt(IPPROTO_TCP), tcpCork, &value, socklen_t(MemoryLayout<CInt>.size))
         }
 
         /// The bytes the peer of `channel`'s socket has acknowledged so far, or `nil`.

@@ -367,13 +367,13 @@ public final class ContentFastPath: ChannelDuplexHandler {
             }
             sendingElsewhere = true
             // Uncorked by the sender when the body has left.
-            FileSender.setCork(socket, true)
+            ChannelSocket.setCork(socket, true)
             let headWritten = context.eventLoop.makePromise(of: Void.self)
             context.write(wrapOutboundOut(.byteBuffer(head)), promise: headWritten)
             let (offset, count) = (Int64(region.readerIndex), Int64(region.readableBytes))
             headWritten.futureResult.assumeIsolated().whenComplete { [self] written in
                 guard case .success = written else {
-                    FileSender.setCork(socket, false)
+                    ChannelSocket.setCork(socket, false)
                     Glibc.close(socket)
                     Glibc.close(file)
                     bodyLeft(written, report: report, context: context)
@@ -438,11 +438,6 @@ enum PassYield {
     }
 }
 
-#if os(Linux)
-    /// `TCP_CORK` of <netinet/tcp.h>, not imported into Swift.
-    let tcpCork: CInt = 3
-#endif
-
 extension ChannelHandlerContext {
     /// Sets `TCP_CORK` (Linux; elsewhere nothing): while it is on, the kernel sends only full
     /// segments. A response head written before a file region (sendfile) otherwise leaves in a
@@ -459,7 +454,7 @@ extension ChannelHandlerContext {
     /// head in one write and are not corked.
     func setCork(_ on: Bool) {
         #if os(Linux)
-            try? channel.syncOptions?.setOption(ChannelOptions.tcpOption(.init(rawValue: tcpCork)), value: on ? 1 : 0)
+            try? channel.syncOptions?.setOption(ChannelOptions.tcpOption(.init(rawValue: ChannelSocket.tcpCork)), value: on ? 1 : 0)
         #endif
     }
 }

@@ -38,14 +38,6 @@
         private let workers: [Worker]
         private let nextId = Atomic<UInt64>(0)
 
-        /// Sets `TCP_CORK` on `socket` (see `ChannelHandlerContext.setCork`), straight on the
-        /// descriptor: through NIO's channel options the call costs a dynamic cast and a
-        /// generic-metadata lookup more, each time.
-        static func setCork(_ socket: CInt, _ on: Bool) {
-            var value: CInt = on ? 1 : 0
-            _ = setsockopt(socket, CInt(IPPROTO_TCP), tcpCork, &value, socklen_t(MemoryLayout<CInt>.size))
-        }
-
         /// Starts `threads` sending threads (at least one); throws, having started none, when the
         /// system refuses an epoll set or eventfd (out of descriptors).
         public init(threads: Int) throws(Failure) {
@@ -63,7 +55,7 @@
         /// Sends `count` bytes of `file` from `offset` to `socket`, then calls `completion` once,
         /// on a sending thread (after a shutdown, at once on the caller's). Takes ownership of
         /// both descriptors (duplicates made for the send): they are closed when it ends. The
-        /// socket must be non-blocking. A socket corked for the response (``setCork(_:_:)``) is
+        /// socket must be non-blocking. A socket corked for the response (``ChannelSocket/setCork(_:_:)``) is
         /// uncorked when the send ends, so that the body's last segment leaves then, not when the
         /// owner has heard of it.
         public func send(
@@ -111,7 +103,7 @@
 
         /// Ends the job: uncorks its socket, closes both descriptors, and reports `result`.
         func finish(_ result: Result<Void, FileSender.Failure>) {
-            FileSender.setCork(socket, false)
+            ChannelSocket.setCork(socket, false)
             close(socket)
             close(file)
             completion(result)
