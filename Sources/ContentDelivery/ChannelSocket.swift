@@ -1,22 +1,24 @@
 #if os(Linux)
+    @_spi(Reflection) import Swift
     import Glibc
     import NIOCore
     import Synchronization
 
     /// The socket under a NIO TCP channel, and calls on its descriptor, for ``FileSender``,
-    /// ``StalledReader`` and the fast path.
+    /// ``StalledReader``, the fast path and ``ContentAcceptor``.
     ///
     /// NIOPosix keeps a channel's socket descriptor internal (its `BaseSocketChannel.socket`,
     /// whose `BaseSocket.descriptor` is private) and has no call that hands it out. It is read
-    /// here by reflection and then checked against the channel's own addresses with
-    /// `getsockname` and `getpeername`: a NIO release that stores it otherwise yields `nil`, and
-    /// the response goes through NIO's `FileRegion` as before, never to another socket. A test
-    /// asserts that large responses are sent this way, so such a release is noticed.
+    /// here at the offsets the runtime's reflection gives for those two properties, checked for
+    /// each channel class against a channel's own addresses with `getsockname` and
+    /// `getpeername`: a NIO release that stores it otherwise yields `nil`, and the connection
+    /// goes through NIO as before, never to another socket. Tests assert that large responses
+    /// and new connections' first answers are sent this way, so such a release is noticed.
     enum ChannelSocket {
         /// A duplicate of `channel`'s socket descriptor (the caller closes it), or `nil`.
         /// Call on the channel's event loop while the channel is open.
         static func duplicate(of channel: any Channel) -> CInt? {
-            guard let descriptor = descriptor(of: channel), matches(descriptor, channel) else { return nil }
+            guard let descriptor = descriptor(of: channel) else { return nil }
             let copy = fcntl(descriptor, F_DUPFD_CLOEXEC, 0)
             return copy >= 0 ? copy : nil
         }
@@ -35,7 +37,7 @@
         /// The bytes the peer of `channel`'s socket has acknowledged so far, or `nil`.
         /// Call on the channel's event loop while the channel is open.
         static func bytesAcknowledged(on channel: any Channel) -> UInt64? {
-            guard let descriptor = descriptor(of: channel), matches(descriptor, channel) else { return nil }
+            guard let descriptor = descriptor(of: channel) else { return nil }
             // `tcpi_bytes_acked` of the kernel's `struct tcp_info` (Linux 4.1 and later), read at
             // its offset: glibc's struct stops before it, and <linux/tcp.h>'s cannot be imported
             // beside glibc's (the two definitions clash in Clang's modules). The layout is kernel
@@ -48,59 +50,64 @@
             return info.withUnsafeBytes { $0.loadUnaligned(fromByteOffset: offset, as: UInt64.self) }
         }
 
-        private static func descriptor(of channel: any Channel) -> CInt? {
-            guard let socket = field("socket", of: channel) else { return nil }
-            return field("descriptor", of: socket) as? CInt
-        }
-
-        /// Where a stored property was found: how many superclasses up from the object's own
-        /// class, and its place among that class's own properties.
-        private struct Place {
-            let depth: Int
-            let index: Int
-        }
-
-        private struct Key: Hashable {
-            let type: ObjectIdentifier
-            let name: String
-        }
-
-        /// Places found so far, by class and property (a handful: NIO's channel and socket classes).
-        private static let places = Mutex<[Key: Place]>([:])
-
-        /// A stored property of an object or of one of its superclasses.
-        ///
-        /// Why the places are kept: walking a mirror's children boxes every property up to the
-        /// one asked for; read at a known place, one is. With the cork set on the descriptor, the
-        /// event loop's work for a response handed to the sending threads fell by 7-12% (30-60 µs
-        /// of about 400-500, docs/performance.md, twenty-first stop). A place that no longer
-        /// holds the name (another class) is looked for again.
-        private static func field(_ name: String, of subject: Any) -> Any? {
-            let key = Key(type: ObjectIdentifier(type(of: subject)), name: name)
-            if let place = places.withLock({ $0[key] }), let value = value(name, at: place, of: subject) { return value }
-            var mirror: Mirror? = Mirror(reflecting: subject)
-            var depth = 0
-            while let current = mirror {
-                for (index, child) in current.children.enumerated() where child.label == name {
-                    places.withLock { $0[key] = Place(depth: depth, index: index) }
-                    return child.value
-                }
-                mirror = current.superclassMirror
-                depth += 1
+        /// `channel`'s own socket descriptor (not a duplicate: it stays the channel's), read at the
+        /// places found for its class, or `nil`. Call on the channel's event loop while the
+        /// channel is open. The first channel of each class is also checked against its own
+        /// addresses (`getsockname`, `getpeername`): the places are the class's, so one check
+        /// holds for every channel of it, and a NIO release that stores the socket otherwise
+        /// fails it and is never read from.
+        static func descriptor(of channel: any Channel) -> CInt? {
+            let object = channel as AnyObject
+            let type = ObjectIdentifier(Swift.type(of: object))
+            if let known = layouts.withLock({ $0[type] }) {
+                let descriptor = read(known, of: object)
+                return descriptor >= 0 ? descriptor : nil
             }
-            return nil
+            guard let socketField = field("socket", of: Swift.type(of: object), where: { $0 is AnyObject.Type }) else { return nil }
+            let socket = UnsafeRawPointer(Unmanaged.passUnretained(object).toOpaque()).load(fromByteOffset: socketField, as: AnyObject.self)
+            guard let descriptorField = field("descriptor", of: Swift.type(of: socket), where: { $0 == CInt.self }) else { return nil }
+            let layout = Layout(socket: socketField, descriptor: descriptorField)
+            let descriptor = read(layout, of: object)
+            // Not kept when the check cannot be made (a peer already gone has no address): the
+            // next channel is checked.
+            guard descriptor >= 0, matches(descriptor, channel) else { return nil }
+            layouts.withLock { $0[type] = layout }
+            return descriptor
         }
 
-        private static func value(_ name: String, at place: Place, of subject: Any) -> Any? {
-            var mirror = Mirror(reflecting: subject)
-            for _ in 0..<place.depth {
-                guard let up = mirror.superclassMirror else { return nil }
-                mirror = up
+        /// Where a channel class keeps its socket object, and that object its descriptor: byte
+        /// offsets into each instance.
+        private struct Layout {
+            let socket: Int
+            let descriptor: Int
+        }
+
+        /// By channel class, once checked (a handful of classes).
+        private static let layouts = Mutex<[ObjectIdentifier: Layout]>([:])
+
+        /// Why offsets, not `Mirror`: a mirror boxes the properties it walks, and each read took
+        /// about as long as the rest of answering a request on a new connection (11% of the
+        /// server's CPU there, `perf`, docs/performance.md, twenty-second stop).
+        private static func read(_ layout: Layout, of object: AnyObject) -> CInt {
+            let base = UnsafeRawPointer(Unmanaged.passUnretained(object).toOpaque())
+            let socket = base.load(fromByteOffset: layout.socket, as: AnyObject.self)
+            return withExtendedLifetime(socket) {
+                UnsafeRawPointer(Unmanaged.passUnretained(socket).toOpaque()).load(fromByteOffset: layout.descriptor, as: CInt.self)
             }
-            let children = mirror.children
-            guard place.index < children.count else { return nil }
-            let child = children[children.index(children.startIndex, offsetBy: place.index)]
-            return child.label == name ? child.value : nil
+        }
+
+        /// The byte offset of the stored property `name` of a class instance (its own or a
+        /// superclass's), when its type passes `accepts`.
+        private static func field(_ name: String, of type: Any.Type, where accepts: (Any.Type) -> Bool) -> Int? {
+            var offset: Int?
+            // `.classType`, spelled by value: the stdlib declares it a `static var`, which strict
+            // concurrency refuses to read.
+            _ = _forEachField(of: type, options: _EachFieldOptions(rawValue: 1 << 0)) { fieldName, fieldOffset, fieldType, _ in
+                guard String(cString: fieldName) == name else { return true }
+                if accepts(fieldType) { offset = fieldOffset }
+                return false
+            }
+            return offset
         }
 
         private static func matches(_ descriptor: CInt, _ channel: any Channel) -> Bool {

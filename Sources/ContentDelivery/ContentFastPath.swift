@@ -268,41 +268,7 @@ public final class ContentFastPath: ChannelDuplexHandler {
             eventLoop: context.eventLoop, allocator: allocator)
         if !response.keepAlive { closing = true }
 
-        headScratch.clear()
-        headScratch.writeStaticString(request.http10 ? "HTTP/1.0 " : "HTTP/1.1 ")
-        // The two statuses of nearly every response, as literals (no number formatted).
-        switch response.status {
-        case .partialContent: headScratch.writeStaticString("206 Partial Content\r\n")
-        case .ok: headScratch.writeStaticString("200 OK\r\n")
-        default:
-            headScratch.writeString(String(response.status.code))
-            headScratch.writeInteger(UInt8(ascii: " "))
-            headScratch.writeString(response.status.reasonPhrase)
-            headScratch.writeStaticString("\r\n")
-        }
-        response.fields.render(into: &headScratch)
-        headScratch.writeStaticString("\r\n")
-        // Taken out of the response so that a small body's buffer is uniquely referenced and the
-        // head is written into it in place.
-        var pieces = response.body
-        response.body = []
-        var head: ByteBuffer
-        // A small body goes out with its head in one write, one TCP segment: into the room left
-        // in front of it when there is enough, else copied behind the head.
-        if pieces.count == 1, case .byteBuffer = pieces[0], case .byteBuffer(var small) = pieces.removeLast() {
-            if small.readerIndex >= headScratch.readableBytes {
-                let start = small.readerIndex - headScratch.readableBytes
-                small.setBuffer(headScratch, at: start)
-                small.moveReaderIndex(to: start)
-                head = small
-            } else {
-                head = headScratch
-                head.writeBuffer(&small)
-            }
-            pieces = []
-        } else {
-            head = headScratch
-        }
+        let (head, pieces) = response.serialize(http10: request.http10, scratch: &headScratch)
 
         let report = ResponseReport(response, observer: observer)
         // A response that is one buffer (a small range, an error, a HEAD) on a connection that
@@ -398,6 +364,46 @@ public final class ContentFastPath: ChannelDuplexHandler {
             resumeAnswering(context: context)
         }
     #endif
+}
+
+extension ContentResponse {
+    /// Takes the response's bytes for the wire: its head (status line and fields, rendered into
+    /// `scratch`, which is kept between responses) and the body pieces left to send after it. A
+    /// body that is one buffer goes out with its head in one write, one TCP segment: the head is
+    /// written into the room left in front of it when there is enough, else the body is copied
+    /// behind the head; no pieces are left then.
+    mutating func serialize(http10: Bool, scratch: inout ByteBuffer) -> (head: ByteBuffer, pieces: [IOData]) {
+        scratch.clear()
+        scratch.writeStaticString(http10 ? "HTTP/1.0 " : "HTTP/1.1 ")
+        // The two statuses of nearly every response, as literals (no number formatted).
+        switch status {
+        case .partialContent: scratch.writeStaticString("206 Partial Content\r\n")
+        case .ok: scratch.writeStaticString("200 OK\r\n")
+        default:
+            scratch.writeString(String(status.code))
+            scratch.writeInteger(UInt8(ascii: " "))
+            scratch.writeString(status.reasonPhrase)
+            scratch.writeStaticString("\r\n")
+        }
+        fields.render(into: &scratch)
+        scratch.writeStaticString("\r\n")
+        // Taken out of the response so that a small body's buffer is uniquely referenced and the
+        // head is written into it in place.
+        var pieces = body
+        body = []
+        if pieces.count == 1, case .byteBuffer = pieces[0], case .byteBuffer(var small) = pieces.removeLast() {
+            if small.readerIndex >= scratch.readableBytes {
+                let start = small.readerIndex - scratch.readableBytes
+                small.setBuffer(scratch, at: start)
+                small.moveReaderIndex(to: start)
+                return (small, [])
+            }
+            var head = scratch
+            head.writeBuffer(&small)
+            return (head, [])
+        }
+        return (scratch, pieces)
+    }
 }
 
 /// Once per pass of an event loop that flushed responses, the loop offers its core to

@@ -1,3 +1,4 @@
+import ContentDelivery
 import Logging
 import NIOCore
 import NIOExtras
@@ -30,7 +31,7 @@ struct ContentListener: Service {
     let connections: OpenConnections
     /// Sets up an accepted connection's pipeline, on its loop.
     let setUp: @Sendable (any Channel) throws -> Void
-    /// Added first to each listening socket's pipeline.
+    /// Added first to each listening socket's pipeline, in this order; made anew for each.
     let listenerHandlers: @Sendable () -> [any ChannelHandler]
     /// Called with the port once every loop listens.
     let onListening: @Sendable (Int) async -> Void
@@ -63,7 +64,14 @@ struct ContentListener: Service {
         var listeners: [any Channel] = []
         do {
             for (loop, quiescing) in zip(group.makeIterator(), quiescing) {
-                let listener = try await ServerBootstrap(group: loop)
+                var bootstrap = ServerBootstrap(group: loop)
+                #if os(Linux)
+                    // Handed over once the first request has arrived, so that `ContentAcceptor`
+                    // finds it there (see `deferAccept`).
+                    bootstrap = bootstrap.serverChannelOption(ContentAcceptor.deferAccept, value: 1)
+                #endif
+                let listener =
+                    try await bootstrap
                     .serverChannelOption(ChannelOptions.backlog, value: 256)
                     // Up to 16 connections accepted per wake-up, not NIO's 4: a new connection
                     // for each 4 KiB range, 7 alternated rounds, 1-4% more requests a second at 16
@@ -76,7 +84,7 @@ struct ContentListener: Service {
                     .serverChannelInitializer { channel in
                         channel.eventLoop.makeCompletedFuture {
                             let sync = channel.pipeline.syncOperations
-                            for handler in listenerHandlers() { try sync.addHandler(handler, position: .first) }
+                            for handler in listenerHandlers().reversed() { try sync.addHandler(handler, position: .first) }
                             try sync.addHandler(quiescing.makeServerChannelHandler(channel: channel))
                         }
                     }

@@ -44,8 +44,14 @@ public enum ContentServerApp {
         let listener = ContentListener(
             host: configuration.host, port: configuration.port, group: loops, connections: connections,
             setUp: { try channel.configure($0, logger: logger) },
-            // First: NIO's accept back-off handler further on swallows the error.
-            listenerHandlers: { [AcceptFailureLogger(logger: logger, metrics: service.metrics)] },
+            // The failure logger first: NIO's accept back-off handler further on swallows the
+            // error. Then new connections' first content requests are answered as accepted.
+            listenerHandlers: {
+                [
+                    AcceptFailureLogger(logger: logger, metrics: service.metrics),
+                    ContentAcceptor(prefix: ContentHTTPChannel.contentPrefix, resolver: service, observer: service.metrics),
+                ]
+            },
             onListening: { port in
                 service.boundPort.withLock { $0 = port }
                 logger.info("listening on \(configuration.host):\(port)")

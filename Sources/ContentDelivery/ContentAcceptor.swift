@@ -1,0 +1,208 @@
+import NIOCore
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// Answers a new connection's first request as the connection is accepted, before NIO sets the
+/// connection up, when that request is one ``ContentFastPath`` takes and its whole answer is one
+/// buffer (a range of up to 64 KiB, a refusal, a `HEAD`): the request is read and answered, and
+/// a connection that asked to close is closed, without ever being registered with the event
+/// loop. Every other connection goes on to the listener's accept handler and meets the fast path
+/// and NIO's decoder as before, with the bytes read (a request it did not take, or those after
+/// the one answered) and any part of the answer the socket had no room for.
+///
+/// Why: a client that opens a connection per request (HTTP/1.0, `Connection: close`, many
+/// devices behind a proxy) cost the server about 114 µs of CPU per request through NIO's
+/// channel (options applied through futures, a pipeline of four handlers, two timers, three
+/// `epoll_ctl` calls, the pending-writes machinery and the close's), against nginx's 41 µs
+/// (docs/performance.md, twenty-second stop). Here it is read, answered and closed in three
+/// system calls after the accept. NIO offers no hook between its accept and its channel
+/// set-up, so this sits on the listener's pipeline, where accepted channels pass before they
+/// are registered, and finds the socket with ``ChannelSocket``.
+///
+/// Added to each listening channel's pipeline, ahead of the accept handler; it holds its
+/// listener's loop's state (the receive buffer, the last resolution and `Date` field), so one
+/// instance serves one listener.
+public final class ContentAcceptor: ChannelInboundHandler {
+    public typealias InboundIn = any Channel
+    public typealias InboundOut = any Channel
+
+    private let prefix: String
+    private let resolver: any ContentResolver
+    private let observer: (any ContentObserver)?
+    private let maxRanges: Int
+    private let parser: RequestHeadParser
+    /// Touched only on the listener's event loop, one accepted connection at a time.
+    private var memory = ResponseMemory()
+    private var scratch = ByteBuffer()
+    private var received: ByteBuffer?
+
+    /// `TCP_DEFER_ACCEPT`, in seconds, for the listener (Linux only): the kernel hands a connection to `accept` once its first bytes
+    /// have arrived, as nginx's `listen ... deferred` does, so the first request is there to
+    /// answer. Without it most new connections were accepted before their request arrived and
+    /// went through NIO after all: a new connection for each 4 KiB range, 3 alternated rounds,
+    /// 9-17% more requests a second than before this handler; with it 30-39%, and a p99 of
+    /// 1.0-1.3 ms against 1.9-2.0 at 16 connections (docs/performance.md, twenty-second stop).
+    /// A connection that sends nothing is handed over when the deferral ends (one SYN-ACK
+    /// retransmission, about a second, for a value of 1) and meets the same timeouts.
+    public static let deferAccept = ChannelOptions.tcpOption(.init(rawValue: 9))
+
+    public init(
+        prefix: String, resolver: any ContentResolver, observer: (any ContentObserver)? = nil,
+        maxRanges: Int = RangeEvaluator.defaultMaxRanges
+    ) {
+        self.prefix = prefix
+        self.resolver = resolver
+        self.observer = observer
+        self.maxRanges = maxRanges
+        parser = RequestHeadParser(prefix: prefix)
+    }
+
+    public func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        #if os(Linux)
+            if answerFirst(unwrapInboundIn(data), context: context) { return }
+        #endif
+        context.fireChannelRead(data)
+    }
+
+    #if os(Linux)
+        /// Whether `child` was dealt with here (answered and closed, or answered and passed on
+        /// with what it still needs); false passes it on untouched.
+        private func answerFirst(_ child: any Channel, context: ChannelHandlerContext) -> Bool {
+            // The child's loop is the listener's (each listener has a group of one loop): its
+            // pipeline is set up here, synchronously.
+            guard child.eventLoop.inEventLoop, let socket = ChannelSocket.descriptor(of: child) else { return false }
+            var buffer = received ?? context.channel.allocator.buffer(capacity: RequestHeadParser.maxHead)
+            buffer.clear()
+            var count = 0
+            buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: RequestHeadParser.maxHead) { raw in
+                count = recv(socket, raw.baseAddress, RequestHeadParser.maxHead, Int32(MSG_DONTWAIT))
+                return max(0, count)
+            }
+            received = buffer
+            // Nothing yet (the request is still on its way), the peer gone, or an error: NIO's
+            // channel waits for it, or finds out.
+            guard count > 0 else { return false }
+            guard case .request(let request, let length) = parser.parse(buffer, knownURI: memory.resolved?.uri) else {
+                return handOver(child, AcceptedBytes(input: buffer), context: context)
+            }
+            var response = ContentResponse.make(
+                request.content, prefix: prefix, maxRanges: maxRanges, resolver: resolver, memory: &memory,
+                eventLoop: context.eventLoop, allocator: context.channel.allocator)
+            guard response.body.isEmpty || (response.body.count == 1 && response.body[0].isBuffer) else {
+                // A body from the file: the channel's fast path answers it (sendfile, corked).
+                return handOver(child, AcceptedBytes(input: buffer), context: context)
+            }
+            var (head, _) = response.serialize(http10: request.http10, scratch: &scratch)
+            let report = ResponseReport(response, observer: observer)
+            buffer.moveReaderIndex(forwardBy: length)
+            let rest = buffer.readableBytes > 0 && response.keepAlive ? buffer : nil
+            let sent = head.withUnsafeReadableBytes { send(socket, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT | MSG_NOSIGNAL)) }
+            if sent == head.readableBytes {
+                _ = report.finished(.success(()), observer: observer)
+                guard response.keepAlive else {
+                    child.close(promise: nil)
+                    return true
+                }
+                return rest.map { handOver(child, AcceptedBytes(input: $0), context: context) } ?? false
+            }
+            if sent < 0, errno != EAGAIN, errno != EINTR {
+                _ = report.finished(.failure(IOError(errnoCode: errno, reason: "send")), observer: observer)
+                child.close(promise: nil)
+                return true
+            }
+            // The socket took part of the answer: the channel sends the rest, then goes on.
+            head.moveReaderIndex(forwardBy: max(0, sent))
+            let unsent = AcceptedBytes.Unsent(bytes: head, report: report, observer: observer, closeAfter: !response.keepAlive)
+            return handOver(child, AcceptedBytes(input: rest, unsent: unsent), context: context)
+        }
+
+        /// Passes `child` on with `bytes` first in its pipeline; closes it if that is refused.
+        private func handOver(_ child: any Channel, _ bytes: AcceptedBytes, context: ChannelHandlerContext) -> Bool {
+            do {
+                try child.pipeline.syncOperations.addHandler(bytes, position: .first)
+            } catch {
+                child.close(promise: nil)
+                return true
+            }
+            context.fireChannelRead(wrapInboundOut(child))
+            return true
+        }
+    #endif
+}
+
+/// What ``ContentAcceptor`` leaves for an accepted connection it passes on: the rest of an answer
+/// the socket had no room for, sent first, and the bytes it read and did not answer, handed to
+/// the handlers behind as the connection's first read. First in the pipeline; removes itself
+/// once done, unless the connection is to close after the answer, when it drops what is read.
+final class AcceptedBytes: ChannelInboundHandler, RemovableChannelHandler {
+    typealias InboundIn = ByteBuffer
+    typealias InboundOut = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+
+    struct Unsent {
+        let bytes: ByteBuffer
+        let report: ResponseReport
+        let observer: (any ContentObserver)?
+        /// The answer said `Connection: close`: nothing more is read or answered.
+        let closeAfter: Bool
+    }
+
+    private var input: ByteBuffer?
+    private var unsent: Unsent?
+    private let closeAfter: Bool
+
+    init(input: ByteBuffer?, unsent: Unsent? = nil) {
+        self.input = input
+        self.unsent = unsent
+        closeAfter = unsent?.closeAfter ?? false
+    }
+
+    func channelActive(context: ChannelHandlerContext) {
+        // First, so the handlers behind arm their timers (a client that stops reading the rest
+        // of the answer is cut by the idle timeout, as on any connection).
+        context.fireChannelActive()
+        guard context.channel.isActive else { return }
+        if let unsent {
+            self.unsent = nil
+            let written = context.eventLoop.makePromise(of: Void.self)
+            context.writeAndFlush(wrapOutboundOut(unsent.bytes), promise: written)
+            written.futureResult.assumeIsolated().whenComplete { result in
+                if !unsent.report.finished(result, observer: unsent.observer) || unsent.closeAfter {
+                    context.close(promise: nil)
+                }
+            }
+        }
+        guard !closeAfter else { return }
+        if let input {
+            self.input = nil
+            context.fireChannelRead(wrapInboundOut(input))
+            context.fireChannelReadComplete()
+        }
+        context.pipeline.syncOperations.removeHandler(context: context, promise: nil)
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        // After an answer that closes the connection nothing more is taken.
+        if !closeAfter { context.fireChannelRead(data) }
+    }
+
+    func channelReadComplete(context: ChannelHandlerContext) {
+        if !closeAfter { context.fireChannelReadComplete() }
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        // Closed before it became active: the answer never left.
+        if let unsent {
+            self.unsent = nil
+            _ = unsent.report.finished(.failure(ChannelError.ioOnClosedChannel), observer: unsent.observer)
+        }
+    }
+}
+
+extension IOData {
+    fileprivate var isBuffer: Bool {
+        if case .byteBuffer = self { true } else { false }
+    }
+}

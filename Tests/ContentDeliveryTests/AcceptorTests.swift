@@ -1,0 +1,261 @@
+import Foundation
+import NIOCore
+import NIOHTTP1
+import NIOPosix
+import Synchronization
+import Testing
+
+@testable import ContentDelivery
+
+/// Real sockets on a real listener: what `ContentAcceptor` does happens between the kernel's
+/// accept and NIO's set-up of the connection, which only a listening socket has.
+@Suite struct ContentAcceptorTests {
+    /// The server side: a listener with the acceptor, whose connections (those it passes on)
+    /// get the fast path and, behind it, a recorder of the bytes the fast path hands off.
+    final class Server: @unchecked Sendable {
+        let file: OneFileResolver
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        let listener: any Channel
+        let port: Int
+        let tally = Tally()
+        let observer = CountingObserver()
+
+        /// `sendBuffer`: each connection's `SO_SNDBUF` (inherited from the listener), fixed.
+        init(fileSize: Int = 200_000, sendBuffer: Int? = nil) async throws {
+            let file = try OneFileResolver(size: fileSize)
+            self.file = file
+            let (tally, observer) = (tally, observer)
+            var bootstrap = ServerBootstrap(group: group)
+            if let sendBuffer {
+                bootstrap = bootstrap.serverChannelOption(ChannelOptions.socketOption(.so_sndbuf), value: SocketOptionValue(sendBuffer))
+            }
+            listener =
+                try await bootstrap
+                .serverChannelOption(ContentAcceptor.deferAccept, value: 1)
+                .serverChannelInitializer { channel in
+                    channel.eventLoop.makeCompletedFuture {
+                        try channel.pipeline.syncOperations.addHandler(
+                            ContentAcceptor(prefix: "/v1/content/", resolver: file, observer: observer), position: .first)
+                    }
+                }
+                .childChannelInitializer { channel in
+                    channel.eventLoop.makeCompletedFuture {
+                        tally.setUp.add(1, ordering: .relaxed)
+                        try channel.pipeline.syncOperations.addHandlers([
+                            ContentFastPath(prefix: "/v1/content/", resolver: file, observer: observer), Recorder(tally: tally),
+                        ])
+                    }
+                }
+                .bind(host: "127.0.0.1", port: 0).get()
+            port = try #require(listener.localAddress?.port)
+        }
+
+        func stop() async throws {
+            try await listener.close()
+            try await group.shutdownGracefully()
+        }
+    }
+
+    final class Tally: Sendable {
+        /// Connections the acceptor passed on to be set up.
+        let setUp = Atomic<Int>(0)
+        /// What the fast path handed off to the handler behind it.
+        let handedOff = Mutex<[UInt8]>([])
+    }
+
+    final class Recorder: ChannelInboundHandler, @unchecked Sendable {
+        typealias InboundIn = ByteBuffer
+        let tally: Tally
+        init(tally: Tally) { self.tally = tally }
+        func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+            let buffer = unwrapInboundIn(data)
+            tally.handedOff.withLock { $0 += buffer.readableBytesView }
+        }
+    }
+
+    final class CountingObserver: ContentObserver {
+        let finished = Mutex<[(UInt, Bool)]>([])
+        func responseStarted(status: HTTPResponseStatus, bytes: UInt64) {}
+        func responseFinished(status: HTTPResponseStatus, bytes: UInt64, duration: Duration, succeeded: Bool) {
+            finished.withLock { $0.append((status.code, succeeded)) }
+        }
+    }
+
+    /// A client socket, connected; `receiveBuffer` set before connecting bounds what the
+    /// server can send before the client reads.
+    static func connect(_ port: Int, receiveBuffer: Int? = nil) throws -> CInt {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        if var size = receiveBuffer.map(CInt.init) {
+            setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, socklen_t(MemoryLayout<CInt>.size))
+        }
+        var timeout = timeval(tv_sec: 20, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = in_port_t(UInt16(port).bigEndian)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        let connected = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        try #require(connected == 0)
+        return fd
+    }
+
+    static func send(_ fd: CInt, _ text: String) {
+        let bytes = Array(text.utf8)
+        #expect(Glibc.send(fd, bytes, bytes.count, Int32(MSG_NOSIGNAL)) == bytes.count)
+    }
+
+    /// Reads until the server closes (or 20 s pass without a byte).
+    static func readToClose(_ fd: CInt) -> (bytes: [UInt8], closed: Bool) {
+        var received: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 65536)
+        while true {
+            let count = recv(fd, &chunk, chunk.count, 0)
+            if count == 0 { return (received, true) }
+            if count < 0 { return (received, false) }
+            received += chunk[..<count]
+        }
+    }
+
+    /// Reads responses with a `Content-Length` off one connection, keeping what arrived past one
+    /// for the next.
+    final class Responses {
+        let fd: CInt
+        var received: [UInt8] = []
+        init(_ fd: CInt) { self.fd = fd }
+
+        func next() -> (head: String, body: [UInt8]) {
+            var chunk = [UInt8](repeating: 0, count: 65536)
+            while true {
+                if let split = received.firstRange(of: Array("\r\n\r\n".utf8)) {
+                    let head = String(decoding: received[..<split.lowerBound], as: UTF8.self)
+                    let length =
+                        head.split(separator: "\r\n").first { $0.lowercased().hasPrefix("content-length:") }
+                        .flatMap { Int($0.split(separator: ":")[1].trimmingCharacters(in: .whitespaces)) } ?? 0
+                    if received.count - split.upperBound >= length {
+                        let body = Array(received[split.upperBound..<(split.upperBound + length)])
+                        received.removeFirst(split.upperBound + length)
+                        return (head, body)
+                    }
+                }
+                let count = recv(fd, &chunk, chunk.count, 0)
+                guard count > 0 else { return (String(decoding: received, as: UTF8.self), []) }
+                received += chunk[..<count]
+            }
+        }
+    }
+
+    static func body(of response: [UInt8]) -> (head: String, body: [UInt8]) {
+        guard let split = response.firstRange(of: Array("\r\n\r\n".utf8)) else { return (String(decoding: response, as: UTF8.self), []) }
+        return (String(decoding: response[..<split.lowerBound], as: UTF8.self), Array(response[split.upperBound...]))
+    }
+
+    @Test("a new connection's small range, refusal or HEAD is answered as it is accepted, and a Connection: close closes it, with no NIO channel set up")
+    func answeredAtAccept() async throws {
+        let server = try await Server()
+        let requests = [
+            ("GET /v1/content/ok/p-1.0.zip HTTP/1.1\r\nRange: bytes=1000-5095\r\nConnection: close\r\n\r\n", "206 Partial Content", Array(server.file.bytes[1000..<5096])),
+            ("GET /v1/content/gone/p-1.0.zip HTTP/1.1\r\nConnection: close\r\n\r\n", "403 Forbidden", nil),
+            ("HEAD /v1/content/ok/p-1.0.zip HTTP/1.1\r\nConnection: close\r\n\r\n", "200 OK", []),
+            ("GET /v1/content/ok/p-1.0.zip HTTP/1.0\r\nRange: bytes=0-99\r\n\r\n", "206 Partial Content", Array(server.file.bytes[0..<100])),
+        ]
+        for (request, status, expected) in requests {
+            let fd = try Self.connect(server.port)
+            defer { close(fd) }
+            Self.send(fd, request)
+            let (bytes, closed) = Self.readToClose(fd)
+            let (head, body) = Self.body(of: bytes)
+            #expect(head.hasPrefix("HTTP/1.") && head.contains(status), "\(request): \(head)")
+            #expect(closed, "the server closed the connection after the answer")
+            if let expected { #expect(body == expected) } else { #expect(body.starts(with: Array(#"{"error""#.utf8))) }
+        }
+        #expect(server.tally.setUp.load(ordering: .relaxed) == 0, "every request was answered before a channel was set up")
+        #expect(server.observer.finished.withLock { $0.map(\.0) } == [206, 403, 200, 206])
+        #expect(server.observer.finished.withLock { $0.allSatisfy(\.1) })
+        try await server.stop()
+    }
+
+    @Test("a kept-alive connection goes on through the fast path after its first answer, with the requests it pipelined, in order")
+    func keptAliveGoesOn() async throws {
+        let server = try await Server()
+        let fd = try Self.connect(server.port)
+        defer { close(fd) }
+        Self.send(
+            fd,
+            "GET /v1/content/ok/p-1.0.zip HTTP/1.1\r\nRange: bytes=0-9\r\n\r\nGET /v1/content/ok/p-1.0.zip HTTP/1.1\r\nRange: bytes=10-19\r\n\r\n")
+        let responses = Responses(fd)
+        let first = responses.next()
+        let second = responses.next()
+        #expect(first.head.hasPrefix("HTTP/1.1 206") && first.body == Array(server.file.bytes[0..<10]))
+        #expect(second.head.hasPrefix("HTTP/1.1 206") && second.body == Array(server.file.bytes[10..<20]))
+        Self.send(fd, "GET /v1/content/ok/p-1.0.zip HTTP/1.1\r\nRange: bytes=20-29\r\n\r\n")
+        let third = responses.next()
+        #expect(third.head.hasPrefix("HTTP/1.1 206") && third.body == Array(server.file.bytes[20..<30]))
+        #expect(server.tally.setUp.load(ordering: .relaxed) == 1)
+        try await server.stop()
+    }
+
+    @Test("a request it does not take (another path, a body from the file) reaches the connection's handlers byte for byte")
+    func othersPassOnWithTheirBytes() async throws {
+        let server = try await Server()
+        let other = "POST /v1/downloads HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}"
+        let fd = try Self.connect(server.port)
+        defer { close(fd) }
+        Self.send(fd, other)
+        // The fast path hands the connection to what is behind it, which records and answers
+        // nothing: the bytes arrive there (polled: the handing over is on the server's loop).
+        var waited = 0
+        while server.tally.handedOff.withLock({ $0.count }) < other.utf8.count, waited < 2_000 {
+            try await Task.sleep(for: .milliseconds(5))
+            waited += 1
+        }
+        #expect(server.tally.handedOff.withLock { $0 } == Array(other.utf8))
+
+        // A body the fast path sends from the file (sendfile, corked): passed on unanswered.
+        let whole = try Self.connect(server.port)
+        defer { close(whole) }
+        Self.send(whole, "GET /v1/content/ok/p-1.0.zip HTTP/1.1\r\nConnection: close\r\n\r\n")
+        let (bytes, closed) = Self.readToClose(whole)
+        let (head, body) = Self.body(of: bytes)
+        #expect(head.hasPrefix("HTTP/1.1 200 OK") && closed)
+        #expect(body == server.file.bytes)
+        #expect(server.tally.setUp.load(ordering: .relaxed) == 2)
+        try await server.stop()
+    }
+
+    @Test("an answer the new socket has no room for is finished by the connection's channel, then the connection closes")
+    func restOfAnAnswer() async throws {
+        // Send and receive buffers of a few KiB and a 64 KiB range: the socket takes part of the
+        // answer (on loopback the kernel otherwise sizes a new socket's buffer for far more).
+        let server = try await Server(sendBuffer: 4096)
+        let fd = try Self.connect(server.port, receiveBuffer: 4096)
+        defer { close(fd) }
+        Self.send(fd, "GET /v1/content/ok/p-1.0.zip HTTP/1.1\r\nRange: bytes=7-65542\r\nConnection: close\r\n\r\n")
+        let (bytes, closed) = Self.readToClose(fd)
+        let (head, body) = Self.body(of: bytes)
+        #expect(head.hasPrefix("HTTP/1.1 206") && closed)
+        #expect(body == Array(server.file.bytes[7..<65543]))
+        #expect(server.tally.setUp.load(ordering: .relaxed) == 1, "the rest was sent by a channel set up for it")
+        #expect(server.observer.finished.withLock { $0.map(\.0) } == [206])
+        #expect(server.observer.finished.withLock { $0.allSatisfy(\.1) }, "counted once, when all of it had left")
+        try await server.stop()
+    }
+
+    @Test("a connection that sends nothing is still handed over once the deferral ends, and served")
+    func silentConnectionIsHandedOver() async throws {
+        let server = try await Server()
+        let fd = try Self.connect(server.port)
+        defer { close(fd) }
+        var waited = 0
+        while server.tally.setUp.load(ordering: .relaxed) == 0, waited < 2_000 {
+            try await Task.sleep(for: .milliseconds(5))
+            waited += 1
+        }
+        #expect(server.tally.setUp.load(ordering: .relaxed) == 1, "accepted without a byte, within 10 s")
+        Self.send(fd, "GET /v1/content/ok/p-1.0.zip HTTP/1.1\r\nRange: bytes=0-9\r\n\r\n")
+        let response = Responses(fd).next()
+        #expect(response.head.hasPrefix("HTTP/1.1 206") && response.body == Array(server.file.bytes[0..<10]))
+        try await server.stop()
+    }
+}
