@@ -73,14 +73,16 @@ public final class ContentAcceptor: ChannelInboundHandler {
             // The child's loop is the listener's (each listener has a group of one loop): its
             // pipeline is set up here, synchronously.
             guard child.eventLoop.inEventLoop, let socket = ChannelSocket.descriptor(of: child) else { return false }
+            // Taken out while in use: a buffer referenced twice would be copied by the writes.
             var buffer = received ?? context.channel.allocator.buffer(capacity: RequestHeadParser.maxHead)
+            received = nil
+            defer { received = buffer }
             buffer.clear()
             var count = 0
             buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: RequestHeadParser.maxHead) { raw in
                 count = recv(socket, raw.baseAddress, RequestHeadParser.maxHead, Int32(MSG_DONTWAIT))
                 return max(0, count)
             }
-            received = buffer
             // Nothing yet (the request is still on its way), the peer gone, or an error: NIO's
             // channel waits for it, or finds out.
             guard count > 0 else { return false }
@@ -168,9 +170,11 @@ final class AcceptedBytes: ChannelInboundHandler, RemovableChannelHandler {
             self.unsent = nil
             let written = context.eventLoop.makePromise(of: Void.self)
             context.writeAndFlush(wrapOutboundOut(unsent.bytes), promise: written)
+            // The channel's close, not the context's: this handler may be gone from the pipeline by then.
+            let channel = context.channel
             written.futureResult.assumeIsolated().whenComplete { result in
                 if !unsent.report.finished(result, observer: unsent.observer) || unsent.closeAfter {
-                    context.close(promise: nil)
+                    channel.close(promise: nil)
                 }
             }
         }
