@@ -81,43 +81,6 @@ import Testing
         }
     }
 
-    /// A client socket, connected; `receiveBuffer` set before connecting bounds what the
-    /// server can send before the client reads.
-    static func connect(_ port: Int, receiveBuffer: Int? = nil) throws -> CInt {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        if var size = receiveBuffer.map(CInt.init) {
-            setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, socklen_t(MemoryLayout<CInt>.size))
-        }
-        var timeout = timeval(tv_sec: 20, tv_usec: 0)
-        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = in_port_t(UInt16(port).bigEndian)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        let connected = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        }
-        try #require(connected == 0)
-        return fd
-    }
-
-    static func send(_ fd: CInt, _ text: String) {
-        let bytes = Array(text.utf8)
-        #expect(Glibc.send(fd, bytes, bytes.count, Int32(MSG_NOSIGNAL)) == bytes.count)
-    }
-
-    /// Reads until the server closes (or 20 s pass without a byte).
-    static func readToClose(_ fd: CInt) -> (bytes: [UInt8], closed: Bool) {
-        var received: [UInt8] = []
-        var chunk = [UInt8](repeating: 0, count: 65536)
-        while true {
-            let count = recv(fd, &chunk, chunk.count, 0)
-            if count == 0 { return (received, true) }
-            if count < 0 { return (received, false) }
-            received += chunk[..<count]
-        }
-    }
-
     /// Reads responses with a `Content-Length` off one connection, keeping what arrived past one
     /// for the next.
     final class Responses {
@@ -161,10 +124,10 @@ import Testing
             ("GET /v1/content/ok/p-1.0.zip HTTP/1.0\r\nRange: bytes=0-99\r\n\r\n", "206 Partial Content", Array(server.file.bytes[0..<100])),
         ]
         for (request, status, expected) in requests {
-            let fd = try Self.connect(server.port)
+            let fd = try LoopbackSocket.connect(server.port)
             defer { close(fd) }
-            Self.send(fd, request)
-            let (bytes, closed) = Self.readToClose(fd)
+            LoopbackSocket.send(fd, request)
+            let (bytes, closed) = LoopbackSocket.readToClose(fd)
             let (head, body) = Self.body(of: bytes)
             #expect(head.hasPrefix("HTTP/1.") && head.contains(status), "\(request): \(head)")
             #expect(closed, "the server closed the connection after the answer")
@@ -179,9 +142,9 @@ import Testing
     @Test("a kept-alive connection goes on through the fast path after its first answer, with the requests it pipelined, in order")
     func keptAliveGoesOn() async throws {
         let server = try await Server()
-        let fd = try Self.connect(server.port)
+        let fd = try LoopbackSocket.connect(server.port)
         defer { close(fd) }
-        Self.send(
+        LoopbackSocket.send(
             fd,
             "GET /v1/content/ok/p-1.0.zip HTTP/1.1\r\nRange: bytes=0-9\r\n\r\nGET /v1/content/ok/p-1.0.zip HTTP/1.1\r\nRange: bytes=10-19\r\n\r\n")
         let responses = Responses(fd)
@@ -189,7 +152,7 @@ import Testing
         let second = responses.next()
         #expect(first.head.hasPrefix("HTTP/1.1 206") && first.body == Array(server.file.bytes[0..<10]))
         #expect(second.head.hasPrefix("HTTP/1.1 206") && second.body == Array(server.file.bytes[10..<20]))
-        Self.send(fd, "GET /v1/content/ok/p-1.0.zip HTTP/1.1\r\nRange: bytes=20-29\r\n\r\n")
+        LoopbackSocket.send(fd, "GET /v1/content/ok/p-1.0.zip HTTP/1.1\r\nRange: bytes=20-29\r\n\r\n")
         let third = responses.next()
         #expect(third.head.hasPrefix("HTTP/1.1 206") && third.body == Array(server.file.bytes[20..<30]))
         #expect(server.tally.setUp.load(ordering: .relaxed) == 1)
@@ -200,9 +163,9 @@ import Testing
     func othersPassOnWithTheirBytes() async throws {
         let server = try await Server()
         let other = "POST /v1/downloads HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}"
-        let fd = try Self.connect(server.port)
+        let fd = try LoopbackSocket.connect(server.port)
         defer { close(fd) }
-        Self.send(fd, other)
+        LoopbackSocket.send(fd, other)
         // The fast path hands the connection to what is behind it, which records and answers
         // nothing: the bytes arrive there (polled: the handing over is on the server's loop).
         var waited = 0
@@ -213,10 +176,10 @@ import Testing
         #expect(server.tally.handedOff.withLock { $0 } == Array(other.utf8))
 
         // A body the fast path sends from the file (sendfile, corked): passed on unanswered.
-        let whole = try Self.connect(server.port)
+        let whole = try LoopbackSocket.connect(server.port)
         defer { close(whole) }
-        Self.send(whole, "GET /v1/content/ok/p-1.0.zip HTTP/1.1\r\nConnection: close\r\n\r\n")
-        let (bytes, closed) = Self.readToClose(whole)
+        LoopbackSocket.send(whole, "GET /v1/content/ok/p-1.0.zip HTTP/1.1\r\nConnection: close\r\n\r\n")
+        let (bytes, closed) = LoopbackSocket.readToClose(whole)
         let (head, body) = Self.body(of: bytes)
         #expect(head.hasPrefix("HTTP/1.1 200 OK") && closed)
         #expect(body == server.file.bytes)
@@ -229,10 +192,10 @@ import Testing
         // Send and receive buffers of a few KiB and a 64 KiB range: the socket takes part of the
         // answer (on loopback the kernel otherwise sizes a new socket's buffer for far more).
         let server = try await Server(sendBuffer: 4096)
-        let fd = try Self.connect(server.port, receiveBuffer: 4096)
+        let fd = try LoopbackSocket.connect(server.port, receiveBuffer: 4096)
         defer { close(fd) }
-        Self.send(fd, "GET /v1/content/ok/p-1.0.zip HTTP/1.1\r\nRange: bytes=7-65542\r\nConnection: close\r\n\r\n")
-        let (bytes, closed) = Self.readToClose(fd)
+        LoopbackSocket.send(fd, "GET /v1/content/ok/p-1.0.zip HTTP/1.1\r\nRange: bytes=7-65542\r\nConnection: close\r\n\r\n")
+        let (bytes, closed) = LoopbackSocket.readToClose(fd)
         let (head, body) = Self.body(of: bytes)
         #expect(head.hasPrefix("HTTP/1.1 206") && closed)
         #expect(body == Array(server.file.bytes[7..<65543]))
@@ -245,7 +208,7 @@ import Testing
     @Test("a connection that sends nothing is still handed over once the deferral ends, and served")
     func silentConnectionIsHandedOver() async throws {
         let server = try await Server()
-        let fd = try Self.connect(server.port)
+        let fd = try LoopbackSocket.connect(server.port)
         defer { close(fd) }
         var waited = 0
         while server.tally.setUp.load(ordering: .relaxed) == 0, waited < 2_000 {
@@ -253,7 +216,7 @@ import Testing
             waited += 1
         }
         #expect(server.tally.setUp.load(ordering: .relaxed) == 1, "accepted without a byte, within 10 s")
-        Self.send(fd, "GET /v1/content/ok/p-1.0.zip HTTP/1.1\r\nRange: bytes=0-9\r\n\r\n")
+        LoopbackSocket.send(fd, "GET /v1/content/ok/p-1.0.zip HTTP/1.1\r\nRange: bytes=0-9\r\n\r\n")
         let response = Responses(fd).next()
         #expect(response.head.hasPrefix("HTTP/1.1 206") && response.body == Array(server.file.bytes[0..<10]))
         try await server.stop()

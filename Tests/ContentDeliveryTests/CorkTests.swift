@@ -36,18 +36,8 @@ import Testing
             .bind(host: "127.0.0.1", port: 0).get()
         let port = try #require(server.localAddress?.port)
 
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        let fd = try LoopbackSocket.connect(port)
         defer { close(fd) }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = in_port_t(UInt16(port).bigEndian)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        let connected = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        }
-        #expect(connected == 0)
-        var timeout = timeval(tv_sec: 10, tv_usec: 0)
-        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
         let request = Array("GET /v1/content/ok/p-1.0.zip HTTP/1.1\r\n\(range)\r\n".utf8)
         #expect(send(fd, request, request.count, 0) == request.count)
         var received: [UInt8] = []
