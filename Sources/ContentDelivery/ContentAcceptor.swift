@@ -138,6 +138,10 @@ public final class ContentAcceptor: ChannelInboundHandler {
 /// the socket had no room for, sent first, and the bytes it read and did not answer, handed to
 /// the handlers behind as the connection's first read. First in the pipeline; removes itself
 /// once done, unless the connection is to close after the answer, when it drops what is read.
+///
+/// While the rest of the answer is on its way, a shutdown's quiesce event and the client's
+/// half-close wait here: the fast path behind knows nothing of this answer and, seeing either
+/// with nothing of its own in flight, would close the connection under it.
 final class AcceptedBytes: ChannelInboundHandler, RemovableChannelHandler {
     typealias InboundIn = ByteBuffer
     typealias InboundOut = ByteBuffer
@@ -154,6 +158,10 @@ final class AcceptedBytes: ChannelInboundHandler, RemovableChannelHandler {
     private var input: ByteBuffer?
     private var unsent: Unsent?
     private let closeAfter: Bool
+    /// The rest of the answer has been written and has not left yet.
+    private var sending = false
+    /// Events held back while `sending`, passed on once the answer has left.
+    private var held: [Any] = []
 
     init(input: ByteBuffer?, unsent: Unsent? = nil) {
         self.input = input
@@ -168,14 +176,18 @@ final class AcceptedBytes: ChannelInboundHandler, RemovableChannelHandler {
         guard context.channel.isActive else { return }
         if let unsent {
             self.unsent = nil
+            sending = true
             let written = context.eventLoop.makePromise(of: Void.self)
             context.writeAndFlush(wrapOutboundOut(unsent.bytes), promise: written)
-            // The channel's close, not the context's: this handler may be gone from the pipeline by then.
-            let channel = context.channel
-            written.futureResult.assumeIsolated().whenComplete { result in
+            written.futureResult.assumeIsolated().whenComplete { [self] result in
+                sending = false
                 if !unsent.report.finished(result, observer: unsent.observer) || unsent.closeAfter {
-                    channel.close(promise: nil)
+                    context.close(promise: nil)
+                    return
                 }
+                for event in held { context.fireUserInboundEventTriggered(event) }
+                held = []
+                context.pipeline.syncOperations.removeHandler(context: context, promise: nil)
             }
         }
         guard !closeAfter else { return }
@@ -184,7 +196,7 @@ final class AcceptedBytes: ChannelInboundHandler, RemovableChannelHandler {
             context.fireChannelRead(wrapInboundOut(input))
             context.fireChannelReadComplete()
         }
-        context.pipeline.syncOperations.removeHandler(context: context, promise: nil)
+        if !sending { context.pipeline.syncOperations.removeHandler(context: context, promise: nil) }
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
@@ -194,6 +206,15 @@ final class AcceptedBytes: ChannelInboundHandler, RemovableChannelHandler {
 
     func channelReadComplete(context: ChannelHandlerContext) {
         if !closeAfter { context.fireChannelReadComplete() }
+    }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if sending, event is ChannelShouldQuiesceEvent || (event as? ChannelEvent) == .inputClosed {
+            // After an answer that closes the connection they change nothing.
+            if !closeAfter { held.append(event) }
+            return
+        }
+        context.fireUserInboundEventTriggered(event)
     }
 
     func handlerRemoved(context: ChannelHandlerContext) {
