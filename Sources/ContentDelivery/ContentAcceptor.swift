@@ -17,9 +17,10 @@ import NIOCore
 /// channel (options applied through futures, a pipeline of four handlers, two timers, three
 /// `epoll_ctl` calls, the pending-writes machinery and the close's), against nginx's 41 µs
 /// (docs/performance.md, twenty-second stop). Here it is read, answered and closed in three
-/// system calls after the accept: 59 µs, the rest mostly the kernel's. NIO offers no hook between its accept and its channel
-/// set-up, so this sits on the listener's pipeline, where accepted channels pass before they
-/// are registered, and finds the socket with ``ChannelSocket``.
+/// system calls after the accept: 59 µs, the rest mostly the kernel's. NIO offers no hook
+/// between its accept and its channel set-up, so this sits on the listener's pipeline, where
+/// accepted channels pass before they are registered, and finds the socket with
+/// ``ChannelSocket``.
 ///
 /// Added to each listening channel's pipeline, ahead of the accept handler; it holds its
 /// listener's loop's state (the receive buffer, the last resolution and `Date` field), so one
@@ -96,11 +97,12 @@ public final class ContentAcceptor: ChannelInboundHandler {
             var response = ContentResponse.make(
                 request.content, prefix: prefix, maxRanges: maxRanges, resolver: resolver, memory: &memory,
                 eventLoop: context.eventLoop, allocator: context.channel.allocator)
-            guard response.body.isEmpty || (response.body.count == 1 && response.body[0].isBuffer) else {
+            // One buffer is left when the body was one or none (see `serialize`).
+            var (head, pieces) = response.serialize(http10: request.http10, scratch: &scratch)
+            guard pieces.isEmpty else {
                 // A body from the file: the channel's fast path answers it (sendfile, corked).
                 return handOver(child, AcceptedBytes(input: buffer), context: context)
             }
-            var (head, _) = response.serialize(http10: request.http10, scratch: &scratch)
             let report = ResponseReport(response, observer: observer)
             buffer.moveReaderIndex(forwardBy: length)
             let rest = buffer.readableBytes > 0 && response.keepAlive ? buffer : nil
@@ -227,11 +229,5 @@ final class AcceptedBytes: ChannelInboundHandler, RemovableChannelHandler {
             self.unsent = nil
             _ = unsent.report.finished(.failure(ChannelError.ioOnClosedChannel), observer: unsent.observer)
         }
-    }
-}
-
-extension IOData {
-    fileprivate var isBuffer: Bool {
-        if case .byteBuffer = self { true } else { false }
     }
 }
