@@ -56,8 +56,6 @@ for round in $(seq "$rounds"); do
     done
   done
 done
-median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-spread() { sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%s-%s", lo, hi }'; }
 echo "$count archives, $total bytes; $(nproc) cores; medians of $rounds alternated rounds"
 printf '%-6s %-18s %8s %15s %8s %10s %14s %18s\n' cache tool seconds "(spread)" "MB/s" "peak MiB" "time/sha256sum" "cached after, MiB"
 for mode in cold warm; do

@@ -51,8 +51,6 @@ for i in range(5):
 EOF
 cat "$work"/v2/*/* "$work"/v2/*/*/* >/dev/null 2>&1 || true
 
-median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-spread() { sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%s-%s", lo, hi }'; }
 timed() { # label command... : appends "seconds peakKiB" to $work/runs-<label>
   local label=$1; shift
   # Each command starts with nothing of the one before still being written back, which would

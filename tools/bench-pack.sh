@@ -50,8 +50,6 @@ for round in $(seq "$runs"); do
     echo "  round $round, $tool: $secs s, peak $((kb / 1024)) MiB" >&2
   done
 done
-median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-spread() { sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%s-%s", lo, hi }'; }
 : > "$out/results"
 for tool in "${tools[@]}"; do
   secs=$(cut -d' ' -f1 "$out/runs-$tool" | median)

@@ -32,22 +32,7 @@ command -v nginx >/dev/null && command -v wrk >/dev/null || { apt-get update -qq
 build_release iap-server iap-pack iap-sandbox
 link_ns=iap-bench-$$
 work=$(mktemp -d); chmod 755 "$work"; trap 'kill $(jobs -p) 2>/dev/null || true; [ -f "$work/nginx.pid" ] && kill "$(cat "$work/nginx.pid" 2>/dev/null)" 2>/dev/null || true; rm -rf "$work"; ip netns del "$link_ns" 2>/dev/null || true' EXIT
-client=()
-if [ -n "${LINK:-}" ]; then
-  # 10.231.0.1 the servers' end, 10.231.0.2 curl's; deleting the namespace deletes the pair.
-  ip netns add "$link_ns"
-  ip link add iapb0 type veth peer name iapb1 netns "$link_ns"
-  ip addr add 10.231.0.1/30 dev iapb0; ip link set iapb0 up
-  ip netns exec "$link_ns" ip addr add 10.231.0.2/30 dev iapb1
-  ip netns exec "$link_ns" ip link set iapb1 up; ip netns exec "$link_ns" ip link set lo up
-  # The bucket holds a millisecond at the rate (at least 64 KiB): the link's burst, not a queue.
-  burst=$(python3 -c 'import re,sys; v,u=re.fullmatch(r"([0-9.]+)([kmg]?)bit",sys.argv[1].lower()).groups(); print(max(65536, int(float(v)*{"":1,"k":1e3,"m":1e6,"g":1e9}[u]/8/1000)))' "$LINK")
-  tc qdisc add dev iapb0 root tbf rate "$LINK" burst "$burst" latency 5ms
-  client=(ip netns exec "$link_ns")
-  export SERVER_ARGS="${SERVER_ARGS:-} --host 0.0.0.0"
-fi
-# The URL curl is given: across the link when there is one.
-client_url() { if [ -n "${LINK:-}" ]; then echo "$1" | sed -E 's#^http://[^/]+:([0-9]+)/#http://10.231.0.1:\1/#'; else echo "$1"; fi; }
+if [ -n "${LINK:-}" ]; then start_link "$LINK" "$link_ns"; fi
 
 archive=$(random_archive bench.archive $((1024 * 1024 * 1024 - 4096)) "$work" "$work/out")
 size=$(stat -c %s "$archive")
@@ -71,36 +56,13 @@ for url in "$ours_url" "$nginx_url"; do
   [ "$code" = 206 ] || { echo "setup failed: $url answered $code to a range request" >&2; exit 1; }
 done
 nginx_pids() { echo "$(cat "$work/nginx.pid") $(pgrep -P "$(cat "$work/nginx.pid")" | tr '\n' ' ')"; }
-# Nanoseconds on CPU of every thread of the processes (schedstat): clock ticks are 10 ms, and a
-# 1 GiB download takes 15-20 of them, too coarse for a ratio.
-# Read with builtins: a process forked per thread would be charged to the machine's total, and
-# iap-server has more threads than nginx has processes.
-cpu_ns() { local t=0 f v; for p in "$@"; do for f in /proc/"$p"/task/*/schedstat; do read -r v _ < "$f"; t=$((t + v)); done; done; echo $t; }
-
-# CPU the whole machine was busy (every core, every process, interrupts included), in clock
-# ticks. On loopback one connection's work is charged to whichever task runs it: when the server
-# has queued more than curl's window takes, curl's window updates run the server's transmissions
-# in curl's context, and curl then never sleeps; the server's share and the speed move together,
-# from round to round, while their sum stays (docs/performance.md, ninth stop). This total does
-# not depend on who was charged; "rest of machine" is it less the server's share.
-machine_ticks() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 }' /proc/stat; }  # user nice system irq softirq
-download() { # url pids... -> "MB/s, server, machine and rest-of-machine CPU seconds per GiB" of one curl download
-  local url=$1; shift
-  local before=$(cpu_ns "$@") machine_before=$(machine_ticks)
-  local speed=$("${client[@]}" curl -s -o /dev/null -w '%{speed_download}' "$url")
-  local machine_after=$(machine_ticks) after=$(cpu_ns "$@")  # the machine's window holds curl only
-  awk -v s="$speed" -v a="$after" -v b="$before" -v z="$size" -v ma="$machine_after" -v mb="$machine_before" -v hz="$(getconf CLK_TCK)" \
-    'BEGIN { g = z / 1073741824; sv = (a - b) / 1e9 / g; m = (ma - mb) / hz / g; printf "%.1f %.4f %.4f %.4f\n", s / 1e6, sv, m, m - sv }'
-}
 echo "archive: $size bytes; $(nproc) cores; iap-server event loops: ${IAP_EVENT_LOOPS:-one per core}, nginx workers: 2; wrk ${secs}s per run, median of $rounds rounds; downloads: median of $download_rounds rounds${LINK:+, across a $LINK veth link from a network namespace}" >&2
-median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
-spread() { sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%s-%s", lo, hi }'; }
 # Runs two measures, the first one first in odd rounds: who goes first flips every round.
 in_turn() { # round first second
   if [ $(($1 % 2)) = 1 ]; then "$2"; "$3"; else "$3"; "$2"; fi
 }
-ours_download() { download "$ours_url" $ours_pid >> "$work/ours.dl"; }
-nginx_download() { download "$nginx_url" $(nginx_pids) >> "$work/nginx.dl"; }
+ours_download() { download "$size" "$ours_url" $ours_pid >> "$work/ours.dl"; }
+nginx_download() { download "$size" "$nginx_url" $(nginx_pids) >> "$work/nginx.dl"; }
 # Whole downloads alternate too: medians of $download_rounds each.
 : > "$work/ours.dl"; : > "$work/nginx.dl"
 for round in $(seq "$download_rounds"); do
@@ -133,7 +95,8 @@ if [ -z "${LINK:-}" ]; then
   echo "  server CPU per GiB at the same speed (each server's rounds fitted): $(matched_speed_ratio "$work/ours.fit" "$work/nginx.fit")"
   echo "  (on loopback the server is charged the part of curl's receiving that runs in its context, which"
   echo "   moves with the speed from round to round: compare the machine's CPU here, and the server's own"
-  echo "   across a link, where each side does its own work: LINK=4gbit DOWNLOAD_ROUNDS=35 $0)"
+  echo "   across a link, where each side does its own work: LINK=4gbit DOWNLOAD_ROUNDS=35 $0;"
+  echo "   tools/bench-cork.sh moves that share threefold with one socket option, for less work in all)"
 fi
 # Each range measure alternates the two servers $rounds times and compares medians: single runs on
 # a shared 2-core machine vary by about 10%, more than the differences being measured.

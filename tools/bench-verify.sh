@@ -80,8 +80,6 @@ for round in $(seq "$rounds"); do
   echo "  round $round: ours $(tail -3 "$work/ours.runs" | tr '\n' ' ')| Apple's $(tail -3 "$work/apple.runs" | tr '\n' ' ')" >&2
 done
 
-median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
-spread() { sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%s-%s", lo, hi }'; }
 echo "$(wc -l < "$work/tokens/tokens.txt") StoreKit 2 signed transactions (ES256, x5c chain of 3); $(nproc) cores; medians (min-max) of $rounds alternated rounds, verifications/s"
 printf '%-10s %24s %24s %8s %12s\n' measure ours "Apple's (Python)" ratio "95% interval"
 for measure in $(awk '{ print $1 }' "$work/ours.runs" | awk '!seen[$0]++'); do

@@ -60,6 +60,57 @@ bench_corpus() { # dir scale
   touch "$1/.complete-$2"
 }
 
+# The median and the spread (min-max) of one number per line on standard input: every benchmark
+# reports both, the median as what a user sees on a typical run.
+median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
+spread() { sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%s-%s", lo, hi }'; }
+
+# Whole downloads, as tools/bench-serve.sh and tools/bench-cork.sh measure them.
+# start_link <rate> <namespace>: curl goes behind a link: a network namespace of its own behind a
+# veth pair (MTU 1500) whose server end sends at most <rate> (tc's units: 4gbit; tbf). Sets
+# `client` (the command prefix that runs curl there) and adds `--host 0.0.0.0` to SERVER_ARGS;
+# 10.231.0.1 is the servers' end. Needs root; delete the namespace in the EXIT trap
+# (`ip netns del`), which deletes the pair. Without a link, `client` is empty.
+client=()
+start_link() { # rate namespace
+  ip netns add "$2"
+  ip link add iapb0 type veth peer name iapb1 netns "$2"
+  ip addr add 10.231.0.1/30 dev iapb0; ip link set iapb0 up
+  ip netns exec "$2" ip addr add 10.231.0.2/30 dev iapb1
+  ip netns exec "$2" ip link set iapb1 up; ip netns exec "$2" ip link set lo up
+  # The bucket holds a millisecond at the rate (at least 64 KiB): the link's burst, not a queue.
+  local burst
+  burst=$(python3 -c 'import re,sys; v,u=re.fullmatch(r"([0-9.]+)([kmg]?)bit",sys.argv[1].lower()).groups(); print(max(65536, int(float(v)*{"":1,"k":1e3,"m":1e6,"g":1e9}[u]/8/1000)))' "$1")
+  tc qdisc add dev iapb0 root tbf rate "$1" burst "$burst" latency 5ms
+  client=(ip netns exec "$2")
+  export SERVER_ARGS="${SERVER_ARGS:-} --host 0.0.0.0"
+}
+# The URL curl is given: across the link when there is one.
+client_url() { if [ ${#client[@]} -gt 0 ]; then echo "$1" | sed -E 's#^http://[^/]+:([0-9]+)/#http://10.231.0.1:\1/#'; else echo "$1"; fi; }
+# Nanoseconds on CPU of every thread of the processes (schedstat): clock ticks are 10 ms, and a
+# 1 GiB download takes 15-20 of them, too coarse for a ratio.
+# Read with builtins: a process forked per thread would be charged to the machine's total, and
+# iap-server has more threads than nginx has processes.
+cpu_ns() { local t=0 f v; for p in "$@"; do for f in /proc/"$p"/task/*/schedstat; do read -r v _ < "$f"; t=$((t + v)); done; done; echo $t; }
+# CPU the whole machine was busy (every core, every process, interrupts included), in clock
+# ticks. On loopback one connection's work is charged to whichever task runs it: when the server
+# has queued more than curl's window takes, curl's window updates run the server's transmissions
+# in curl's context, and curl then never sleeps; the server's share and the speed move together,
+# from round to round, while their sum stays (docs/performance.md, ninth stop). This total does
+# not depend on who was charged; "rest of machine" is it less the server's share.
+machine_ticks() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 }' /proc/stat; }  # user nice system irq softirq
+# One curl download of <url> (<size> bytes) -> "MB/s, server, machine and rest-of-machine CPU
+# seconds per GiB", the server being the processes <pids>.
+download() { # size url pids...
+  local size=$1 url=$2; shift 2
+  local before machine_before speed machine_after after
+  before=$(cpu_ns "$@"); machine_before=$(machine_ticks)
+  speed=$("${client[@]}" curl -s -o /dev/null -w '%{speed_download}' "$url")
+  machine_after=$(machine_ticks); after=$(cpu_ns "$@")  # the machine's window holds curl only
+  awk -v s="$speed" -v a="$after" -v b="$before" -v z="$size" -v ma="$machine_after" -v mb="$machine_before" -v hz="$(getconf CLK_TCK)" \
+    'BEGIN { g = z / 1073741824; sv = (a - b) / 1e9 / g; m = (ma - mb) / hz / g; printf "%.1f %.4f %.4f %.4f\n", s / 1e6, sv, m, m - sv }'
+}
+
 # A port free on 127.0.0.1 now (the kernel's pick), for a peer server that takes a port number.
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 

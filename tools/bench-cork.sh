@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# What a whole download's CPU figures say, measured: iap-server, nginx, and iap-server's sending loop
+# alone in C (tools/sendloop/sendloop.c: FileSender's epoll loop and 2 MiB sendfile turns, nothing
+# else) twice, corked until the body has left (as iap-server and nginx send a file) and uncorked
+# after its first turn, all four on one ~1 GiB file, rotated (each round starts one later in the
+# order). Per server: medians (min-max) of curl's MB/s, the server's CPU seconds per GiB and the
+# whole machine's; then each against nginx, ratios of medians with their 95% intervals.
+# Why: on loopback a download's kernel work is charged to whichever side's context runs it, so the
+# server's share there can move without the server doing more or less work. The two C loops differ
+# in one socket option: across a link (LINK=4gbit) they cost the same, on loopback the uncorked one
+# is charged several times the CPU for a faster download and less work in all
+# (docs/performance.md, twenty-third stop).
+# LINK=<rate>: curl behind a veth link of that rate, as in tools/bench-serve.sh (needs root).
+# Usage: [ROUNDS=n] [LINK=rate] tools/bench-cork.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${ROUNDS:-40}
+tools/install-deps.sh
+command -v nginx >/dev/null || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null; }
+. tools/lib.sh
+build_release iap-server iap-pack iap-sandbox
+link_ns=iap-cork-$$
+work=$(mktemp -d); chmod 755 "$work"; trap 'kill $(jobs -p) 2>/dev/null || true; [ -f "$work/nginx.pid" ] && kill "$(cat "$work/nginx.pid" 2>/dev/null)" 2>/dev/null || true; rm -rf "$work"; ip netns del "$link_ns" 2>/dev/null || true' EXIT
+address=127.0.0.1
+if [ -n "${LINK:-}" ]; then start_link "$LINK" "$link_ns"; address=0.0.0.0; fi
+# The C compiler Debian's build tools or the Swift toolchain (clang) bring.
+compiler=${CC:-$(command -v cc || command -v clang)}
+"$compiler" -O2 -o "$work/sendloop" tools/sendloop/sendloop.c
+
+archive=$(random_archive bench.archive $((1024 * 1024 * 1024 - 4096)) "$work" "$work/out")
+size=$(stat -c %s "$archive")
+start_sandbox_server "$work" com.example.bench "$archive"
+declare -A url pids
+url[iap-server]=$(grant_url "$work" bench.archive); pids[iap-server]=$server_pid
+# Every server sends the very file iap-server stores (hard links), as in tools/bench-serve.sh.
+stored=$(ls "$work"/data/archives/*.zip | head -1)
+mkdir -p "$work/www"; ln "$stored" "$work/www/archive.zip"; chmod 755 "$work/www"; chmod 644 "$work/www/archive.zip"
+nginx_port=$(free_port)
+start_nginx "$work" "server { listen 127.0.0.1:$nginx_port; ${LINK:+listen 10.231.0.1:$nginx_port;} root $work/www; }"
+url[nginx]="http://127.0.0.1:$nginx_port/archive.zip"
+pids[nginx]="$(cat "$work/nginx.pid") $(pgrep -P "$(cat "$work/nginx.pid")" | tr '\n' ' ')"
+for mode in corked uncorked; do
+  port=$(free_port)
+  "$work/sendloop" "$address" "$port" "$work/www/archive.zip" "$mode" &
+  pids[$mode]=$!; url[$mode]="http://127.0.0.1:$port/archive.zip"
+done
+names=(iap-server nginx corked uncorked)
+# A first download of each, which also checks that each sends the whole file.
+for name in "${names[@]}"; do
+  url[$name]=$(client_url "${url[$name]}")
+  for _ in $(seq 100); do got=$("${client[@]}" curl -s -o /dev/null -w '%{size_download}' "${url[$name]}" || true); [ "$got" = "$size" ] && break; sleep 0.05; done
+  [ "$got" = "$size" ] || { echo "setup failed: ${url[$name]} sent $got of $size bytes" >&2; exit 1; }
+  : > "$work/$name.dl"
+done
+echo "archive: $size bytes; $(nproc) cores; $rounds rounds, the four servers in turn${LINK:+; across a $LINK veth link from a network namespace}" >&2
+for round in $(seq "$rounds"); do
+  for i in 0 1 2 3; do
+    name=${names[$(((i + round) % 4))]}
+    download "$size" "${url[$name]}" ${pids[$name]} >> "$work/$name.dl"
+  done
+  echo "  round $round: $(for name in "${names[@]}"; do printf '%s %s; ' "$name" "$(cut -d' ' -f1-3 < <(tail -1 "$work/$name.dl"))"; done)(MB/s, server and machine CPU-s/GiB)" >&2
+done
+
+printf '\n%-22s %24s %30s %30s\n' "server" "MB/s (curl)" "server CPU s/GiB" "machine CPU s/GiB"
+for name in "${names[@]}"; do
+  row=("$name")
+  for column in 1 2 3; do
+    cut -d' ' -f$column "$work/$name.dl" > "$work/$name.$column"
+    row+=("$(median < "$work/$name.$column") ($(spread < "$work/$name.$column"))")
+  done
+  printf '%-22s %24s %30s %30s\n' "${row[@]}"
+done
+printf '\nagainst nginx (ratio of medians, 95%% interval)\n%-22s %20s %20s %20s\n' "server" "MB/s" "server CPU" "machine CPU"
+for name in iap-server corked uncorked; do
+  row=("$name")
+  for column in 1 2 3; do
+    ratio=$(awk -v o="$(median < "$work/$name.$column")" -v n="$(median < "$work/nginx.$column")" 'BEGIN { printf "%.2f", (n > 0 ? o / n : 0) }')
+    row+=("$ratio ($(ratio_interval "$work/$name.$column" "$work/nginx.$column"))")
+  done
+  printf '%-22s %20s %20s %20s\n' "${row[@]}"
+done

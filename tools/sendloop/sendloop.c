@@ -1,0 +1,74 @@
+// The sending loop of iap-server's FileSender (Sources/ContentDelivery/FileSender.swift), in C and
+// nothing else, for tools/bench-cork.sh: an epoll set, level-triggered, one `sendfile` of at most
+// 2 MiB per wake-up, after a response head written under TCP_CORK. With `corked` the socket stays
+// corked until the body has left, as iap-server and nginx (`tcp_nopush`) send a file; with
+// `uncorked` the cork comes off after the first turn, so each turn's last segment leaves at once.
+// One connection at a time, every request answered with the whole file: a measuring peer, not a
+// server.
+//
+// Usage: sendloop <address> <port> <file> corked|uncorked
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/sendfile.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static void set_cork(int fd, int on) { setsockopt(fd, IPPROTO_TCP, TCP_CORK, &on, sizeof on); }
+
+int main(int argc, char **argv) {
+  if (argc != 5 || (strcmp(argv[4], "corked") && strcmp(argv[4], "uncorked"))) {
+    fprintf(stderr, "usage: sendloop <address> <port> <file> corked|uncorked\n");
+    return 2;
+  }
+  int corked_through = strcmp(argv[4], "corked") == 0;
+  int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
+  setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  struct sockaddr_in address = {.sin_family = AF_INET, .sin_port = htons(atoi(argv[2]))};
+  if (inet_pton(AF_INET, argv[1], &address.sin_addr) != 1 || bind(listener, (struct sockaddr *)&address, sizeof address) ||
+      listen(listener, 16)) {
+    perror("sendloop: listen");
+    return 1;
+  }
+  int set = epoll_create1(EPOLL_CLOEXEC);
+  const off_t turn = 2 << 20;  // nginx's sendfile_max_chunk, and FileSender's turn
+  for (;;) {
+    int connection = accept4(listener, NULL, NULL, SOCK_CLOEXEC);
+    if (connection < 0) continue;
+    char request[4096];
+    if (read(connection, request, sizeof request) <= 0) { close(connection); continue; }
+    int file = open(argv[3], O_RDONLY | O_CLOEXEC);
+    struct stat status;
+    if (file < 0 || fstat(file, &status)) { perror("sendloop: open"); return 1; }
+    char head[160];
+    int length = snprintf(head, sizeof head, "HTTP/1.1 200 OK\r\nContent-Length: %lld\r\nConnection: close\r\n\r\n",
+                          (long long)status.st_size);
+    set_cork(connection, 1);
+    if (write(connection, head, length) != length) { close(file); close(connection); continue; }
+    fcntl(connection, F_SETFL, O_NONBLOCK);
+    struct epoll_event event = {.events = EPOLLOUT, .data.fd = connection}, ready;
+    epoll_ctl(set, EPOLL_CTL_ADD, connection, &event);
+    off_t offset = 0;
+    int corked = 1;
+    while (offset < status.st_size) {
+      if (epoll_wait(set, &ready, 1, -1) < 0) continue;
+      off_t left = status.st_size - offset;
+      ssize_t sent = sendfile(connection, file, &offset, left < turn ? left : turn);
+      if (sent < 0 && errno != EAGAIN && errno != EINTR) break;  // the client went away
+      if (sent == 0) break;                                      // the file was cut short
+      if (corked && !corked_through) { set_cork(connection, 0); corked = 0; }
+    }
+    set_cork(connection, 0);
+    epoll_ctl(set, EPOLL_CTL_DEL, connection, NULL);
+    close(file);
+    close(connection);
+  }
+}
