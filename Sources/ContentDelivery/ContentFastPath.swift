@@ -73,8 +73,12 @@ public final class ContentFastPath: ChannelDuplexHandler {
     @exclusivity(unchecked) private var allocator = ByteBufferAllocator()
 
     /// Bodies of one file region at least this long go through the `FileSender` when there is
-    /// one: below it, the two hops between threads cost more than the sending saves.
-    public static let elsewhereMinimum = 4 << 20
+    /// one: below it, the two hops between threads cost more than the sending saves. 1 MiB is
+    /// the slice nginx's edge (`deploy/nginx`) fetches: from the sending threads, 1 MiB ranges at
+    /// 64 connections ran at 1.00-1.13x the rate with a p99 of 0.64-0.90x their p99 through NIO
+    /// (four alternated runs), at 16 connections at the same rate with 0.88-0.94x the p99; 512 KiB
+    /// ranges went either way (docs/performance.md, twenty-third stop).
+    public static let elsewhereMinimum = 1 << 20
 
     /// - Parameters:
     ///   - installDecoder: adds the HTTP/1 handlers behind this one at the first request it does

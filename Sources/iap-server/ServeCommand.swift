@@ -65,7 +65,7 @@ struct Serve: AsyncParsableCommand {
     @Option(
         name: .customLong("event-loops"),
         help:
-            "Threads serving connections (default: one per core), and as many sending bodies of 4 MiB or more. Fewer leave cores to a TLS proxy or database on the same machine; see docs/performance.md."
+            "Threads serving connections (default: one per core), and as many sending bodies of 1 MiB or more. Fewer leave cores to a TLS proxy or database on the same machine; see docs/performance.md."
     )
     var eventLoops: Int?
     @Option(name: .customLong("port-file"), help: "Write the bound port to this file once listening (for scripts).") var portFile: String?
