@@ -75,8 +75,8 @@ public final class ContentFastPath: ChannelDuplexHandler {
     /// Bodies of one file region at least this long go through the `FileSender` when there is
     /// one: below it, the two hops between threads cost more than the sending saves. 1 MiB is
     /// the slice nginx's edge (`deploy/nginx`) fetches: from the sending threads, 1 MiB ranges at
-    /// 64 connections ran at 1.00-1.13x the rate with a p99 of 0.64-0.90x their p99 through NIO
-    /// (four alternated runs), at 16 connections at the same rate with 0.88-0.94x the p99; 512 KiB
+    /// 64 connections ran at 1.00-1.13x the rate with 0.64-0.89x the p99 they had through NIO, at
+    /// 16 connections at 0.98-1.07x with 0.86-0.94x (four alternated runs each); 512 KiB and 2 MiB
     /// ranges went either way (docs/performance.md, twenty-third stop).
     public static let elsewhereMinimum = 1 << 20
 
