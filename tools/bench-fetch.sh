@@ -71,8 +71,9 @@ settle() { sync; sleep 1; }
 timed() { settle; /usr/bin/time -f "%e %M" -o "$work/t" "$@" >/dev/null 2>&1; cat "$work/t"; }
 best_fetch=999999; best_curl=999999; best_curl_all=999999; best_t1=999999; best_t4=999999
 all_t1=(); all_t4=(); all_curl=(); all_fetch=(); all_pipeline=()
-median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-spread() { printf '%s\n' "$@" | sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%s-%s", lo, hi }'; }
+# lib.sh's median and spread, of the arguments rather than of lines on standard input.
+median_of() { printf '%s\n' "$@" | median; }
+spread_of() { printf '%s\n' "$@" | spread; }
 # Every measure starts from the same state: no output of an earlier one left (their pages freed
 # just before, as for the others), nothing dirty.
 clean() { rm -rf "$work/device" "$work/c.zip" "$work/unzipped"; settle; }
@@ -150,7 +151,7 @@ cmp -s "$work/device/bench.fetch/1.0/Contents/payload.bin" "$work/content-bench.
 echo "archive: $size bytes; $(nproc) cores; $runs rounds, medians (min-max)$([ "${TLS:-0}" = 1 ] && echo "; over HTTPS (nginx terminates TLS and serves the archive)")"
 row() { # label values...
   local label=$1; shift
-  printf '%-58s %8.2f  (%s)\n' "$label" "$(median "$@")" "$(spread "$@")"
+  printf '%-58s %8.2f  (%s)\n' "$label" "$(median_of "$@")" "$(spread_of "$@")"
 }
 printf '%-58s %8s  %s\n' "measure" "seconds" "(spread)"
 row "iap-fetch get (download + SHA-256 + safe install)" "${all_fetch[@]}"
@@ -160,11 +161,11 @@ row "iap-fetch transfer only (bytes on disk + SHA-256), 1 conn" "${all_t1[@]}"
 row "iap-fetch transfer only, --connections 4" "${all_t4[@]}"
 # Each ratio with its 95% interval (ratio_interval, tools/lib.sh): round n of each side is a pair.
 interval() { printf '%s\n' "${@:2:$1}" > "$work/a.col"; printf '%s\n' "${@:$(($1 + 2))}" > "$work/b.col"; ratio_interval "$work/a.col" "$work/b.col"; }
-awk -v a="$(median "${all_t1[@]}")" -v b="$(median "${all_curl[@]}")" -v ci="$(interval "${#all_curl[@]}" "${all_curl[@]}" "${all_t1[@]}")" \
+awk -v a="$(median_of "${all_t1[@]}")" -v b="$(median_of "${all_curl[@]}")" -v ci="$(interval "${#all_curl[@]}" "${all_curl[@]}" "${all_t1[@]}")" \
   'BEGIN { printf "transfer ratio, one connection, curl time / iap-fetch time (medians): %.2f, 95%% interval %s (goal >= 0.95)\n", b / a, ci }'
-awk -v a="$(median "${all_t4[@]}")" -v b="$(median "${all_curl[@]}")" -v ci="$(interval "${#all_curl[@]}" "${all_curl[@]}" "${all_t4[@]}")" \
+awk -v a="$(median_of "${all_t4[@]}")" -v b="$(median_of "${all_curl[@]}")" -v ci="$(interval "${#all_curl[@]}" "${all_curl[@]}" "${all_t4[@]}")" \
   'BEGIN { printf "transfer ratio, 4 connections (medians): %.2f, 95%% interval %s\n", b / a, ci }'
-awk -v a="$(median "${all_fetch[@]}")" -v b="$(median "${all_pipeline[@]}")" -v ci="$(interval "${#all_pipeline[@]}" "${all_pipeline[@]}" "${all_fetch[@]}")" \
+awk -v a="$(median_of "${all_fetch[@]}")" -v b="$(median_of "${all_pipeline[@]}")" -v ci="$(interval "${#all_pipeline[@]}" "${all_pipeline[@]}" "${all_fetch[@]}")" \
   'BEGIN { printf "end-to-end ratio, curl pipeline time / iap-fetch time (medians): %.2f, 95%% interval %s (above 1: iap-fetch faster)\n", b / a, ci }'
 awk -v a="$best_t1" -v b="$best_curl" -v k="$fetch_kb" -v c="$curl_kb" \
   'BEGIN { printf "best of the rounds: one connection %.2f; peak memory iap-fetch %.1f MiB, curl %.1f MiB\n", b / a, k / 1024, c / 1024 }'
