@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
 # What a whole download's CPU figures say, measured: iap-server, nginx, and iap-server's sending loop
 # alone in C (tools/sendloop/sendloop.c: FileSender's epoll loop and 2 MiB sendfile turns, nothing
-# else) twice, corked until the body has left (as iap-server and nginx send a file) and uncorked
-# after its first turn, all four on one ~1 GiB file, rotated (each round starts one later in the
-# order). Per server: medians (min-max) of curl's MB/s, the server's CPU seconds per GiB and the
-# whole machine's; then each against nginx, ratios of medians with their 95% intervals.
+# else), by default twice, corked until the body has left (as iap-server and nginx send a file) and
+# uncorked after its first turn, all on one ~1 GiB file, rotated (each round starts one later in
+# the order). Per server: medians (min-max) of curl's MB/s, the server's CPU seconds per GiB and the
+# whole machine's; then each against nginx, ratios of medians with their 95% intervals, and the
+# server's CPU at the same speed (each server's rounds fitted, read at the median speed).
 # Why: on loopback a download's kernel work is charged to whichever side's context runs it, so the
 # server's share there can move without the server doing more or less work. The two C loops differ
 # in one socket option: across a link (LINK=4gbit) they cost the same, on loopback the uncorked one
 # is charged several times the CPU for a faster download and less work in all
-# (docs/performance.md, twenty-third stop).
+# (docs/performance.md, twenty-third stop); a faster round is charged more whatever sends it
+# (twenty-fourth stop).
+# LOOPS: the C loops to run, each <corked|uncorked>[:<turn KiB>[:level|edge]] (sendloop.c), e.g.
+#   LOOPS="corked corked:8192 corked:2048:edge"; default "corked uncorked".
 # LINK=<rate>: curl behind a veth link of that rate, as in tools/bench-serve.sh (needs root).
-# Usage: [ROUNDS=n] [LINK=rate] tools/bench-cork.sh
+# Usage: [ROUNDS=n] [LOOPS=...] [LINK=rate] tools/bench-cork.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${ROUNDS:-40}
@@ -39,12 +43,14 @@ nginx_port=$(free_port)
 start_nginx "$work" "server { listen 127.0.0.1:$nginx_port; ${LINK:+listen 10.231.0.1:$nginx_port;} root $work/www; }"
 url[nginx]="http://127.0.0.1:$nginx_port/archive.zip"
 pids[nginx]="$(cat "$work/nginx.pid") $(pgrep -P "$(cat "$work/nginx.pid")" | tr '\n' ' ')"
-for mode in corked uncorked; do
+names=(iap-server nginx)
+for loop in ${LOOPS:-corked uncorked}; do
+  IFS=: read -r mode turn trigger <<< "$loop"
   port=$(free_port)
-  "$work/sendloop" "$address" "$port" "$work/www/archive.zip" "$mode" &
-  pids[$mode]=$!; url[$mode]="http://127.0.0.1:$port/archive.zip"
+  "$work/sendloop" "$address" "$port" "$work/www/archive.zip" "$mode" ${turn:+"$turn"} ${trigger:+"$trigger"} &
+  pids[$loop]=$!; url[$loop]="http://127.0.0.1:$port/archive.zip"; names+=("$loop")
 done
-names=(iap-server nginx corked uncorked)
+count=${#names[@]}
 # A first download of each, which also checks that each sends the whole file.
 for name in "${names[@]}"; do
   url[$name]=$(client_url "${url[$name]}")
@@ -52,10 +58,10 @@ for name in "${names[@]}"; do
   [ "$got" = "$size" ] || { echo "setup failed: ${url[$name]} sent $got of $size bytes" >&2; exit 1; }
   : > "$work/$name.dl"
 done
-echo "archive: $size bytes; $(nproc) cores; $rounds rounds, the four servers in turn${LINK:+; across a $LINK veth link from a network namespace}" >&2
+echo "archive: $size bytes; $(nproc) cores; $rounds rounds, the $count servers in turn${LINK:+; across a $LINK veth link from a network namespace}" >&2
 for round in $(seq "$rounds"); do
-  for i in 0 1 2 3; do
-    name=${names[$(((i + round) % 4))]}
+  for i in $(seq 0 $((count - 1))); do
+    name=${names[$(((i + round) % count))]}
     download "$size" "${url[$name]}" ${pids[$name]} >> "$work/$name.dl"
   done
   echo "  round $round: $(for name in "${names[@]}"; do printf '%s %s; ' "$name" "$(cut -d' ' -f1-3 < <(tail -1 "$work/$name.dl"))"; done)(MB/s, server and machine CPU-s/GiB)" >&2
@@ -70,12 +76,16 @@ for name in "${names[@]}"; do
   done
   printf '%-22s %24s %30s %30s\n' "${row[@]}"
 done
-printf '\nagainst nginx (ratio of medians, 95%% interval)\n%-22s %20s %20s %20s\n' "server" "MB/s" "server CPU" "machine CPU"
-for name in iap-server corked uncorked; do
+printf '\nagainst nginx (ratio of medians, 95%% interval)\n%-22s %20s %20s %20s   %s\n' "server" "MB/s" "server CPU" "machine CPU" "server CPU at the same speed"
+cut -d' ' -f1,2 "$work/nginx.dl" > "$work/nginx.fit"
+for name in "${names[@]}"; do
+  [ "$name" = nginx ] && continue
   row=("$name")
   for column in 1 2 3; do
     ratio=$(awk -v o="$(median < "$work/$name.$column")" -v n="$(median < "$work/nginx.$column")" 'BEGIN { printf "%.2f", (n > 0 ? o / n : 0) }')
     row+=("$ratio ($(ratio_interval "$work/$name.$column" "$work/nginx.$column"))")
   done
-  printf '%-22s %20s %20s %20s\n' "${row[@]}"
+  cut -d' ' -f1,2 "$work/$name.dl" > "$work/$name.fit"
+  row+=("$(matched_speed_ratio "$work/$name.fit" "$work/nginx.fit")")
+  printf '%-22s %20s %20s %20s   %s\n' "${row[@]}"
 done
