@@ -293,7 +293,7 @@ let package = Package(
             name: "ContentServerTests",
             dependencies: [
                 "ContentServer", "ContentDelivery", "DownloadGrants", "ContentCatalog", "ContentArchive", "SandboxStore", "IAPTestSupport",
-                "AppStoreServerAPI", "AppStoreServerClient", "ReceiptVerification",
+                "AppStoreServerAPI", "AppStoreServerClient", "ReceiptVerification", .product(name: "NIOCore", package: "swift-nio"),
             ]
         ),
         .testTarget(

@@ -146,14 +146,15 @@ final class PeerArchives: Sendable {
         }
         var hasher = SHA256()
         var received: Int64 = 0
+        // In large writes, as uploads: this replica serves the file from the page cache next.
+        let writes = GatheredWrites { buffer in try buffer.withUnsafeReadableBytes { try file.write(contentsOf: $0) } }
         for try await buffer in try await get(url).body {
-            try buffer.withUnsafeReadableBytes { bytes in
-                hasher.update(bufferPointer: bytes)
-                try file.write(contentsOf: bytes)
-            }
+            buffer.withUnsafeReadableBytes { hasher.update(bufferPointer: $0) }
             received += Int64(buffer.readableBytes)
             if received > version.size { throw FetchError(description: "\(url) sent more than the \(version.size) bytes published") }
+            try writes.append(buffer)
         }
+        try writes.flush()
         try check(url, sha256: Hex.encode(hasher.finalize()), size: received, expected: version.sha256, expectedSize: version.size)
         try await store.adoptArchive(at: temporary, sha256: version.sha256, replacing: replacing)
     }

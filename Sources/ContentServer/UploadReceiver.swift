@@ -49,7 +49,7 @@ enum UploadReceiver {
         }
         await beforeReading()
         var written: UInt64 = 0
-        let writes = GatheredWrites(fd: fd, folder: folder)
+        let writes = gatheredWrites(to: fd, folder: folder)
         do {
             for try await chunk in body {
                 written += UInt64(chunk.readableBytes)
@@ -67,34 +67,9 @@ enum UploadReceiver {
 
     private static let tooLarge = UploadError(.contentTooLarge, .tooLarge, "the upload passed \(ArchiveLimits.maxArchiveSize) bytes (2 GiB), the most an archive may weigh")
 
-    /// Upload bytes gathered into writes of ``size``: the page cache keeps the stored archive in
-    /// folios as large as the writes that made them, and sendfile serves an archive held in small
-    /// folios with more CPU (see `LargeWriteCopy`). One buffer per upload in flight.
-    private final class GatheredWrites {
-        static let size = 4 << 20
-        let fd: SystemPackage.FileDescriptor
-        let folder: String
-        var pending = ByteBuffer()
-
-        init(fd: SystemPackage.FileDescriptor, folder: String) {
-            self.fd = fd
-            self.folder = folder
-        }
-
-        func append(_ chunk: ByteBuffer) throws(UploadError) {
-            if pending.readableBytes + chunk.readableBytes > Self.size { try flush() }
-            if chunk.readableBytes >= Self.size {
-                try UploadReceiver.write(chunk, to: fd, folder: folder)
-            } else {
-                pending.writeImmutableBuffer(chunk)
-            }
-        }
-
-        func flush() throws(UploadError) {
-            guard pending.readableBytes > 0 else { return }
-            try UploadReceiver.write(pending, to: fd, folder: folder)
-            pending.clear()
-        }
+    /// Upload bytes gathered into large writes: the stored archive is what sendfile serves next.
+    private static func gatheredWrites(to fd: SystemPackage.FileDescriptor, folder: String) -> GatheredWrites<UploadError> {
+        GatheredWrites { chunk throws(UploadError) in try write(chunk, to: fd, folder: folder) }
     }
 
     private static func write(_ chunk: ByteBuffer, to fd: SystemPackage.FileDescriptor, folder: String) throws(UploadError) {
@@ -141,7 +116,7 @@ enum UploadReceiver {
     private static func receiveMultipart(_ body: RequestBody, boundary: String, into fd: SystemPackage.FileDescriptor, folder: String) async throws(UploadError) -> [UInt8]? {
         let parser = MultipartParser(boundary: boundary)
         let parts = Parts()
-        let writes = GatheredWrites(fd: fd, folder: folder)
+        let writes = gatheredWrites(to: fd, folder: folder)
         parser.onHeader = { name, value in
             guard parts.failure == nil, name.lowercased() == "content-disposition" else { return }
             switch parameter("name", in: value) {
