@@ -8,7 +8,9 @@
 # Why: the page cache keeps a file in folios as large as the writes that made it, and sendfile
 # looks every folio up again for each response; B's copy was written as AsyncHTTPClient handed the
 # bytes over until GatheredWrites (docs/performance.md, twenty-fourth stop).
-# Usage: [ROUNDS=n] [SIZE=bytes] tools/bench-peer-copy.sh
+# LINK=<rate>: curl behind a veth link of that rate, as in tools/bench-serve.sh (needs root): the
+# speed is the link's, so each replica's CPU is its own work, not a share of curl's.
+# Usage: [ROUNDS=n] [SIZE=bytes] [LINK=rate] tools/bench-peer-copy.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${ROUNDS:-21}
@@ -16,8 +18,11 @@ tools/install-deps.sh
 . tools/lib.sh
 build_release iap-server iap-pack iap-sandbox
 work=$(mktemp -d); chmod 755 "$work"
-cleanup() { kill $(jobs -p) 2>/dev/null || true; pg_scratch_cleanup; rm -rf "$work"; }
+link_ns=iap-peer-$$
+cleanup() { kill $(jobs -p) 2>/dev/null || true; pg_scratch_cleanup; rm -rf "$work"; ip netns del "$link_ns" 2>/dev/null || true; }
 trap cleanup EXIT
+address=127.0.0.1
+if [ -n "${LINK:-}" ]; then start_link "$LINK" "$link_ns"; address=0.0.0.0; fi
 pg_scratch_init; pg_scratch_start
 "$pgbin/psql" -h 127.0.0.1 -p "$pgport" -U iap -d postgres -qc "CREATE DATABASE peers"
 database="postgres://iap@127.0.0.1:$pgport/peers?sslmode=disable"
@@ -30,7 +35,7 @@ declare -A port pid
 for replica in a b; do
   port[$replica]=$(free_port)
   LOG_LEVEL=error "$bin/iap-server" serve --data "$work/$replica" --bundle-id "$bundle" --trust-root "$work/sandbox/root.cer" \
-    --environment sandbox --port "${port[$replica]}" --database "$database" --grant-keys "$work/keys.json" \
+    --environment sandbox --host "$address" --port "${port[$replica]}" --database "$database" --grant-keys "$work/keys.json" \
     --advertise-url "http://127.0.0.1:${port[$replica]}" --admin-token-file "$work/admin-token" --token-ttl 86400 > "$work/$replica.log" 2>&1 &
   pid[$replica]=$!
   for _ in $(seq 200); do curl -sf -o /dev/null "http://127.0.0.1:${port[$replica]}/healthz" && break; sleep 0.05; done
@@ -41,15 +46,17 @@ for _ in $(seq 1200); do ls "$work"/b/archives/*.zip >/dev/null 2>&1 && break; s
 cmp "$work"/a/archives/*.zip "$work"/b/archives/*.zip || { echo "B has no copy of A's archive: $(cat "$work/b.log")" >&2; exit 1; }
 base="http://127.0.0.1:${port[a]}"
 path=$(grant_url "$work" bench.peer | sed -E 's#^http://[^/]+##')
+declare -A url
 for replica in a b; do
-  got=$(curl -s -o /dev/null -w '%{size_download}' "http://127.0.0.1:${port[$replica]}$path")
+  url[$replica]=$(client_url "http://127.0.0.1:${port[$replica]}$path")
+  got=$("${client[@]}" curl -s -o /dev/null -w '%{size_download}' "${url[$replica]}")
   [ "$got" = "$size" ] || { echo "replica $replica sent $got of $size bytes" >&2; exit 1; }
   : > "$work/$replica.dl"
 done
-echo "archive: $size bytes, uploaded to A, fetched by B; $rounds rounds, alternated" >&2
+echo "archive: $size bytes, uploaded to A, fetched by B; $rounds rounds, alternated${LINK:+; across a $LINK veth link from a network namespace}" >&2
 for round in $(seq "$rounds"); do
   order="a b"; [ $((round % 2)) = 0 ] && order="b a"
-  for replica in $order; do download "$size" "http://127.0.0.1:${port[$replica]}$path" "${pid[$replica]}" >> "$work/$replica.dl"; done
+  for replica in $order; do download "$size" "${url[$replica]}" "${pid[$replica]}" >> "$work/$replica.dl"; done
 done
 printf '\n%-28s %26s %28s\n' "replica (its own copy)" "MB/s (curl)" "server CPU s/GiB"
 for replica in a b; do

@@ -5,10 +5,9 @@ import NIOCore
 ///
 /// Why: the page cache keeps a file in folios as large as the writes that made them, and
 /// `sendfile` looks every folio up again for each response. A replica's copy of an archive
-/// written in the pieces AsyncHTTPClient hands over cost 1.11-1.18x the sending CPU per GiB of the
-/// uploaded copy at the same speed, 1.00-1.02x gathered (`tools/bench-peer-copy.sh`,
-/// docs/performance.md, twenty-fourth stop; see also `LargeWriteCopy`). One buffer of at most
-/// ``size`` per file being written.
+/// written in the pieces AsyncHTTPClient hands over cost 1.15x the uploaded copy's CPU per GiB
+/// across a link, 1.03x gathered (`tools/bench-peer-copy.sh`, docs/performance.md, twenty-fourth
+/// stop; see also `LargeWriteCopy`). One buffer of at most ``size`` per file being written.
 final class GatheredWrites<Failure: Error> {
     static var size: Int { 4 << 20 }
     private let write: (ByteBuffer) throws(Failure) -> Void
