@@ -5,7 +5,8 @@
 # uncorked after its first turn, all on one ~1 GiB file, rotated (each round starts one later in
 # the order). Per server: medians (min-max) of curl's MB/s, the server's CPU seconds per GiB and the
 # whole machine's; then each against nginx, ratios of medians with their 95% intervals, and the
-# server's CPU at the same speed (each server's rounds fitted, read at the median speed).
+# server's CPU at the same speed (each server's rounds fitted, read at the median speed of both:
+# meaningful where their speeds overlap, not for the uncorked loop at twice nginx's speed).
 # Why: on loopback a download's kernel work is charged to whichever side's context runs it, so the
 # server's share there can move without the server doing more or less work. The two C loops differ
 # in one socket option: across a link (LINK=4gbit) they cost the same, on loopback the uncorked one
