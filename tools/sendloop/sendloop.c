@@ -70,7 +70,7 @@ int main(int argc, char **argv) {
       do {  // one turn per wake-up, level-triggered; edge-triggered, turns until the socket is full
         off_t left = status.st_size - offset;
         sent = left > 0 ? sendfile(connection, file, &offset, left < turn ? left : turn) : 0;
-      } while (edge && sent > 0);
+      } while (edge && (sent > 0 || (sent < 0 && errno == EINTR)));  // an edge is not reported twice
       if (sent < 0 && errno != EAGAIN && errno != EINTR) break;  // the client went away
       if (sent == 0 && offset < status.st_size) break;           // the file was cut short
       if (corked && !corked_through) { set_cork(connection, 0); corked = 0; }
