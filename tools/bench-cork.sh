@@ -83,8 +83,7 @@ for name in "${names[@]}"; do
   [ "$name" = nginx ] && continue
   row=("$name")
   for column in 1 2 3; do
-    ratio=$(awk -v o="$(median < "$work/$name.$column")" -v n="$(median < "$work/nginx.$column")" 'BEGIN { printf "%.2f", (n > 0 ? o / n : 0) }')
-    row+=("$ratio ($(ratio_interval "$work/$name.$column" "$work/nginx.$column"))")
+    row+=("$(median_ratio "$work/$name.$column" "$work/nginx.$column")")
   done
   cut -d' ' -f1,2 "$work/$name.dl" > "$work/$name.fit"
   row+=("$(matched_speed_ratio "$work/$name.fit" "$work/nginx.fit")")

@@ -65,5 +65,4 @@ for replica in a b; do
   label=$([ "$replica" = a ] && echo "A (uploaded)" || echo "B (fetched from A)")
   printf '%-28s %26s %28s\n' "$label" "$(median < "$work/$replica.speed") ($(spread < "$work/$replica.speed"))" "$(median < "$work/$replica.cpu") ($(spread < "$work/$replica.cpu"))"
 done
-ratio=$(awk -v b="$(median < "$work/b.cpu")" -v a="$(median < "$work/a.cpu")" 'BEGIN { printf "%.2f", b / a }')
-echo "B's CPU per GiB against A's: $ratio ($(ratio_interval "$work/b.cpu" "$work/a.cpu")); at the same speed $(matched_speed_ratio "$work/b.fit" "$work/a.fit")"
+echo "B's CPU per GiB against A's: $(median_ratio "$work/b.cpu" "$work/a.cpu"); at the same speed $(matched_speed_ratio "$work/b.fit" "$work/a.fit")"

@@ -135,6 +135,12 @@ print(f"{ratios[int(0.025 * len(ratios))]:.2f}-{ratios[int(0.975 * len(ratios)) 
 PY
 }
 
+# The headline of a comparison: median(<a>)/median(<b>) with its 95% interval, "r.rr (lo-hi)";
+# files of one number per round, as ratio_interval's.
+median_ratio() { # a b -> "ratio (lo-hi)"
+  echo "$(awk -v a="$(median < "$1")" -v b="$(median < "$2")" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }') ($(ratio_interval "$1" "$2"))"
+}
+
 # The ratio of two servers' CPU at the same speed, for loopback downloads, where a round's CPU
 # follows its speed (docs/performance.md, ninth stop): each server's rounds fitted by least squares
 # (CPU against speed), both fits read at the median speed of all rounds. Prints "ratio lo-hi" (the
