@@ -164,4 +164,13 @@ public protocol CatalogDatabase: Sendable {
 
     /// Closes connections; the database is not used afterwards.
     func close() async
+
+    /// False while the database is known not to answer (a shared one that went away), so that a
+    /// caller with something to fall back on need not wait out a query's deadline to learn it.
+    var isAnswering: Bool { get }
+}
+
+extension CatalogDatabase {
+    /// A database in the data folder answers whenever the process runs.
+    public var isAnswering: Bool { true }
 }

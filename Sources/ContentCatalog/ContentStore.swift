@@ -143,32 +143,83 @@ public final class ContentStore: Sendable {
     /// The manifest the server computed from archive `sha256` when it was published.
     public func manifestPath(sha256: String) -> String { archivesDirectory + "/" + sha256 + ".manifest.json" }
 
+    /// What a readiness probe asks of this server.
+    public enum ReadinessScope: Sendable, Equatable {
+        /// All it does: grants, notifications and publishing need the catalog database.
+        case everything
+        /// The download URLs it has granted or will be shown: the published archives on disk.
+        /// Grant keys and revocations are kept in memory, so these are served while a shared
+        /// database is away (`/readyz?for=downloads`).
+        case downloads
+    }
+
+    /// A readiness answer: what keeps the server from its scope (empty when ready), and for
+    /// ``ReadinessScope/downloads`` the database's trouble it is ready in spite of.
+    public struct Readiness: Sendable, Equatable {
+        public var problems: [String]
+        public var databaseTrouble: String?
+        public var isReady: Bool { problems.isEmpty }
+        public init(problems: [String], databaseTrouble: String? = nil) { (self.problems, self.databaseTrouble) = (problems, databaseTrouble) }
+    }
+
     /// What keeps this server from serving everything it publishes: the database unreachable, or
     /// published archives missing from `archives/`; empty when ready.
+    public func readinessProblems() async -> [String] { await readiness(for: .everything).problems }
+
+    /// Whether this server is ready for `scope`: the database answers (for
+    /// ``ReadinessScope/everything``) and every published archive is on disk with its published
+    /// size.
     ///
     /// Balancers ask often (every few seconds, each of them), and a publisher's catalog runs to
     /// tens of thousands of versions: the whole check cost 105 ms of CPU at 25,000. So a "ready"
     /// is kept while the catalog's ``ChangeCounter/versions`` stays, for up to
     /// ``readinessRecheck``; every answer still asks the database (the counter), and looks at one
     /// archive, so a lost mount is seen at once. "Not ready" is never kept.
-    public func readinessProblems() async -> [String] {
-        func unreadable(_ error: CatalogError) -> [String] { ["\(database.location) cannot be read: \(error.message)"] }
-        let counter: Int64
-        do {
-            counter = try await database.changeCounter(.versions)
-        } catch {
-            return unreadable(error)
+    ///
+    /// For downloads, a database that does not answer (or that the pool's keeper knows is away,
+    /// then without waiting out a query's deadline) is reported beside the answer, and the archives
+    /// are those of the last catalog read: replicas share one database, and a balancer that took
+    /// every replica out while it is away would stop the downloads they can still serve.
+    public func readiness(for scope: ReadinessScope) async -> Readiness {
+        var counter: Int64?
+        var trouble: String?
+        if scope == .everything || database.isAnswering {
+            do {
+                counter = try await database.changeCounter(.versions)
+            } catch {
+                trouble = "\(database.location) cannot be read: \(error.message)"
+            }
+        } else {
+            trouble = "\(database.location) does not answer"
         }
-        if let last = lastReady.withLock({ $0 }), last.counter == counter, ContinuousClock.now - last.at < Self.readinessRecheck,
-            last.probe.map({ access($0, R_OK) == 0 }) ?? true
+        if let trouble, scope == .everything { return Readiness(problems: [trouble]) }
+        // Without the database, a "ready" holds only for the newest catalog known.
+        let known = counter ?? lastVersions.withLock { $0?.counter }
+        if let last = lastReady.withLock({ $0 }), last.counter == known,
+            ContinuousClock.now - last.at < Self.readinessRecheck, last.probe.map({ access($0, R_OK) == 0 }) ?? true
         {
-            return []
+            return Readiness(problems: [], databaseTrouble: trouble)
         }
         let versions: [PublishedVersion]
-        do {
-            versions = try await database.versions(productId: nil)
-        } catch {
-            return unreadable(error)
+        let read: Int64
+        if let counter {
+            do {
+                versions = try await database.versions(productId: nil)
+                read = counter
+                noteVersionsRead(versions, atCounter: counter)
+            } catch {
+                let message = "\(database.location) cannot be read: \(error.message)"
+                guard scope == .downloads, let known = lastVersions.withLock({ $0 }) else { return Readiness(problems: [message]) }
+                (versions, read, trouble) = (known.versions, known.counter, message)
+            }
+        } else if let known = lastVersions.withLock({ $0 }) {
+            (versions, read) = (known.versions, known.counter)
+        } else {
+            return Readiness(
+                problems: [
+                    "the published archives are not known: the catalog has not been read since the server started (\(trouble ?? database.location)); ready once the database answers"
+                ],
+                databaseTrouble: trouble)
         }
         let published = versions.filter { $0.removedAt == nil }
         // What stat tells (presence and size): reading every archive is `iap-server check`'s work.
@@ -179,17 +230,30 @@ public final class ContentStore: Sendable {
         guard let first = damaged.first else {
             // The newest archive: the likeliest to be missing after a bad deploy, and on any mount.
             let newest = published.max { $0.publishedAt < $1.publishedAt }
-            lastReady.withLock { $0 = (counter, ContinuousClock.now, newest.map { archivePath(sha256: $0.sha256) }) }
-            return []
+            lastReady.withLock { $0 = (read, ContinuousClock.now, newest.map { archivePath(sha256: $0.sha256) }) }
+            return Readiness(problems: [], databaseTrouble: trouble)
         }
         lastReady.withLock { $0 = nil }
-        return [
-            "\(damaged.count) published version(s) missing or damaged in \(archivesDirectory) (iap-server check lists them), first \(first.1.message(for: first.0, in: self))"
-        ]
+        return Readiness(
+            problems: [
+                "\(damaged.count) published version(s) missing or damaged in \(archivesDirectory) (iap-server check lists them), first \(first.1.message(for: first.0, in: self))"
+            ],
+            databaseTrouble: trouble)
+    }
+
+    /// Keeps the newest catalog read (by the server's beat too), which a download readiness check
+    /// looks for while the database is away. `counter`: ``ChangeCounter/versions`` read before
+    /// `versions` were.
+    public func noteVersionsRead(_ versions: [PublishedVersion], atCounter counter: Int64) {
+        lastVersions.withLock { known in
+            if known.map({ $0.counter <= counter }) ?? true { known = (counter, versions) }
+        }
     }
 
     /// The last "ready": the catalog's counter then, when, and one archive to look at each time.
     private let lastReady = Mutex<(counter: Int64, at: ContinuousClock.Instant, probe: String?)?>(nil)
+    /// The newest catalog read (``noteVersionsRead(_:atCounter:)``) and its counter.
+    private let lastVersions = Mutex<(counter: Int64, versions: [PublishedVersion])?>(nil)
     /// How long a "ready" is kept while the catalog does not change: an archive deleted by hand
     /// is seen within this.
     public static let readinessRecheck: Duration = .seconds(10)

@@ -26,11 +26,7 @@ struct APIRoutes: Sendable {
             methods.add(method, path)
         }
         on(.get, Route.health) { _, _ in json(.ok, HealthStatus()) }
-        on(.get, Route.ready) { _, _ in
-            let problems = await service.store.readinessProblems()
-            guard problems.isEmpty else { return apiError(.serviceUnavailable, APIError(.notReady, problems.joined(separator: "; "))) }
-            return json(.ok, HealthStatus(status: "ready"))
-        }
+        on(.get, Route.ready) { request, _ in await ready(request) }
         on(.get, Route.metrics) { _, _ in
             var headers = HTTPFields()
             headers[.contentType] = "text/plain; version=0.0.4"
@@ -48,6 +44,29 @@ struct APIRoutes: Sendable {
         on(.delete, Route.adminVersionPattern) { request, context in
             await remove(request, productId: try context.parameters.require("productId"), contentVersion: try context.parameters.require("contentVersion"))
         }
+    }
+
+    // MARK: Probes
+
+    /// `/readyz`: ready for everything (the database answers, every published archive is on
+    /// disk); `/readyz?for=downloads`: ready to serve download URLs, which a shared database's
+    /// outage does not stop, so that a balancer need not take every replica out at once.
+    func ready(_ request: Request) async -> Response {
+        let scope: ContentStore.ReadinessScope
+        switch request.uri.queryParameters.get(Route.readyScopeParameter) {
+        case nil: scope = .everything
+        case Route.readyScopeDownloads: scope = .downloads
+        case let other?:
+            return apiError(
+                .badRequest,
+                APIError(.malformed, "'\(other)' is not a readiness scope: ask /readyz (everything) or /readyz?\(Route.readyScopeParameter)=\(Route.readyScopeDownloads)"))
+        }
+        let readiness = await service.store.readiness(for: scope)
+        guard readiness.isReady else {
+            let also = readiness.databaseTrouble.map { ["also \($0)"] } ?? []
+            return apiError(.serviceUnavailable, APIError(.notReady, (readiness.problems + also).joined(separator: "; ")))
+        }
+        return json(.ok, HealthStatus(status: "ready", database: readiness.databaseTrouble))
     }
 
     // MARK: Edge

@@ -240,7 +240,10 @@ public struct PublishReceipt: Codable, Sendable, Equatable {
 /// `GET /healthz`.
 public struct HealthStatus: Codable, Sendable, Equatable {
     public var status: String
-    public init(status: String = "ok") { self.status = status }
+    /// `/readyz?for=downloads`: the shared database's trouble the server is ready in spite of
+    /// (grants and notifications answer 503 until it is back).
+    public var database: String?
+    public init(status: String = "ok", database: String? = nil) { (self.status, self.database) = (status, database) }
 }
 
 /// The JSON settings of the wire format: ISO 8601 dates, sorted keys, slashes unescaped.

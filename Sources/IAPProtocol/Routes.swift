@@ -32,6 +32,9 @@ public enum Route {
     /// `GET`: 200 when the catalog database answers and every published archive is on disk; 503
     /// naming what is wrong otherwise (for a load balancer's readiness check).
     public static let ready = "/readyz"
+    /// `/readyz?for=downloads`: ready to serve download URLs, whether or not the database answers.
+    public static let readyScopeParameter = "for"
+    public static let readyScopeDownloads = "downloads"
 
     /// The path that removes a version (``adminVersionPattern``).
     public static func adminVersion(productId: String, contentVersion: String) -> String {

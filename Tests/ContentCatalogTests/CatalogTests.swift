@@ -409,6 +409,12 @@ struct CatalogTests {
         let newest = store.archivePath(sha256: v2.manifest.archiveSHA256)
         try FileManager.default.moveItem(atPath: newest, toPath: newest + ".away")
         #expect(await store.readinessProblems().first?.contains(v2.manifest.archiveSHA256) == true)
+        // Ready for downloads asks the same of the archives; with the database answering it
+        // reports no trouble.
+        let downloads = await store.readiness(for: .downloads)
+        #expect(!downloads.isReady && downloads.problems.first?.contains(v2.manifest.archiveSHA256) == true && downloads.databaseTrouble == nil)
+        try FileManager.default.moveItem(atPath: newest + ".away", toPath: newest)
+        #expect(await store.readiness(for: .downloads) == .init(problems: [], databaseTrouble: nil))
         await store.database.close()
     }
 }

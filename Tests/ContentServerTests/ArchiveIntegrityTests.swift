@@ -44,6 +44,10 @@ extension ServerTests {
         #expect(metrics.contains("iap_damaged_archive_refusals_total ") && !metrics.contains("iap_damaged_archive_refusals_total 0"))
         let ready = try curl([server.base + "/readyz"], folder: tmp)
         #expect(ready.status == 503 && ready.text.contains("cut short or overwritten"))
+        let forDownloads = try curl([server.base + "/readyz?for=downloads"], folder: tmp)
+        #expect(forDownloads.status == 503 && forDownloads.text.contains("cut short or overwritten"), "a damaged archive is a download's problem too")
+        let unknown = try curl([server.base + "/readyz?for=grants"], folder: tmp)
+        #expect(unknown.status == 400 && unknown.text.contains("/readyz?for=downloads"), "\(unknown.text)")
 
         let check = try run(productsDirectory() + "/iap-server", ["check", "--data", data] + storeOptions)
         #expect(check.status == 1, "\(check.stderr)")

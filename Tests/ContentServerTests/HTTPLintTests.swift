@@ -179,6 +179,8 @@ struct HTTPLintTests {
                 Exchange(name: "metrics", method: "GET", target: "/metrics"),
                 Exchange(name: "healthz", method: "GET", target: "/healthz"),
                 Exchange(name: "readyz", method: "GET", target: "/readyz"),
+                Exchange(name: "readyz for downloads", method: "GET", target: "/readyz?for=downloads"),
+                Exchange(name: "readyz, unknown scope", method: "GET", target: "/readyz?for=grants", status: 400),
                 Exchange(name: "no such path", method: "GET", target: "/nothing-here", status: 404),
                 Exchange(name: "header flood", method: "GET", target: "/healthz", headers: (0..<150).map { ["X-Flood-\($0)", "y"] }, status: 431),
             ]

@@ -128,12 +128,26 @@ struct ReplicaTests {
         // The metric an operator alerts on: the keeper finds the database away within seconds.
         let away = try await waitUntil(.seconds(30)) { try curl([a.base + "/metrics"], folder: tmp).text.contains("\niap_database_answering 0.0\n") }
         #expect(away != nil, "iap_database_answering did not drop to 0")
+        // Ready for downloads all the same, naming the database: a balancer probing that keeps
+        // every replica while the shared database is away. A lost archive still takes it out.
+        let forDownloads = try curl([a.base + "/readyz?for=downloads"], folder: tmp)
+        #expect(forDownloads.status == 200 && forDownloads.text.contains(#""database":"PostgreSQL at"#), "\(forDownloads.text)")
+        #expect(try curl([b.base + "/readyz?for=downloads"], folder: tmp).status == 200)
+        let stored = tmp.sub("shared/archives/\(packed.manifest.archiveSHA256).zip")
+        #expect(rename(stored, stored + ".away") == 0)
+        let lost = try curl([a.base + "/readyz?for=downloads"], folder: tmp)
+        #expect(lost.status == 503 && lost.errorCode == "not-ready" && lost.text.contains(packed.manifest.archiveSHA256) && lost.text.contains("PostgreSQL at"), "\(lost.text)")
+        #expect(rename(stored + ".away", stored) == 0)
+        #expect(try curl([a.base + "/readyz?for=downloads"], folder: tmp).status == 200)
 
         try await database.restart()
         let recovered = try await waitUntil(.seconds(30)) {
             try postJSON(a.base + "/v1/downloads", ["signedTransaction": first.signedTransaction], folder: tmp).status == 200
         }
         #expect(recovered != nil, "the replica did not recover after PostgreSQL came back")
+        let back = try curl([a.base + "/readyz?for=downloads"], folder: tmp)
+        #expect(back.status == 200 && !back.text.contains("database"), "\(back.text)")
+        #expect(try curl([a.base + "/readyz"], folder: tmp).status == 200)
         #expect(try curl([a.base + "/metrics"], folder: tmp).text.contains("\niap_database_answering 1.0\n"))
         #expect(try await database.psql(url, "SELECT COUNT(*) FROM notifications") == "1")
         #expect(try await database.psql(url, "SELECT transaction_id FROM revocations") == second.transaction.transactionId!)
