@@ -510,8 +510,19 @@ func json<T: Encodable>(_ status: HTTPResponse.Status, _ value: T, headers extra
 
 /// An error answer: the envelope of ``APIError``.
 func apiError(_ status: HTTPResponse.Status, _ error: APIError, headers: HTTPFields = [:]) -> Response {
-    json(status, error.envelope, headers: headers)
+    var headers = headers
+    // The catalog's database away (a replica reconnects within a second of its return) or the
+    // data folder unwritable: a client told when to come back waits that long between tries
+    // instead of spending them all on its backoff's first seconds (iap-fetch's five take about
+    // 5 s; these take 20, through a database's failover).
+    if status == .serviceUnavailable, error.code == .storage, headers[.retryAfter] == nil {
+        headers[.retryAfter] = storageRetryAfter
+    }
+    return json(status, error.envelope, headers: headers)
 }
+
+/// `Retry-After` of a 503 `storage` answer, in seconds.
+let storageRetryAfter = "5"
 
 func constantTimeEqual(_ a: String, _ b: String) -> Bool {
     let x = Array(a.utf8), y = Array(b.utf8)

@@ -121,7 +121,7 @@ struct ReplicaTests {
         #expect(try curl([a.base + "/metrics"], folder: tmp).text.contains("\niap_database_answering 1.0\n"))
         try await database.stop()
         let refused = try postJSON(a.base + "/v1/downloads", ["signedTransaction": first.signedTransaction], folder: tmp)
-        #expect(refused.status == 503, "\(refused.text)")
+        #expect(refused.status == 503 && refused.errorCode == "storage" && refused.headers["retry-after"] == "5", "\(refused.headers) \(refused.text)")
         #expect(try curl([a.base + "/readyz"], folder: tmp).status == 503)
         // A grant the replica can check itself is still served.
         #expect(try curl(["-o", "/dev/null", firstURL], folder: tmp).status == 200)
