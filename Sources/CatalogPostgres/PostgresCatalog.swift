@@ -422,12 +422,17 @@ public final class PostgresCatalog: CatalogDatabase {
     private let operationTimeout: Duration
     /// Opening waits longer: replicas starting together queue for the migration lock.
     static let openTimeout: Duration = .seconds(60)
+    /// How long an operation waits while the pool's keeper knows the database away, instead of
+    /// the operation timeout: a grant asks the database three times, and a device waited 30 s
+    /// for its 503. Any lease ends the outage (``PoolKeeper``), so a database back is used at once.
+    static let awayTimeout: Duration = .seconds(1)
 
     @discardableResult
     private func run<T: Sendable>(
         timeout: Duration? = nil, _ body: @escaping @Sendable (PostgresConnection, Logger) async throws -> T
     ) async throws(CatalogError) -> T {
-        let logger = logger, timeout = timeout ?? operationTimeout
+        let logger = logger, away = !pool.answering
+        let timeout = away ? min(timeout ?? operationTimeout, Self.awayTimeout) : timeout ?? operationTimeout
         do {
             return try await pool.withConnection(deadline: timeout) { connection in try await body(connection, logger) }
         } catch let error as CatalogError {
@@ -436,7 +441,8 @@ public final class PostgresCatalog: CatalogDatabase {
             // A decision inside the transaction (a conflict, an unknown version), rolled back.
             throw error.closureError as! CatalogError
         } catch is PoolKeeper.DeadlinePassed {
-            throw CatalogError(.storage, "\(location) did not answer within \(timeout): check that it runs and that --database is right")
+            let waited = away ? "does not answer (asked for \(timeout) while it is away)" : "did not answer within \(timeout)"
+            throw CatalogError(.storage, "\(location) \(waited): check that it runs and that --database is right")
         } catch {
             // The server's own refusal needs no guess about whether it runs.
             let answered = Self.serverInfo(error) != nil

@@ -132,9 +132,9 @@ final class ContentService: ContentResolver, Sendable {
     /// For grants: the in-memory set, then the ledger itself, so a revocation written by
     /// `iap-server reconcile` or another replica refuses a new grant at once, not at the next
     /// refresh; one found there is added to the set, so the content path refuses at once too.
-    func isRevokedInLedger(_ transactionId: String) async -> Bool {
+    func isRevokedInLedger(_ transactionId: String) async throws(CatalogError) -> Bool {
         if isRevoked(transactionId) { return true }
-        guard (try? await store.isRevoked(transactionId: transactionId)) == true else { return false }
+        guard try await store.isRevoked(transactionId: transactionId) else { return false }
         markRevoked(transactionId, true)
         return true
     }

@@ -226,14 +226,18 @@ struct APIRoutes: Sendable {
             service.metrics.grant(reason.code)
             return .failure(Refusal(status: .forbidden, error: APIError(APIErrorCode(rawValue: reason.code), "no download: \(reason)")))
         }
-        for id in [transaction.transactionId, transaction.originalTransactionId].compactMap({ $0 }) where await service.isRevokedInLedger(id) {
-            service.metrics.grant("revoked")
-            return .failure(Refusal(status: .forbidden, error: APIError(.revoked, "no download: transaction \(id) was refunded or revoked")))
-        }
-        guard let productId = transaction.productId else {
-            return .failure(Refusal(status: .badRequest, error: APIError(.malformed, "the transaction has no productId")))
-        }
         do throws(CatalogError) {
+            // A ledger that cannot be read ends the grant here, with the 503 it would end with
+            // anyway: each question put to a database that does not answer waits out a deadline.
+            var ids = transaction.transactionId.map { [$0] } ?? []
+            if let original = transaction.originalTransactionId, !ids.contains(original) { ids.append(original) }
+            for id in ids where try await service.isRevokedInLedger(id) {
+                service.metrics.grant("revoked")
+                return .failure(Refusal(status: .forbidden, error: APIError(.revoked, "no download: transaction \(id) was refunded or revoked")))
+            }
+            guard let productId = transaction.productId else {
+                return .failure(Refusal(status: .badRequest, error: APIError(.malformed, "the transaction has no productId")))
+            }
             let versions = try await service.store.versions(productId: productId)
             // Staged rollouts and rollbacks decide which version this purchase gets; a pinned
             // version too must be served to it. The bucket is the original purchase's: a
@@ -269,6 +273,7 @@ struct APIRoutes: Sendable {
                     manifestURL: version.manifestSHA256.map { _ in base + Route.manifest(token: token, productId: productId, contentVersion: version.contentVersion) },
                     manifestSHA256: version.manifestSHA256))
         } catch {
+            service.metrics.grant(error.code.rawValue)
             return .failure(Refusal(status: .serviceUnavailable, error: error.apiError))
         }
     }

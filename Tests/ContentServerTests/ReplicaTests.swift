@@ -128,6 +128,11 @@ struct ReplicaTests {
         // The metric an operator alerts on: the keeper finds the database away within seconds.
         let away = try await waitUntil(.seconds(30)) { try curl([a.base + "/metrics"], folder: tmp).text.contains("\niap_database_answering 0.0\n") }
         #expect(away != nil, "iap_database_answering did not drop to 0")
+        // Known away, a grant's 503 comes after one short question to the database, not after a
+        // 10 s deadline for each of three (it took 30 s), and is counted.
+        let quick = try postJSON(a.base + "/v1/downloads", ["signedTransaction": first.signedTransaction], folder: tmp)
+        #expect(quick.status == 503 && quick.text.contains("(asked for 1.0 seconds while it is away)"), "\(quick.text)")
+        #expect(try curl([a.base + "/metrics"], folder: tmp).text.contains(#"iap_grants_total{outcome="storage"} 2"#))
         // Ready for downloads all the same, naming the database: a balancer probing that keeps
         // every replica while the shared database is away. A lost archive still takes it out.
         let forDownloads = try curl([a.base + "/readyz?for=downloads"], folder: tmp)
@@ -159,6 +164,36 @@ struct ReplicaTests {
         // the same bound as A's recovery.
         let cut = try await waitUntil(.seconds(30)) { try curl([firstURL], folder: tmp).status == 403 }
         #expect(cut != nil, "B did not hear of the refund after PostgreSQL restarted")
+        try await database.stop(mode: "immediate")
+    }
+
+    @Test("iap-fetch rides out a database restart: the grant's 503 asks for 5 s (Retry-After), iap-fetch waits that long between tries, and downloads once the database is back")
+    func fetchThroughDatabaseRestart() async throws {
+        let tmp = try TemporaryFolder()
+        let database = try await PostgresServer.start()
+        let url = try await database.createDatabase()
+        let (sandbox, replicas) = try startReplicas(tmp, databaseURL: url, count: 1)
+        let packed = try packSample(tmp)
+        #expect(try upload(packed.archivePath, to: replicas[0], tmp).status == 201)
+        let purchase = try sandbox.purchase(productId: product)
+        try purchase.signedTransaction.write(toFile: tmp.sub("tx.jws"), atomically: true, encoding: .utf8)
+
+        try await database.stop()
+        let output = tmp.sub("fetch.out")
+        _ = FileManager.default.createFile(atPath: output, contents: nil)
+        let fetch = try launch(
+            productsDirectory() + "/iap-fetch",
+            ["get", "--server", replicas[0].base, "--transaction", tmp.sub("tx.jws"), "--content-dir", tmp.sub("installed")],
+            stdout: FileHandle(forWritingAtPath: output)!, stderr: FileHandle(forWritingAtPath: output)!)
+        defer { forceStop(fetch) }
+        func said() -> String { (try? String(contentsOfFile: output, encoding: .utf8)) ?? "" }
+        let told = try await waitUntil(.seconds(30)) { said().contains("(503) for the grant of transaction") }
+        #expect(told != nil && said().contains("trying again in 5 s, as it asked"), "\(said())")
+        try await database.restart()
+        let ended = try await waitUntil(.seconds(60)) { !fetch.isRunning }
+        #expect(ended != nil && fetch.terminationStatus == 0, "\(said())")
+        let installed = tmp.sub("installed/\(product)/1.0/ContentInfo.plist")
+        #expect(FileManager.default.fileExists(atPath: installed), "\(said())")
         try await database.stop(mode: "immediate")
     }
 
