@@ -417,6 +417,13 @@ struct APIRoutes: Sendable {
             }
             manifest = decoded
         }
+        // Refused before the body (which `Expect: 100-continue` then never sends), rather than
+        // after up to 2 GiB are written and validated, for a catalog row that cannot be written.
+        guard service.store.database.isAnswering else {
+            return apiError(
+                .serviceUnavailable,
+                APIError(.storage, "\(service.store.database.location) does not answer, so nothing can be published: upload again once it does"))
+        }
         let upload = service.store.claimUpload()
         defer { upload.release() }
         let path = upload.path

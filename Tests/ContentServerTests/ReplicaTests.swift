@@ -133,6 +133,12 @@ struct ReplicaTests {
         let quick = try postJSON(a.base + "/v1/downloads", ["signedTransaction": first.signedTransaction], folder: tmp)
         #expect(quick.status == 503 && quick.text.contains("(asked for 1.0 seconds while it is away)"), "\(quick.text)")
         #expect(try curl([a.base + "/metrics"], folder: tmp).text.contains(#"iap_grants_total{outcome="storage"} 2"#))
+        // An upload is refused before its body: nothing could be published.
+        let newer = try packSample(tmp, version: "1.1")
+        let refusedUpload = try curl(
+            ["-X", "PUT", "-T", newer.archivePath, "-H", "Expect: 100-continue", "-H", "Authorization: Bearer \(adminToken)", a.base + "/v1/admin/archives"], folder: tmp)
+        #expect(refusedUpload.status == 503 && refusedUpload.headers["retry-after"] == "5" && refusedUpload.text.contains("upload again once it does"), "\(refusedUpload.text)")
+        #expect(tmp.files(in: "shared/archives/.uploads").isEmpty, "an upload file was left")
         // Ready for downloads all the same, naming the database: a balancer probing that keeps
         // every replica while the shared database is away. A lost archive still takes it out.
         let forDownloads = try curl([a.base + "/readyz?for=downloads"], folder: tmp)
