@@ -199,6 +199,10 @@ struct APIRoutes: Sendable {
                 done.insert(product)
                 skipped.removeAll { $0.productId == product }
             case .failure(let refusal):
+                // The catalog cannot answer: every other product would wait for it in turn and be
+                // skipped the same way, and a 200 listing them all as skipped reads as nothing to
+                // download. The whole restore is to be asked again.
+                if refusal.status == .serviceUnavailable { return apiError(refusal.status, refusal.error) }
                 if !skipped.contains(where: { $0.productId == product }) {
                     skipped.append(
                         SkippedPurchase(transactionId: transaction.transactionId ?? "", productId: product, code: refusal.error.code.rawValue, message: refusal.error.message))

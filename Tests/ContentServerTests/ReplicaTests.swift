@@ -203,6 +203,33 @@ struct ReplicaTests {
         try await database.stop(mode: "immediate")
     }
 
+    @Test("a StoreKit 1 restore while the database is away answers 503 with Retry-After at once, not 200 with every product skipped")
+    func restoreThroughDatabaseOutage() async throws {
+        let tmp = try TemporaryFolder()
+        let database = try await PostgresServer.start()
+        let url = try await database.createDatabase()
+        let sandbox = try ReplicaFixture.sandbox(tmp)
+        _ = try sandbox.receiptAuthority()
+        let replica = try ReplicaFixture.replica(tmp, "replica", sandbox: sandbox, databaseURL: url, extra: ["--trust-root", sandbox.receiptRootCertificatePath])
+        let content = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent().path + "/content"
+        for id in ["com.example.cosmos.levels1", "com.example.soundkit.drums"] {
+            let packed = try ArchivePacker.pack(
+                folder: content + "/\(id)/Contents",
+                options: .init(productId: try ProductIdentifier(id), contentVersion: try ContentVersion("1.0"), outputDirectory: tmp.sub("out-\(id)")))
+            #expect(try upload(packed.archivePath, to: replica, tmp).status == 201)
+            _ = try sandbox.purchase(productId: id)
+        }
+        let restore = ["receipt": Data(try sandbox.receipt()).base64EncodedString()]
+        let before = try postJSON(replica.base + "/v1/downloads", restore, folder: tmp)
+        #expect(before.status == 200 && (before.json["downloads"] as? [Any])?.count == 2, "\(before.text)")
+
+        try await database.stop()
+        let away = try await waitUntil(.seconds(30)) { try curl([replica.base + "/metrics"], folder: tmp).text.contains("\niap_database_answering 0.0\n") }
+        #expect(away != nil, "iap_database_answering did not drop to 0")
+        let during = try postJSON(replica.base + "/v1/downloads", restore, folder: tmp)
+        #expect(during.status == 503 && during.errorCode == "storage" && during.headers["retry-after"] == "5", "\(during.status) \(during.text)")
+    }
+
     @Test("no shared archive folder: a replica fetches the archive from the one that received it (SHA-256 checked), redirecting requests there meanwhile; damaged bytes are refused")
     func peerFetch() async throws {
         let tmp = try TemporaryFolder()
