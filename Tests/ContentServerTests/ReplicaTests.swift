@@ -326,7 +326,11 @@ struct ReplicaTests {
                 && (try? FileManager.default.attributesOfItem(atPath: copy)[.systemFileNumber] as? Int) != first
         }
         #expect(replaced != nil, "B did not fetch its copy again")
-        #expect(((try? String(contentsOfFile: b.log, encoding: .utf8)) ?? "").contains("replaced a damaged copy of an archive with its origin's"))
+        // Logged once the new copy is in place: after the rename the check above saw.
+        let logged = await waitUntil(.seconds(10)) {
+            ((try? String(contentsOfFile: b.log, encoding: .utf8)) ?? "").contains("replaced a damaged copy of an archive with its origin's")
+        }
+        #expect(logged != nil, "B did not log the repair")
         let served = await waitUntil(.seconds(10)) { (try? curl([onB], folder: tmp)).map { $0.status == 200 && $0.body == bytes } ?? false }
         #expect(served != nil, "B does not serve its new copy itself")
         #expect(try curl([b.base + "/readyz"], folder: tmp).status == 200)
