@@ -50,11 +50,18 @@ struct ReplicaTests {
         return (sandbox, replicas)
     }
 
-    func packSample(_ tmp: TemporaryFolder, version: String = "1.0") throws -> PackResult {
+    func packSample(_ tmp: TemporaryFolder, version: String = "1.0", product: String? = nil) throws -> PackResult {
+        let product = product ?? self.product
         let content = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
-            .appendingPathComponent("content/com.example.cosmos.levels1/Contents").path
+            .appendingPathComponent("content/\(product)/Contents").path
         return try ArchivePacker.pack(
-            folder: content, options: .init(productId: try ProductIdentifier(product), contentVersion: try ContentVersion(version), outputDirectory: tmp.sub("out-\(version)")))
+            folder: content,
+            options: .init(productId: try ProductIdentifier(product), contentVersion: try ContentVersion(version), outputDirectory: tmp.sub("out-\(product)-\(version)")))
+    }
+
+    /// Whether `replica` says the database away (`iap_database_answering 0`, its keeper's finding) within 30 s.
+    func databaseAway(on replica: ServerProcess, _ tmp: TemporaryFolder) async throws -> Bool {
+        try await waitUntil(.seconds(30)) { try curl([replica.base + "/metrics"], folder: tmp).text.contains("\niap_database_answering 0.0\n") } != nil
     }
 
     func upload(_ archive: String, to server: ServerProcess, _ tmp: TemporaryFolder) throws -> HTTPResult {
@@ -126,8 +133,7 @@ struct ReplicaTests {
         // A grant the replica can check itself is still served.
         #expect(try curl(["-o", "/dev/null", firstURL], folder: tmp).status == 200)
         // The metric an operator alerts on: the keeper finds the database away within seconds.
-        let away = try await waitUntil(.seconds(30)) { try curl([a.base + "/metrics"], folder: tmp).text.contains("\niap_database_answering 0.0\n") }
-        #expect(away != nil, "iap_database_answering did not drop to 0")
+        #expect(try await databaseAway(on: a, tmp), "iap_database_answering did not drop to 0")
         // Known away, a grant's 503 comes after one short question to the database, not after a
         // 10 s deadline for each of three (it took 30 s), and is counted.
         let quick = try postJSON(a.base + "/v1/downloads", ["signedTransaction": first.signedTransaction], folder: tmp)
@@ -211,12 +217,8 @@ struct ReplicaTests {
         let sandbox = try ReplicaFixture.sandbox(tmp)
         _ = try sandbox.receiptAuthority()
         let replica = try ReplicaFixture.replica(tmp, "replica", sandbox: sandbox, databaseURL: url, extra: ["--trust-root", sandbox.receiptRootCertificatePath])
-        let content = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent().path + "/content"
-        for id in ["com.example.cosmos.levels1", "com.example.soundkit.drums"] {
-            let packed = try ArchivePacker.pack(
-                folder: content + "/\(id)/Contents",
-                options: .init(productId: try ProductIdentifier(id), contentVersion: try ContentVersion("1.0"), outputDirectory: tmp.sub("out-\(id)")))
-            #expect(try upload(packed.archivePath, to: replica, tmp).status == 201)
+        for id in [product, "com.example.soundkit.drums"] {
+            #expect(try upload(try packSample(tmp, product: id).archivePath, to: replica, tmp).status == 201)
             _ = try sandbox.purchase(productId: id)
         }
         let restore = ["receipt": Data(try sandbox.receipt()).base64EncodedString()]
@@ -224,8 +226,7 @@ struct ReplicaTests {
         #expect(before.status == 200 && (before.json["downloads"] as? [Any])?.count == 2, "\(before.text)")
 
         try await database.stop()
-        let away = try await waitUntil(.seconds(30)) { try curl([replica.base + "/metrics"], folder: tmp).text.contains("\niap_database_answering 0.0\n") }
-        #expect(away != nil, "iap_database_answering did not drop to 0")
+        #expect(try await databaseAway(on: replica, tmp), "iap_database_answering did not drop to 0")
         let during = try postJSON(replica.base + "/v1/downloads", restore, folder: tmp)
         #expect(during.status == 503 && during.errorCode == "storage" && during.headers["retry-after"] == "5", "\(during.status) \(during.text)")
     }
