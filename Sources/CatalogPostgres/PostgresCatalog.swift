@@ -423,8 +423,8 @@ public final class PostgresCatalog: CatalogDatabase {
     /// Opening waits longer: replicas starting together queue for the migration lock.
     static let openTimeout: Duration = .seconds(60)
     /// How long an operation waits while the pool's keeper knows the database away, instead of
-    /// the operation timeout: a grant asks the database three times, and a device waited 30 s
-    /// for its 503. Any lease ends the outage (``PoolKeeper``), so a database back is used at once.
+    /// the operation timeout: each of a request's questions waited that out (a grant's 503 came
+    /// after 30 s). Any lease ends the outage (``PoolKeeper``), so a database back is used at once.
     static let awayTimeout: Duration = .seconds(1)
 
     @discardableResult

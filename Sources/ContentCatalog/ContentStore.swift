@@ -245,14 +245,16 @@ public final class ContentStore: Sendable {
     /// looks for while the database is away. `counter`: ``ChangeCounter/versions`` read before
     /// `versions` were.
     public func noteVersionsRead(_ versions: [PublishedVersion], atCounter counter: Int64) {
+        // The published ones only: a catalog's removed versions are its history, not its archives.
+        let published = versions.filter { $0.removedAt == nil }
         lastVersions.withLock { known in
-            if known.map({ $0.counter <= counter }) ?? true { known = (counter, versions) }
+            if known.map({ $0.counter <= counter }) ?? true { known = (counter, published) }
         }
     }
 
     /// The last "ready": the catalog's counter then, when, and one archive to look at each time.
     private let lastReady = Mutex<(counter: Int64, at: ContinuousClock.Instant, probe: String?)?>(nil)
-    /// The newest catalog read (``noteVersionsRead(_:atCounter:)``) and its counter.
+    /// The newest catalog read (``noteVersionsRead(_:atCounter:)``), its published versions, and its counter.
     private let lastVersions = Mutex<(counter: Int64, versions: [PublishedVersion])?>(nil)
     /// How long a "ready" is kept while the catalog does not change: an archive deleted by hand
     /// is seen within this.
