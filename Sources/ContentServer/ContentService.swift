@@ -397,12 +397,7 @@ final class ContentService: ContentResolver, Sendable {
     /// Brings this replica's archive folder in line with the catalog: fetches what it lacks
     /// from other replicas, deletes removed versions' archives and closes their kept handles.
     func catchUpArchives(force: Bool = false) async {
-        await peers.catchUp(
-            force: force,
-            read: { versions, counter in
-                noteCatalog(versions)
-                if let counter { store.noteVersionsRead(versions, atCounter: counter) }
-            }, removed: { forgetFiles(sha256s: $0) })
+        await peers.catchUp(force: force, read: { noteCatalog($0) }, removed: { forgetFiles(sha256s: $0) })
     }
 
     /// Closes the kept handles of removed archives, so that their disk space is freed and no

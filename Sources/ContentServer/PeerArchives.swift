@@ -41,13 +41,15 @@ final class PeerArchives: Sendable {
     /// Removed versions' archives are deleted from this replica's folder (the replica that
     /// removed one did so already, as does one sharing its folder) and `removed` is told which,
     /// to close what it keeps open.
-    func catchUp(force: Bool = false, read: ([PublishedVersion], Int64?) -> Void = { _, _ in }, removed: (Set<String>) -> Void = { _ in }) async {
+    func catchUp(force: Bool = false, read: ([PublishedVersion]) -> Void = { _ in }, removed: (Set<String>) -> Void = { _ in }) async {
         let counter = try? await store.database.changeCounter(.versions)
         if !force, let counter, let last = settled.withLock({ $0 }), last.counter == counter, ContinuousClock.now - last.at < Self.fullPassInterval {
             return
         }
         guard let versions = try? await store.database.versions(productId: nil) else { return }
-        read(versions, counter)
+        // What `/readyz?for=downloads` looks for should the database go away next.
+        if let counter { store.noteVersionsRead(versions, atCounter: counter) }
+        read(versions)
         let gone = ContentStore.removedArchives(versions)
         if !gone.isEmpty {
             // Deleted first: a request between the two could otherwise open a file about to go.
