@@ -52,12 +52,12 @@ final class BodyReceiver: HTTPClientResponseDelegate, Sendable {
     private let window: Int
     private let state: NIOLockedValueBox<State>
 
-    /// `rateLimit`, bytes per second, is applied here by not reading the socket ahead of it, so
-    /// that TCP slows the sender down.
-    init(fd: SystemPackage.FileDescriptor, window: Int = 8 << 20, rateLimit: Int? = nil) {
+    /// `limiter`, the fetcher's bandwidth cap, is applied here by not reading the socket ahead of
+    /// it, so that TCP slows the sender down.
+    init(fd: SystemPackage.FileDescriptor, window: Int = 8 << 20, limiter: RateLimiter? = nil) {
         self.fd = fd
         self.window = window
-        state = NIOLockedValueBox(State(pacing: BodyPacing(rateLimit: rateLimit)))
+        state = NIOLockedValueBox(State(pacing: BodyPacing(limiter: limiter)))
         (events, continuation) = AsyncThrowingStream.makeStream(of: Event.self)
     }
 
@@ -170,15 +170,13 @@ struct BodyPacing {
     /// Of an error response (`.collect`), this much of the body is kept.
     static let collectLimit = 64 << 10
 
-    /// Bytes per second, or nil.
-    let rateLimit: Int?
-    private var started: NIODeadline?
-    private var received: Int64 = 0
+    /// The fetcher's bandwidth cap, or nil.
+    let limiter: RateLimiter?
     /// Bytes written but not yet handed to the fetcher, from `pendingOffset`.
     private var pendingOffset: Int64 = 0
     private var pendingBytes = 0
 
-    init(rateLimit: Int?) { self.rateLimit = rateLimit }
+    init(limiter: RateLimiter?) { self.limiter = limiter }
 
     /// Writes `bytes` at `position` of `fd`, refusing bytes past `end` (exclusive).
     static func write(_ bytes: UnsafeRawBufferPointer, to fd: SystemPackage.FileDescriptor, at position: Int64, end: Int64) throws(FetchError) {
@@ -199,13 +197,7 @@ struct BodyPacing {
     mutating func wrote(_ count: Int, at position: Int64, windowFull: Bool) -> (due: NIODeadline?, batch: (count: Int, offset: Int64)?) {
         if pendingBytes == 0 { pendingOffset = position }
         pendingBytes += count
-        var due: NIODeadline?
-        if let rateLimit {
-            let start = started ?? .now()
-            started = start
-            received += Int64(count)
-            due = start + .nanoseconds(received * 1_000_000_000 / Int64(rateLimit))
-        }
+        let due = limiter?.reserve(count)
         let waits = windowFull || due.map { $0 > .now() } == true
         return (due, pendingBytes >= Self.batch || waits ? takePending() : nil)
     }

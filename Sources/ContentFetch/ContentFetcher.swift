@@ -25,6 +25,8 @@ public actor ContentFetcher {
     private let grants: GrantClient
     private let installer: ContentInstaller
     private let retry: RetryPolicy
+    /// The bandwidth cap every transfer shares, when one is set.
+    let limiter: RateLimiter?
     private var lastEmitted: [String: ContinuousClock.Instant] = [:]
 
     enum Control: Sendable { case pause, cancel }
@@ -39,6 +41,11 @@ public actor ContentFetcher {
     var controls: [String: Control] = [:]
     var stopAll = false
     private var loop: Task<Void, Never>?
+    /// Transactions being processed, by product: the queue starts another of a product only
+    /// when none runs.
+    private var runningProducts: [String: Int] = [:]
+    /// Products with a download being delivered, each with the downloads waiting for it.
+    private var busyProducts: [String: [CheckedContinuation<Void, Never>]] = [:]
     private enum Outcome: Sendable {
         case finished(String), failed(String, FetchError), withoutContent(QueuedTransaction, FetchError), revoked(QueuedTransaction, FetchError)
         case paused(String), cancelled(String)
@@ -96,6 +103,7 @@ public actor ContentFetcher {
         grants = GrantClient(server: configuration.server, client: client, userAgent: configuration.userAgent, maxRetryAfter: configuration.maxRetryAfter)
         installer = ContentInstaller(contentDirectory: configuration.contentDirectory)
         retry = RetryPolicy(maxAttempts: configuration.maxAttempts, patience: configuration.unreachablePatience)
+        limiter = configuration.rateLimit.map(RateLimiter.init(bytesPerSecond:))
         (updates, continuation) = AsyncStream.makeStream(of: DownloadUpdate.self, bufferingPolicy: .bufferingNewest(1024))
     }
 
@@ -233,35 +241,84 @@ public actor ContentFetcher {
         if loop == task { loop = nil }
     }
 
+    /// Runs the pending transactions, up to `parallelDownloads` at once and one per product, until
+    /// none is left or `pauseAll()`.
     private func processPending() async {
         serverUnreachable = nil
-        while !stopAll, !pending.isEmpty {
-            let transaction = pending.removeFirst()
-            let id = Self.downloadId(transaction)
-            do {
-                try await process(transaction)
-                outcomes.append(.finished(transaction.transactionId))
-            } catch let stop as Stop {
-                switch stop.control {
-                case .pause where stopAll:
-                    break
-                case .pause:
-                    parked[id] = transaction
-                    outcomes.append(.paused(id))
-                case .cancel:
-                    outcomes.append(.cancelled(id))
+        await withTaskGroup(of: Void.self) { group in
+            var running = 0
+            while true {
+                while !stopAll, running < max(1, configuration.parallelDownloads),
+                    let next = pending.firstIndex(where: { runningProducts[$0.productId, default: 0] == 0 })
+                {
+                    let transaction = pending.remove(at: next)
+                    running += 1
+                    runningProducts[transaction.productId, default: 0] += 1
+                    group.addTask {
+                        await self.run(transaction)
+                        await self.ended(transaction)
+                    }
                 }
-            } catch let without as WithoutContent {
-                outcomes.append(.withoutContent(transaction, without.reason))
-            } catch let error as FetchError where error.code == .revoked {
-                outcomes.append(.revoked(transaction, error))
-            } catch let error as FetchError {
-                outcomes.append(.failed(transaction.transactionId, error))
-            } catch {
-                outcomes.append(.failed(transaction.transactionId, FetchError(.network, "\(error)")))
+                guard running > 0 else { break }
+                await group.next()
+                running -= 1
             }
         }
         if stopAll { outcomes.append(.interrupted) }
+    }
+
+    private func ended(_ transaction: QueuedTransaction) {
+        runningProducts[transaction.productId, default: 1] -= 1
+        if runningProducts[transaction.productId] == 0 { runningProducts[transaction.productId] = nil }
+    }
+
+    /// Processes one transaction and records how it ended.
+    private func run(_ transaction: QueuedTransaction) async {
+        let id = Self.downloadId(transaction)
+        do {
+            try await process(transaction)
+            outcomes.append(.finished(transaction.transactionId))
+        } catch let stop as Stop {
+            switch stop.control {
+            case .pause where stopAll:
+                break
+            case .pause:
+                parked[id] = transaction
+                outcomes.append(.paused(id))
+            case .cancel:
+                outcomes.append(.cancelled(id))
+            }
+        } catch let without as WithoutContent {
+            outcomes.append(.withoutContent(transaction, without.reason))
+        } catch let error as FetchError where error.code == .revoked {
+            outcomes.append(.revoked(transaction, error))
+        } catch let error as FetchError {
+            outcomes.append(.failed(transaction.transactionId, error))
+        } catch {
+            outcomes.append(.failed(transaction.transactionId, FetchError(.network, "\(error)")))
+        }
+    }
+
+    // MARK: One product at a time
+
+    /// Waits until no other download of `productId` is being delivered: an install replaces the
+    /// product's folder, and a delta update is planned from the version installed there.
+    private func acquireProduct(_ productId: String) async {
+        guard busyProducts[productId] != nil else {
+            busyProducts[productId] = []
+            return
+        }
+        await withCheckedContinuation { busyProducts[productId, default: []].append($0) }
+    }
+
+    private func releaseProduct(_ productId: String) {
+        guard var waiting = busyProducts[productId], !waiting.isEmpty else {
+            busyProducts[productId] = nil
+            return
+        }
+        let next = waiting.removeFirst()
+        busyProducts[productId] = waiting
+        next.resume()
     }
 
     /// Applies a request made while the download was between transfers.
@@ -292,10 +349,7 @@ public actor ContentFetcher {
         try checkControl(id)
         let grant = try await requestGrant(transaction)
         for download in grant.downloads {
-            let downloadId = "\(transaction.transactionId)-\(download.productId)"
-            inFlight.insert(downloadId)
-            defer { if downloadId != id { inFlight.remove(downloadId) } }
-            try await deliver(download, transaction: transaction)
+            try await deliverWhenProductFree(download, transaction: transaction)
         }
         Failpoint.hit("installed")
         // Finishing is the last step: every download of this transaction is installed.
@@ -357,6 +411,18 @@ public actor ContentFetcher {
 
     // MARK: One download
 
+    /// Delivers `granted` once no other download of its product runs (a grant names the
+    /// transaction's product, which the queue already keeps to one at a time, but it is the
+    /// server's answer that says).
+    private func deliverWhenProductFree(_ granted: GrantedDownload, transaction: QueuedTransaction) async throws {
+        let id = "\(transaction.transactionId)-\(granted.productId)"
+        inFlight.insert(id)
+        defer { if id != Self.downloadId(transaction) { inFlight.remove(id) } }
+        await acquireProduct(granted.productId)
+        defer { releaseProduct(granted.productId) }
+        try await deliver(granted, transaction: transaction)
+    }
+
     /// Downloads, verifies and installs one granted archive, retrying by ``RetryPolicy``; a grant
     /// that expires mid-download is renewed and the bytes on disk kept.
     private func deliver(_ granted: GrantedDownload, transaction: QueuedTransaction) async throws {
@@ -395,13 +461,20 @@ public actor ContentFetcher {
         for attempt in 0..<2 {
             try await transferWithRetries(&download, granted: granted, transaction: transaction)
             do {
+                // Off this actor: extracting a large archive takes a second or more, and the
+                // other downloads' progress goes through it meanwhile.
+                let (installer, partial, record) = (installer, journal.partialPath(id), download.record)
                 let path: String
                 if let delta = download.record.delta {
                     let saved = try loadManifest(id, sha256: delta.manifestSHA256)
-                    path = try installer.installDelta(
-                        partial: journal.partialPath(id), manifest: saved, plan: delta, installed: planned[granted.productId], for: download.record)
+                    let installed = planned[granted.productId]
+                    path = try await NIOThreadPool.singleton.runIfActive {
+                        try installer.installDelta(partial: partial, manifest: saved, plan: delta, installed: installed, for: record)
+                    }
                 } else {
-                    path = try installer.install(archive: journal.partialPath(id), for: download.record, manifest: manifest)
+                    path = try await NIOThreadPool.singleton.runIfActive {
+                        try installer.install(archive: partial, for: record, manifest: manifest)
+                    }
                 }
                 manifests[id] = nil
                 planned[granted.productId] = nil

@@ -44,7 +44,7 @@ final class DirectBodyReader: Sendable {
     /// descriptor, and must not write into whatever file reused that number.
     private let file: SystemPackage.FileDescriptor
     private let window: Int
-    private let rateLimit: Int?
+    private let limiter: RateLimiter?
     private let stallTimeout: Duration
     private let state = Mutex(State())
     /// The reader thread sleeps on this while it waits for the fetcher (the head's disposition,
@@ -56,10 +56,10 @@ final class DirectBodyReader: Sendable {
     /// A response head larger than this is refused (a hostile or broken server).
     static let maximumHead = 64 << 10
 
-    init(fd: SystemPackage.FileDescriptor, window: Int, rateLimit: Int?, stallTimeout: Duration) {
+    init(fd: SystemPackage.FileDescriptor, window: Int, limiter: RateLimiter?, stallTimeout: Duration) {
         file = fd
         self.window = window
-        self.rateLimit = rateLimit
+        self.limiter = limiter
         self.stallTimeout = stallTimeout
         (events, continuation) = AsyncThrowingStream.makeStream(of: Event.self)
     }
@@ -181,7 +181,7 @@ final class DirectBodyReader: Sendable {
             continuation.yield(.end(collected: collected))
         case .write(let from, let to):
             var position = from
-            var pacing = BodyPacing(rateLimit: rateLimit)
+            var pacing = BodyPacing(limiter: limiter)
             // What is on disk is reported before the reading ends, so the journal can keep it.
             func handOver() {
                 if let batch = pacing.takePending() { continuation.yield(.body(count: batch.count, offset: batch.offset)) }

@@ -19,7 +19,8 @@ public struct FetchConfiguration: Sendable {
     public var maxRetryAfter: Duration = .seconds(60)
     /// No byte for this long aborts the attempt (and it is retried).
     public var stallTimeout: Duration = .seconds(30)
-    /// Optional bandwidth cap, bytes per second (shared by a download's connections).
+    /// Optional bandwidth cap, bytes per second, for the whole fetcher: shared by every download
+    /// running at once and by each one's connections.
     public var rateLimit: Int?
     /// The journal records progress every this many bytes: what a killed process can lose at most.
     public var journalInterval: Int64 = 1 << 20
@@ -32,6 +33,12 @@ public struct FetchConfiguration: Sendable {
     /// Connections per download: more than one fetches parallel ranges into the same file and
     /// journal. Archives are split only into parts of at least `minimumSegment` bytes.
     public var connections = 1
+    /// Transactions whose content is fetched at once (1-8). A restore queues every purchase at
+    /// once: one at a time, each small archive costs its round trips (grant, manifest, first
+    /// byte) end to end, and one that waits on a server's `Retry-After` or on retries holds back
+    /// the rest. Two downloads of the same product never run together: an install replaces the
+    /// product's folder, and a delta update is planned from the version installed there.
+    public var parallelDownloads = 3
     /// The smallest part a parallel download splits an archive into, in bytes.
     public var minimumSegment: Int64 = 16 << 20
     /// PEM files of certificate authorities trusted for `https://` servers besides the system's:

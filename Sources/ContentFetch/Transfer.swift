@@ -113,7 +113,6 @@ extension ContentFetcher {
             let (id, url, etag, length) = (record.id, record.url, record.etag, record.expectedLength)
             // A delta may have hundreds of ranges: they are taken in turn by a few connections.
             let workers = min(missing.count, max(configuration.connections, record.delta == nil ? 1 : 4))
-            let limit = configuration.rateLimit.map { max(1, $0 / workers) }
             let whole = partial.segments.count == 1 && record.delta == nil
             // A delta's many small ranges keep AsyncHTTPClient's pooled connections.
             let direct = record.delta == nil
@@ -133,7 +132,7 @@ extension ContentFetcher {
                                 let part = missing[index]
                                 try await self.fetch(
                                     id: id, segment: part.segment, from: part.from, to: part.to, length: length,
-                                    whole: whole, url: url, etag: etag, fd: fd, rateLimit: limit,
+                                    whole: whole, url: url, etag: etag, fd: fd,
                                     window: window, direct: direct)
                             }
                         }
@@ -190,7 +189,7 @@ extension ContentFetcher {
     /// arrives at its offset on the event loop, and each part is then reported to the actor.
     nonisolated func fetch(
         id: String, segment: Int, from: Int64, to: Int64, length: Int64, whole: Bool,
-        url: String, etag: String?, fd: SystemPackage.FileDescriptor, rateLimit: Int?,
+        url: String, etag: String?, fd: SystemPackage.FileDescriptor,
         window: Int, direct: Bool
     ) async throws {
         let ranged = from > 0 || to < length
@@ -200,7 +199,7 @@ extension ContentFetcher {
             if let etag { headers.append(("If-Range", etag)) }
         }
         if direct && DirectBodyReader.handles(url) {
-            let reader = DirectBodyReader(fd: fd, window: window, rateLimit: rateLimit, stallTimeout: configuration.stallTimeout)
+            let reader = DirectBodyReader(fd: fd, window: window, limiter: limiter, stallTimeout: configuration.stallTimeout)
             reader.start(url: url, headers: headers)
             defer { reader.close() }
             do {
@@ -219,7 +218,7 @@ extension ContentFetcher {
             throw FetchError(.refused, "the grant's URL \(url) is not usable: \(error)")
         }
         for (name, value) in headers { request.headers.add(name: name, value: value) }
-        let receiver = BodyReceiver(fd: fd, window: window, rateLimit: rateLimit)
+        let receiver = BodyReceiver(fd: fd, window: window, limiter: limiter)
         // One loop for the channel and the delegate: otherwise every part hops between two threads.
         let task = client.execute(request: request, delegate: receiver, eventLoop: .delegateAndChannel(on: client.eventLoopGroup.next()))
         defer {

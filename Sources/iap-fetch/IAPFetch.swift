@@ -47,6 +47,7 @@ struct Options: ParsableArguments {
     @Flag(help: "One JSON object per line for every update and every finished transaction.") var json = false
     @Option(name: .customLong("limit-rate"), help: "Cap the bandwidth, e.g. 500K or 20M bytes per second.") var limitRate: Rate?
     @Option(help: "Connections per download (1-16): parallel ranges for archives of 32 MiB and more.") var connections = 1
+    @Option(help: "Downloads at once (1-8); two of the same product never run together.") var parallel = 3
     @Option(
         name: .customLong("ca-file"),
         help: ArgumentHelp(
@@ -57,6 +58,9 @@ struct Options: ParsableArguments {
     func validate() throws {
         guard (1...16).contains(connections) else {
             throw ValidationError("--connections \(connections) is out of range: use 1 to 16")
+        }
+        guard (1...8).contains(parallel) else {
+            throw ValidationError("--parallel \(parallel) is out of range: use 1 to 8")
         }
         guard let url = URL(string: server), url.scheme == "http" || url.scheme == "https", url.host != nil else {
             throw ValidationError("--server \(server) is not an http(s) URL such as http://127.0.0.1:8080")
@@ -70,6 +74,7 @@ struct Options: ParsableArguments {
         var configuration = FetchConfiguration(server: server, contentDirectory: contentDir)
         configuration.userAgent = "iap-fetch/" + IAPContentVersion.current
         configuration.connections = connections
+        configuration.parallelDownloads = parallel
         configuration.rateLimit = limitRate?.bytesPerSecond
         configuration.additionalTrustRootFiles = caFiles
         return configuration
@@ -173,6 +178,7 @@ struct Printer {
         var seen = Set<String>()
         // When each download first moved bytes in this run, and how many it had then.
         var transferStart: [String: (ContinuousClock.Instant, Int64)] = [:]
+        var live = LiveLines()
         for await update in updates {
             if json {
                 if let data = try? encoder.encode(update) { Console.out(data + Data("\n".utf8)) }
@@ -184,8 +190,7 @@ struct Printer {
             // at 0.0 MB/s read as a download done again.
             let line = seen.insert(update.id).inserted && update.state == .finished ? alreadyInstalled(update) : describe(update, took: took)
             if terminal {
-                let end = update.state == .active ? "" : "\n"
-                Console.out("\r\u{1B}[K\(line)\(end)")
+                live.show(update.id, line, active: update.state == .active)
             } else {
                 let previous = lastPlain[update.id]
                 if previous?.0 != update.state || Date().timeIntervalSince(previous?.1 ?? .distantPast) >= 2 {
@@ -194,6 +199,40 @@ struct Printer {
                     Console.out(line + "\n")
                 }
             }
+        }
+    }
+
+    /// The downloads under way, one redrawn line each below the lines already said (several
+    /// run at once): each update moves the cursor back to the first of them, clears from there,
+    /// prints what is said for good, then every line under way again.
+    struct LiveLines {
+        private var lines: [(id: String, text: String)] = []
+        private var drawn = 0
+
+        /// `active`: the download's line stays under way; otherwise it is said for good.
+        mutating func show(_ id: String, _ text: String, active: Bool) {
+            let index = lines.firstIndex { $0.id == id }
+            var said = ""
+            if active {
+                if let index { lines[index].text = text } else { lines.append((id, text)) }
+            } else {
+                if let index { lines.remove(at: index) }
+                said = text + "\n"
+            }
+            // A line longer than the terminal wraps, and the cursor would then come back short
+            // of the first line: each line under way is cut to the width.
+            let width = Self.columns() - 1
+            var output = drawn > 0 ? "\u{1B}[\(drawn)A" : ""
+            output += "\r\u{1B}[J" + said
+            for line in lines { output += String(line.text.prefix(width)) + "\n" }
+            drawn = lines.count
+            Console.out(output)
+        }
+
+        static func columns() -> Int {
+            var size = winsize()
+            guard ioctl(STDOUT_FILENO, UInt(TIOCGWINSZ), &size) == 0, size.ws_col > 20 else { return 80 }
+            return Int(size.ws_col)
         }
     }
 

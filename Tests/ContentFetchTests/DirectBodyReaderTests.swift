@@ -76,7 +76,7 @@ struct DirectBodyReaderTests {
     func run(_ server: ScriptedServer, file: String, from: Int64 = 0, to: Int64, stall: Duration = .seconds(30), closeEarly: Bool = false) async -> Outcome {
         guard let fd = try? FileDescriptor.open(file, .readWrite, options: [.create], permissions: .ownerReadWrite) else { return Outcome() }
         defer { if !closeEarly { try? fd.close() } }
-        let reader = DirectBodyReader(fd: fd, window: 1 << 20, rateLimit: nil, stallTimeout: stall)
+        let reader = DirectBodyReader(fd: fd, window: 1 << 20, limiter: nil, stallTimeout: stall)
         reader.start(url: server.url, headers: [("Range", "bytes=\(from)-\(to - 1)")])
         if closeEarly { try? fd.close() }
         defer { reader.close() }
@@ -223,7 +223,7 @@ struct DirectBodyReaderTests {
         let server = try ScriptedServer(answer: response("HTTP/1.1 200 OK\nContent-Length: 1000\n\n"), stall: true)
         let fd = try FileDescriptor.open(tmp.sub("e"), .readWrite, options: [.create], permissions: .ownerReadWrite)
         defer { try? fd.close() }
-        let reader = DirectBodyReader(fd: fd, window: 1 << 20, rateLimit: nil, stallTimeout: .seconds(60))
+        let reader = DirectBodyReader(fd: fd, window: 1 << 20, limiter: nil, stallTimeout: .seconds(60))
         reader.start(url: server.url, headers: [])
         var iterator = reader.events.makeAsyncIterator()
         guard case .head = try await iterator.next() else {

@@ -82,6 +82,41 @@ struct QueueControlTests {
         #expect(!FileManager.default.fileExists(atPath: journal.partialPath(bigId)))
     }
 
+    @Test(
+        "downloads run side by side up to parallelDownloads, never two of one product; every one installed, then finished",
+        arguments: [1, 3])
+    func parallelDownloads(parallel: Int) async throws {
+        let products = ["com.example.a", "com.example.b", "com.example.c"]
+        let shop = try Shop(products: Dictionary(uniqueKeysWithValues: products.map { ($0, Shop.Source.random(2 << 20)) }))
+        // A second purchase of the first product: the queue must not run it beside the first.
+        let transactions = try (products + ["com.example.a"]).map { try shop.store.purchase(productId: $0).transaction.transactionId! }
+        var configuration = FetchConfiguration(server: shop.server.base, contentDirectory: shop.content)
+        configuration.parallelDownloads = parallel
+        // The cap, shared by every download, keeps each one active long after the others start.
+        configuration.rateLimit = 4 << 20
+        let fetcher = try ContentFetcher(configuration: configuration, source: try FileTransactionQueue(folder: shop.queue))
+        let observer = Task {
+            var active: [String: String] = [:]
+            var most = 0
+            var sameProduct = false
+            for await update in fetcher.updates {
+                if update.state == .active { active[update.id] = update.productId } else { active[update.id] = nil }
+                most = max(most, active.count)
+                sameProduct = sameProduct || Set(active.values).count < active.count
+            }
+            return (most, sameProduct)
+        }
+        let summary = await fetcher.start()
+        await fetcher.shutdown()
+        let (most, sameProduct) = await observer.value
+        #expect(Set(summary.finished) == Set(transactions), "\(summary.failed.map(\.error.message))")
+        if parallel == 1 { #expect(most == 1) } else { #expect(most >= 2, "downloads at once: \(most)") }
+        #expect(!sameProduct, "two downloads of one product were active at once")
+        for product in products { #expect(shop.installed(product) == shop.payloads[product]) }
+        let queue = try FileTransactionQueue(folder: shop.queue)
+        for transaction in transactions { #expect(try queue.transaction(transaction)?.finishedAt != nil) }
+    }
+
     @Test("after a reboot (another boot id in the journal) a transfer continues from the last fsynced bytes, not the 1 MiB mark")
     func resumeAfterPowerCut() async throws {
         let shop = try Shop(products: ["com.example.big": .random(24 << 20)])
