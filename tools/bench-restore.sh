@@ -2,11 +2,12 @@
 # A restore over a real link: COUNT purchases of SIZE-byte archives (default 24 of 1 MiB), all
 # unfinished in the queue at once, as after "Restore Purchases" or a reinstall, fetched by
 # `iap-fetch run` (grant, manifest, archive, SHA-256, safe install, finish for each) across a link
-# of RATE with RTT round trip (default 100mbit, 40ms: a good home connection; netem on a veth
-# pair into a network namespace of the client's own, so every request pays the round trip).
+# of RATE with RTT round trip (default 100mbit, 40ms: a good home connection): the client in a
+# network namespace of its own behind a veth pair, the server behind tools/delay-proxy.py, so
+# every connection and every request pays the round trip.
 # Measures, alternated every round (who goes first moves one on each round), RUNS rounds (7):
 # - iap-fetch with its default --parallel (3 downloads at once);
-# - iap-fetch --parallel 1 (one download at a time, as before 0.15.0);
+# - iap-fetch --parallel 1 (one download at a time, as every run was before --parallel);
 # - what a user would script with curl: every grant with `curl -Z` (3 at once), then every
 #   archive with `curl -Z` (3 at once), neither checked nor installed.
 # Reports each one's seconds (median, min-max) and the ratios of medians with 95% intervals.
@@ -17,21 +18,21 @@ tools/install-deps.sh
 . tools/lib.sh
 build_release iap-server iap-pack iap-sandbox iap-fetch
 runs=${RUNS:-7} count=${COUNT:-24} size=${SIZE:-$((1 << 20))} rate=${RATE:-100mbit} rtt=${RTT:-40ms}
-half=$(python3 -c 'import sys; print("%gms" % (float(sys.argv[1].rstrip("ms")) / 2))' "$rtt")
 work=$(mktemp -d)
 ns=iapbr$$
-server_pid=
-cleanup() { [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null; ip netns del "$ns" 2>/dev/null || true; rm -rf "$work"; }
+server_pid= proxy_pid=
+cleanup() { [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null; [ -n "$proxy_pid" ] && kill "$proxy_pid" 2>/dev/null; ip netns del "$ns" 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
 
-# The link: the servers' end sends at RATE after half the round trip, the client's end after the other half.
+# The link: a veth pair into the client's namespace whose servers' end sends at most RATE (tbf);
+# the round trip comes from tools/delay-proxy.py in front of the server (this kernel has no netem).
 ip netns add "$ns"
 ip link add iapr0 type veth peer name iapr1 netns "$ns"
 ip addr add 10.231.1.1/30 dev iapr0; ip link set iapr0 up
 ip netns exec "$ns" ip addr add 10.231.1.2/30 dev iapr1
 ip netns exec "$ns" ip link set iapr1 up; ip netns exec "$ns" ip link set lo up
-tc qdisc add dev iapr0 root netem delay "$half" rate "$rate" limit 100000
-ip netns exec "$ns" tc qdisc add dev iapr1 root netem delay "$half" limit 100000
+burst=$(python3 -c 'import re,sys; v,u=re.fullmatch(r"([0-9.]+)([kmg]?)bit",sys.argv[1].lower()).groups(); print(max(65536, int(float(v)*{"":1,"k":1e3,"m":1e6,"g":1e9}[u]/8/1000)))' "$rate")
+tc qdisc add dev iapr0 root tbf rate "$rate" burst "$burst" latency 50ms
 client=(ip netns exec "$ns")
 
 "$bin/iap-sandbox" init --dir "$work/sandbox" --bundle-id com.example.bench >/dev/null
@@ -40,20 +41,23 @@ for i in $(seq "$count"); do
   "$bin/iap-server" publish --data "$work/data" "$archive" >/dev/null
   "$bin/iap-sandbox" purchase --dir "$work/sandbox" --product-id "com.example.restore$i" > "$work/tx$i.jws"
 done
-port=$(free_port)
-base="http://10.231.1.1:$port"
+port=$(free_port) proxy_port=$(free_port)
+base="http://10.231.1.1:$proxy_port"
 LOG_LEVEL=error "$bin/iap-server" serve --data "$work/data" --bundle-id com.example.bench --trust-root "$work/sandbox/root.cer" \
-  --environment sandbox --host 0.0.0.0 --port "$port" --public-url "$base" --token-ttl 86400 > "$work/server.log" 2>&1 &
+  --environment sandbox --port "$port" --public-url "$base" --token-ttl 86400 > "$work/server.log" 2>&1 &
 server_pid=$!
-for _ in $(seq 200); do curl -sf "http://127.0.0.1:$port/healthz" >/dev/null && break; sleep 0.05; done
+python3 tools/delay-proxy.py 10.231.1.1 "$proxy_port" 127.0.0.1 "$port" "${rtt%ms}" &
+proxy_pid=$!
+for _ in $(seq 200); do "${client[@]}" curl -sf "$base/healthz" >/dev/null && break; sleep 0.05; done
 cp -r "$work/sandbox/queue" "$work/queue.pristine"
 for i in $(seq "$count"); do printf '{"signedTransaction":"%s"}' "$(cat "$work/tx$i.jws")" > "$work/grant$i.json"; done
 
-fresh() { rm -rf "$work/device" "$work/queue" "$work/curl"; cp -r "$work/queue.pristine" "$work/queue"; mkdir -p "$work/curl"; sync; }
-seconds() { python3 -c 'import sys,time; t=time.monotonic(); import subprocess; r=subprocess.run(sys.argv[1:]); sys.exit(r.returncode) if r.returncode else print("%.3f" % (time.monotonic()-t))' "$@"; }
+fresh() { rm -rf "$work/device" "$work/queue" "$work/curlout"; cp -r "$work/queue.pristine" "$work/queue"; mkdir -p "$work/curlout"; sync; }
+# Seconds the command took (its output dropped, its errors to <work>/fetch.err); fails with it.
+seconds() { python3 -c 'import subprocess, sys, time; t = time.monotonic(); r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL); sys.exit(r.returncode) if r.returncode else print("%.3f" % (time.monotonic() - t))' "$@"; }
 fetch() { # parallel
   fresh
-  seconds "${client[@]}" "$bin/iap-fetch" run --server "$base" --queue "$work/queue" --content-dir "$work/device" --parallel "$1" >/dev/null 2>"$work/fetch.err" ||
+  seconds "${client[@]}" "$bin/iap-fetch" run --server "$base" --queue "$work/queue" --content-dir "$work/device" --parallel "$1" 2>"$work/fetch.err" ||
     { echo "iap-fetch failed: $(tail -3 "$work/fetch.err")" >&2; exit 1; }
   [ "$(ls "$work/device" | wc -l)" -eq "$count" ] || { echo "iap-fetch installed $(ls "$work/device" | wc -l) of $count" >&2; exit 1; }
 }
@@ -65,13 +69,13 @@ work, count, base, client = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv
 start = time.monotonic()
 grants = []
 for i in range(1, count + 1):
-    grants += ["-X", "POST", "-H", "Content-Type: application/json", "--data-binary", f"@{work}/grant{i}.json", "-o", f"{work}/curl/grant{i}", f"{base}/v1/downloads", "--next"]
-subprocess.run(client + ["curl", "-sSf", "-Z", "--parallel-max", "3"] + grants[:-1], check=True)
+    grants += ["-sSf", "-X", "POST", "-H", "Content-Type: application/json", "--data-binary", f"@{work}/grant{i}.json", "-o", f"{work}/curlout/grant{i}", f"{base}/v1/downloads", "--next"]
+subprocess.run(client + ["curl", "-Z", "--parallel-max", "3"] + grants[:-1], check=True, stderr=subprocess.DEVNULL)
 downloads = []
 for i in range(1, count + 1):
-    url = json.load(open(f"{work}/curl/grant{i}"))["downloads"][0]["url"]
-    downloads += ["-o", f"{work}/curl/archive{i}.zip", url]
-subprocess.run(client + ["curl", "-sSf", "-Z", "--parallel-max", "3"] + downloads, check=True)
+    url = json.load(open(f"{work}/curlout/grant{i}"))["downloads"][0]["url"]
+    downloads += ["-o", f"{work}/curlout/archive{i}.zip", url]
+subprocess.run(client + ["curl", "-sSf", "-Z", "--parallel-max", "3"] + downloads, check=True, stderr=subprocess.DEVNULL)
 print("%.3f" % (time.monotonic() - start))
 PY
 }

@@ -47,7 +47,6 @@ struct Options: ParsableArguments {
     @Flag(help: "One JSON object per line for every update and every finished transaction.") var json = false
     @Option(name: .customLong("limit-rate"), help: "Cap the bandwidth, e.g. 500K or 20M bytes per second.") var limitRate: Rate?
     @Option(help: "Connections per download (1-16): parallel ranges for archives of 32 MiB and more.") var connections = 1
-    @Option(help: "Downloads at once (1-8); two of the same product never run together.") var parallel = 3
     @Option(
         name: .customLong("ca-file"),
         help: ArgumentHelp(
@@ -58,9 +57,6 @@ struct Options: ParsableArguments {
     func validate() throws {
         guard (1...16).contains(connections) else {
             throw ValidationError("--connections \(connections) is out of range: use 1 to 16")
-        }
-        guard (1...8).contains(parallel) else {
-            throw ValidationError("--parallel \(parallel) is out of range: use 1 to 8")
         }
         guard let url = URL(string: server), url.scheme == "http" || url.scheme == "https", url.host != nil else {
             throw ValidationError("--server \(server) is not an http(s) URL such as http://127.0.0.1:8080")
@@ -74,7 +70,6 @@ struct Options: ParsableArguments {
         var configuration = FetchConfiguration(server: server, contentDirectory: contentDir)
         configuration.userAgent = "iap-fetch/" + IAPContentVersion.current
         configuration.connections = connections
-        configuration.parallelDownloads = parallel
         configuration.rateLimit = limitRate?.bytesPerSecond
         configuration.additionalTrustRootFiles = caFiles
         return configuration
@@ -94,11 +89,13 @@ let reporter = Reporter(tool: "iap-fetch")
 /// `then`: called with what the run did, after it is printed and before the exit code is decided
 /// (not when the run was paused).
 func runFetcher(
-    _ options: Options, source: any TransactionSource, emptyQueue: String? = nil, requireContent: Bool = false, quietlyFinished: Set<String> = [],
+    _ options: Options, parallel: Int = 1, source: any TransactionSource, emptyQueue: String? = nil, requireContent: Bool = false, quietlyFinished: Set<String> = [],
     then: (RunSummary) -> Void = { _ in }
 ) async throws {
     let fetcher: ContentFetcher
-    do { fetcher = try ContentFetcher(configuration: options.configuration(), source: source) } catch {
+    var configuration = options.configuration()
+    configuration.parallelDownloads = parallel
+    do { fetcher = try ContentFetcher(configuration: configuration, source: source) } catch {
         throw options.reporter.failure(error)
     }
     // Ctrl-C pauses: the journal is saved and the next run resumes.
@@ -286,6 +283,13 @@ struct Run: AsyncParsableCommand {
     @OptionGroup var options: Options
     @Option(help: "The transaction queue folder.") var queue: String
     @Flag(help: "Also bring the content of finished purchases up to date.") var updates = false
+    @Option(help: "Transactions fetched at once (1-8); two of the same product never run together.") var parallel = 3
+
+    func validate() throws {
+        guard (1...8).contains(parallel) else {
+            throw ValidationError("--parallel \(parallel) is out of range: use 1 to 8")
+        }
+    }
 
     func run() async throws {
         let queued: FileTransactionQueue
@@ -293,7 +297,7 @@ struct Run: AsyncParsableCommand {
             throw options.reporter.failure(error)
         }
         guard updates else {
-            try await runFetcher(options, source: queued, emptyQueue: "no unfinished transactions in \(queue): nothing to download")
+            try await runFetcher(options, parallel: parallel, source: queued, emptyQueue: "no unfinished transactions in \(queue): nothing to download")
             return
         }
         let before = Dictionary(InstalledContent.all(in: options.contentDir).map { ($0.productId, $0.contentVersion) }, uniquingKeysWith: { $1 })
@@ -327,7 +331,7 @@ struct Run: AsyncParsableCommand {
             }
         }
         try await runFetcher(
-            options, source: OwnedTransactions(queue: queued), emptyQueue: "no purchases in \(queue) that own content: nothing to bring up to date",
+            options, parallel: parallel, source: OwnedTransactions(queue: queued), emptyQueue: "no purchases in \(queue) that own content: nothing to bring up to date",
             quietlyFinished: Set(all.filter(\.isFinished).map(\.transactionId)), then: report)
     }
 }
