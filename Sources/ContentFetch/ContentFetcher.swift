@@ -44,6 +44,10 @@ public actor ContentFetcher {
     /// Transactions being processed, by product: the queue starts another of a product only
     /// when none runs.
     private var runningProducts: [String: Int] = [:]
+    /// Disk space the downloads running now were found to need when they started (what is left
+    /// to fetch and to install), and the downloads waiting for some of it to be released.
+    private var reservedSpace: Int64 = 0
+    private var spaceWaiters: [CheckedContinuation<Void, Never>] = []
     /// Products with a download being delivered, each with the downloads waiting for it.
     private var busyProducts: [String: [CheckedContinuation<Void, Never>]] = [:]
     private enum Outcome: Sendable {
@@ -450,12 +454,14 @@ public actor ContentFetcher {
             emit(download.update())
             Failpoint.hit("delta-planned")
         }
+        let reserved: Int64
         do throws(FetchError) {
-            try checkSpace(download.record, manifest: manifest)
+            reserved = try await reserveSpace(download.record, manifest: manifest)
         } catch {
             try? apply(.fail(error), to: &download)
             throw error
         }
+        defer { releaseSpace(reserved) }
         // A delta update that cannot be installed (an installed file changed meanwhile, a fetched
         // entry that does not match) falls back once to the whole archive.
         for attempt in 0..<2 {
@@ -580,18 +586,37 @@ public actor ContentFetcher {
     }
 
     /// Refuses to start when the content folder cannot hold what is left to fetch and the new
-    /// version beside the installed one (which stays until the new one is in place).
-    private func checkSpace(_ record: DownloadRecord, manifest: ArchiveManifest?) throws(FetchError) {
+    /// version beside the installed one (which stays until the new one is in place). When it
+    /// could, but not beside what the downloads running now still need, waits until one of them
+    /// ends and looks again: one at a time, each would have found the disk as the last one left
+    /// it. Returns the bytes reserved, for `releaseSpace(_:)`.
+    private func reserveSpace(_ record: DownloadRecord, manifest: ArchiveManifest?) async throws(FetchError) -> Int64 {
         let toFetch = (record.delta?.bytesToFetch ?? record.expectedLength) - record.recordedLength
         let toWrite = record.delta?.bytesToWrite ?? manifest.map { Int64($0.contentLength) } ?? 0
-        var fs = statvfs()
-        guard statvfs(configuration.contentDirectory, &fs) == 0 else { return }
-        let free = Int64(fs.f_bavail) * Int64(fs.f_frsize)
-        guard free < toFetch + toWrite else { return }
-        throw FetchError(
-            .install,
-            "\(record.productId) \(record.contentVersion) needs \(toFetch + toWrite) bytes free in \(configuration.contentDirectory) (\(toFetch) to fetch, \(toWrite) to install beside the current version); \(free) are free: free disk space and run again"
-        )
+        let needed = toFetch + toWrite
+        while true {
+            var fs = statvfs()
+            guard statvfs(configuration.contentDirectory, &fs) == 0 else { return 0 }
+            let free = Int64(fs.f_bavail) * Int64(fs.f_frsize)
+            if free >= needed, reservedSpace == 0 || free - reservedSpace >= needed {
+                reservedSpace += needed
+                return needed
+            }
+            guard free >= needed else {
+                throw FetchError(
+                    .install,
+                    "\(record.productId) \(record.contentVersion) needs \(needed) bytes free in \(configuration.contentDirectory) (\(toFetch) to fetch, \(toWrite) to install beside the current version); \(free) are free: free disk space and run again"
+                )
+            }
+            await withCheckedContinuation { spaceWaiters.append($0) }
+        }
+    }
+
+    private func releaseSpace(_ bytes: Int64) {
+        reservedSpace -= bytes
+        let waiting = spaceWaiters
+        spaceWaiters.removeAll()
+        for waiter in waiting { waiter.resume() }
     }
 
     // MARK: State and updates

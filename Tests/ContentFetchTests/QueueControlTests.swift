@@ -117,6 +117,43 @@ struct QueueControlTests {
         for transaction in transactions { #expect(try queue.transaction(transaction)?.finishedAt != nil) }
     }
 
+    @Test(
+        "on a small disk, a download that would fit alone but not beside those running waits for them, then runs; one that cannot fit is refused with what it needs"
+    )
+    func diskSpaceSharedByParallelDownloads() async throws {
+        let products = ["com.example.a", "com.example.b", "com.example.c"]
+        let shop = try Shop(products: Dictionary(uniqueKeysWithValues: products.map { ($0, Shop.Source.random(5 << 20)) }))
+        for product in products { _ = try shop.store.purchase(productId: product) }
+        // 16 MiB: each download needs about 10 (the archive, then its files beside it).
+        let disk = shop.tmp.sub("small-disk")
+        try FileManager.default.createDirectory(atPath: disk, withIntermediateDirectories: true)
+        let mounted = try run("/bin/mount", ["-t", "tmpfs", "-o", "size=16m", "tmpfs", disk])
+        try #require(mounted.status == 0, "this test mounts a 16 MiB tmpfs (as root): \(mounted.stderr)")
+        defer { _ = try? run("/bin/umount", [disk]) }
+        var configuration = FetchConfiguration(server: shop.server.base, contentDirectory: disk)
+        configuration.parallelDownloads = 3
+        configuration.rateLimit = 8 << 20
+        let fetcher = try ContentFetcher(configuration: configuration, source: try FileTransactionQueue(folder: shop.queue))
+        let observer = Task {
+            var active = Set<String>()
+            var most = 0
+            for await update in fetcher.updates {
+                if update.state == .active { active.insert(update.id) } else { active.remove(update.id) }
+                most = max(most, active.count)
+            }
+            return most
+        }
+        let summary = await fetcher.start()
+        await fetcher.shutdown()
+        #expect(await observer.value == 1, "two downloads that do not fit beside each other ran at once")
+        #expect(summary.finished.count == 2, "\(summary.failed.map(\.error.message))")
+        let refusals = summary.failed.map(\.error)
+        #expect(refusals.count == 1)
+        #expect(refusals.first?.code == .install)
+        #expect(refusals.first?.message.contains("bytes free in \(disk)") == true, "\(refusals.map(\.message))")
+        #expect(InstalledContent.all(in: disk).count == 2)
+    }
+
     @Test("after a reboot (another boot id in the journal) a transfer continues from the last fsynced bytes, not the 1 MiB mark")
     func resumeAfterPowerCut() async throws {
         let shop = try Shop(products: ["com.example.big": .random(24 << 20)])
