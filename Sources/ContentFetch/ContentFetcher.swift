@@ -11,7 +11,8 @@ import TransactionQueue
 /// The download queue, as `SKPaymentQueue` was for hosted content: takes each unfinished
 /// transaction, obtains a grant, downloads resumably, verifies, installs, and only then finishes
 /// the transaction. A failed or cancelled download leaves its transaction unfinished so that a
-/// later start retries it.
+/// later start retries it. Up to `FetchConfiguration.parallelDownloads` transactions are processed
+/// at once, one per product, sharing the bandwidth cap and the free space.
 ///
 /// Downloads are named `<transactionId>-<productId>`; `pause`, `resume` and `cancel` take that id
 /// while a `start()` is running or after it returned. Observers read `updates`.
