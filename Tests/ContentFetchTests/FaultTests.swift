@@ -237,9 +237,7 @@ struct FaultTests {
         "a server down through the whole patience fails the transactions running then, which wait it out side by side; the others fail at once with that reason; the next run fetches them"
     )
     func unreachableForTheWholeRun() async throws {
-        let products = ["com.example.a", "com.example.b", "com.example.c"]
-        let shop = try Shop(products: Dictionary(uniqueKeysWithValues: products.map { ($0, Shop.Source.random(1 << 20)) }))
-        for product in products { _ = try shop.store.purchase(productId: product) }
+        let (shop, _) = try Shop.everyOneBought(["com.example.a", "com.example.b", "com.example.c"], size: 1 << 20)
         try shop.server.killKeepingPort()
         var configuration = FetchConfiguration(server: shop.server.base, contentDirectory: shop.content)
         configuration.unreachablePatience = .seconds(2)

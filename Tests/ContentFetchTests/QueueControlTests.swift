@@ -87,9 +87,9 @@ struct QueueControlTests {
         arguments: [1, 3])
     func parallelDownloads(parallel: Int) async throws {
         let products = ["com.example.a", "com.example.b", "com.example.c"]
-        let shop = try Shop(products: Dictionary(uniqueKeysWithValues: products.map { ($0, Shop.Source.random(2 << 20)) }))
+        var (shop, transactions) = try Shop.everyOneBought(products, size: 2 << 20)
         // A second purchase of the first product: the queue must not run it beside the first.
-        let transactions = try (products + ["com.example.a"]).map { try shop.store.purchase(productId: $0).transaction.transactionId! }
+        transactions.append(try shop.store.purchase(productId: "com.example.a").transaction.transactionId!)
         var configuration = FetchConfiguration(server: shop.server.base, contentDirectory: shop.content)
         configuration.parallelDownloads = parallel
         // The cap, shared by every download, keeps each one active long after the others start.
@@ -121,9 +121,7 @@ struct QueueControlTests {
         "on a small disk, a download that would fit alone but not beside those running waits for them, then runs; one that cannot fit is refused with what it needs"
     )
     func diskSpaceSharedByParallelDownloads() async throws {
-        let products = ["com.example.a", "com.example.b", "com.example.c"]
-        let shop = try Shop(products: Dictionary(uniqueKeysWithValues: products.map { ($0, Shop.Source.random(5 << 20)) }))
-        for product in products { _ = try shop.store.purchase(productId: product) }
+        let (shop, _) = try Shop.everyOneBought(["com.example.a", "com.example.b", "com.example.c"], size: 5 << 20)
         // 16 MiB: each download needs about 10 (the archive, then its files beside it).
         let disk = shop.tmp.sub("small-disk")
         try FileManager.default.createDirectory(atPath: disk, withIntermediateDirectories: true)

@@ -66,6 +66,14 @@ struct Shop {
 
     /// Packs `folder` as `product` `version` and publishes it with `iap-server publish`.
     @discardableResult
+    /// A shop selling `products`, each `size` random bytes, every one bought once in that order;
+    /// with the purchases' transaction ids.
+    static func everyOneBought(_ products: [String], size: Int) throws -> (shop: Shop, transactions: [String]) {
+        let shop = try Shop(products: Dictionary(uniqueKeysWithValues: products.map { ($0, Source.random(size)) }))
+        let transactions = try products.map { try shop.store.purchase(productId: $0).transaction.transactionId! }
+        return (shop, transactions)
+    }
+
     static func publish(folder: String, product: String, version: String, level: Int = 0, data: String, scratch: String) throws -> ArchiveManifest {
         let packed = try ArchivePacker.pack(
             folder: folder,
