@@ -24,16 +24,11 @@ server_pid= proxy_pid=
 cleanup() { [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null; [ -n "$proxy_pid" ] && kill "$proxy_pid" 2>/dev/null; ip netns del "$ns" 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
 
-# The link: a veth pair into the client's namespace whose servers' end sends at most RATE (tbf);
-# the round trip comes from tools/delay-proxy.py in front of the server (this kernel has no netem).
-ip netns add "$ns"
-ip link add iapr0 type veth peer name iapr1 netns "$ns"
-ip addr add 10.231.1.1/30 dev iapr0; ip link set iapr0 up
-ip netns exec "$ns" ip addr add 10.231.1.2/30 dev iapr1
-ip netns exec "$ns" ip link set iapr1 up; ip netns exec "$ns" ip link set lo up
-burst=$(python3 -c 'import re,sys; v,u=re.fullmatch(r"([0-9.]+)([kmg]?)bit",sys.argv[1].lower()).groups(); print(max(65536, int(float(v)*{"":1,"k":1e3,"m":1e6,"g":1e9}[u]/8/1000)))' "$rate")
-tc qdisc add dev iapr0 root tbf rate "$rate" burst "$burst" latency 50ms
-client=(ip netns exec "$ns")
+# The link: lib.sh's start_link (a veth pair into the client's namespace, tbf at RATE on the
+# servers' end); the round trip comes from tools/delay-proxy.py in front of the server (this kernel
+# has no netem).
+# A queue of 50 ms at the rate, as a home router's: 5 ms (bench-serve's) drops a restore's bursts.
+start_link "$rate" "$ns" 50ms
 
 "$bin/iap-sandbox" init --dir "$work/sandbox" --bundle-id com.example.bench >/dev/null
 for i in $(seq "$count"); do
@@ -42,11 +37,11 @@ for i in $(seq "$count"); do
   "$bin/iap-sandbox" purchase --dir "$work/sandbox" --product-id "com.example.restore$i" > "$work/tx$i.jws"
 done
 port=$(free_port) proxy_port=$(free_port)
-base="http://10.231.1.1:$proxy_port"
+base="http://10.231.0.1:$proxy_port"
 LOG_LEVEL=error "$bin/iap-server" serve --data "$work/data" --bundle-id com.example.bench --trust-root "$work/sandbox/root.cer" \
   --environment sandbox --port "$port" --public-url "$base" --token-ttl 86400 > "$work/server.log" 2>&1 &
 server_pid=$!
-python3 tools/delay-proxy.py 10.231.1.1 "$proxy_port" 127.0.0.1 "$port" "${rtt%ms}" &
+python3 tools/delay-proxy.py 10.231.0.1 "$proxy_port" 127.0.0.1 "$port" "${rtt%ms}" &
 proxy_pid=$!
 for _ in $(seq 200); do "${client[@]}" curl -sf "$base/healthz" >/dev/null && break; sleep 0.05; done
 cp -r "$work/sandbox/queue" "$work/queue.pristine"

@@ -72,7 +72,7 @@ spread() { sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%s-%s", 
 # 10.231.0.1 is the servers' end. Needs root; delete the namespace in the EXIT trap
 # (`ip netns del`), which deletes the pair. Without a link, `client` is empty.
 client=()
-start_link() { # rate namespace
+start_link() { # rate namespace [queue latency, 5ms]
   ip netns add "$2"
   ip link add iapb0 type veth peer name iapb1 netns "$2"
   ip addr add 10.231.0.1/30 dev iapb0; ip link set iapb0 up
@@ -81,7 +81,7 @@ start_link() { # rate namespace
   # The bucket holds a millisecond at the rate (at least 64 KiB): the link's burst, not a queue.
   local burst
   burst=$(python3 -c 'import re,sys; v,u=re.fullmatch(r"([0-9.]+)([kmg]?)bit",sys.argv[1].lower()).groups(); print(max(65536, int(float(v)*{"":1,"k":1e3,"m":1e6,"g":1e9}[u]/8/1000)))' "$1")
-  tc qdisc add dev iapb0 root tbf rate "$1" burst "$burst" latency 5ms
+  tc qdisc add dev iapb0 root tbf rate "$1" burst "$burst" latency "${3:-5ms}"
   client=(ip netns exec "$2")
   export SERVER_ARGS="${SERVER_ARGS:-} --host 0.0.0.0"
 }
