@@ -6,10 +6,12 @@
 ///
 /// Two deadlines, as nginx's `client_header_timeout` and `client_body_timeout`:
 /// - the head: complete within `timeout` of the connection opening or the last response leaving;
-/// - the body: while a request's body is open, no more than `bodyTimeout` between two of its
-///   reads. Without it a client that sends a POST head and then nothing (or a byte now and then)
-///   held its connection for ever: the head was in time, and the read-idle handler leaves a
-///   request in progress alone.
+/// - the body: while a request's body is open, no more than `bodyTimeout` from the server asking
+///   for more of it to the next part arriving. Without it a client that sends a POST head and then
+///   nothing (or a byte now and then) held its connection for ever: the head was in time, and the
+///   read-idle handler leaves a request in progress alone. The clock stops while the server is
+///   busy with what it has and asks for nothing (an upload parsed and written to disk): that time
+///   is the server's, not the client's, and a loaded server once cut its own uploads for it.
 ///
 /// One timer at a time, moved forward lazily when it fires early, rather than one re-armed for
 /// every request; it is replaced only when a deadline comes due before it.
@@ -26,8 +28,11 @@ struct HeadDeadline<Instant: InstantProtocol>: Sendable where Instant.Duration =
     let bodyTimeout: Duration
     /// When the next request head must be complete; nil while a request is being served.
     private(set) var deadline: Instant?
-    /// When the open request body must have sent more; nil when no body is open.
+    /// When the open request body must have sent more; nil when no body is open, or while the
+    /// server has asked for nothing since the last part.
     private(set) var bodyDeadline: Instant?
+    /// Whether a request's body is open: its head has arrived, its end has not.
+    private(set) var bodyOpen = false
     /// When the scheduled timer fires; nil when none is scheduled.
     private(set) var timerAt: Instant?
 
@@ -47,15 +52,28 @@ struct HeadDeadline<Instant: InstantProtocol>: Sendable where Instant.Duration =
         deadline = nil
     }
 
-    /// A request's body is open (its head has arrived, its end has not), or more of it arrived:
-    /// the next part is due within `bodyTimeout`.
-    mutating func bodyRead(now: Instant) -> Action {
+    /// A request head announcing a body arrived: the body is open, its clock not yet running.
+    mutating func bodyOpened() {
+        bodyOpen = true
+    }
+
+    /// The server asks for more of the open body: the next part is due within `bodyTimeout`.
+    /// A clock already running keeps its deadline (the client has sent nothing since).
+    mutating func moreRequested(now: Instant) -> Action {
+        guard bodyOpen, bodyDeadline == nil else { return .none }
         bodyDeadline = now.advanced(by: bodyTimeout)
         return schedule()
     }
 
+    /// A part of the body arrived: what the server asked for came, and the clock stops until it
+    /// asks again.
+    mutating func partArrived() {
+        bodyDeadline = nil
+    }
+
     /// The request's body is complete.
     mutating func bodyEnded() {
+        bodyOpen = false
         bodyDeadline = nil
     }
 
@@ -73,6 +91,7 @@ struct HeadDeadline<Instant: InstantProtocol>: Sendable where Instant.Duration =
         defer {
             deadline = nil
             bodyDeadline = nil
+            bodyOpen = false
             timerAt = nil
         }
         return timerAt != nil

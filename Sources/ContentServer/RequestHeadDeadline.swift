@@ -52,10 +52,10 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler, 
             // Only a head that announces a body opens one: a GET's end follows in the same read,
             // and arming a timer for it would cost one per request.
             if head.headers.contains(name: "transfer-encoding") || head.headers.first(name: "content-length").map({ $0 != "0" }) == true {
-                perform(state.bodyRead(now: .now), context)
+                state.bodyOpened()
             }
         case .body:
-            perform(state.bodyRead(now: .now), context)
+            state.partArrived()
         case .end:
             state.bodyEnded()
         }
@@ -64,9 +64,9 @@ final class RequestHeadDeadline: ChannelDuplexHandler, RemovableChannelHandler, 
 
     func read(context: ChannelHandlerContext) {
         // The body's clock runs from when the server asks for more, not from the last part: a
-        // handler busy with what it has (an upload written to disk) reads nothing meanwhile, and
-        // that pause is the server's, not the client's.
-        if state.bodyDeadline != nil { perform(state.bodyRead(now: .now), context) }
+        // handler busy with what it has (an upload parsed and written to disk) asks for nothing
+        // meanwhile, and that pause is the server's, not the client's.
+        if state.bodyOpen { perform(state.moreRequested(now: .now), context) }
         context.read()
     }
 

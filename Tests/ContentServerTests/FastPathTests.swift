@@ -119,7 +119,8 @@ extension HardeningTests {
     /// The upload sends its body at once (no `Expect: 100-continue`, for which curl waits a second):
     /// a server with a short `--idle-timeout` would take that second for a body that stopped.
     func publishAndBuy(_ archive: PackResult, server: ServerProcess, store: SandboxStore, tmp: TemporaryFolder) throws -> (SandboxStore.Purchase, String) {
-        #expect(try multipart(server, tmp, ["archive=@\(archive.archivePath)"], headers: ["-H", "Expect:"]).status == 201)
+        let published = try multipart(server, tmp, ["archive=@\(archive.archivePath)"], headers: ["-H", "Expect:"])
+        try #require(published.status == 201, "the upload was answered \(published.status): \(published.text) \(published.curlError)")
         let purchase = try store.purchase(productId: product)
         let grant = try postJSON(server.base + "/v1/downloads", ["signedTransaction": purchase.signedTransaction], folder: tmp)
         return (purchase, try #require((grant.json["downloads"] as? [[String: Any]])?.first?["url"] as? String))

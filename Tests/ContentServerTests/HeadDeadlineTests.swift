@@ -58,17 +58,37 @@ import Testing
         #expect(deadline.deadline == nil)
     }
 
-    @Test("a request body that stalls is cut off after bodyTimeout without a byte; each part it sends moves the deadline")
+    @Test("a request body that stalls is cut off bodyTimeout after the server asked for more; each part it sends moves the deadline")
     func aStalledBodyIsCutOff() {
         var deadline = Deadline(timeout: .seconds(30), bodyTimeout: .seconds(60))
         #expect(deadline.awaitHead(now: at(0)) == .scheduleTimer(at: at(30)))
         deadline.headReceived()
-        // The head announced a body: the scheduled timer (30 s) is before its deadline and stays.
-        #expect(deadline.bodyRead(now: at(1)) == Deadline.Action.none)
+        deadline.bodyOpened()
+        // The server asks for the body: the scheduled timer (30 s) is before its deadline and stays.
+        #expect(deadline.moreRequested(now: at(1)) == Deadline.Action.none)
         #expect(deadline.timerFired(now: at(30)) == .scheduleTimer(at: at(61)))
-        #expect(deadline.bodyRead(now: at(50)) == Deadline.Action.none)
+        deadline.partArrived()
+        // The timer at 61 s stays, and moves on to the new deadline when it fires.
+        #expect(deadline.moreRequested(now: at(50)) == Deadline.Action.none)
         #expect(deadline.timerFired(now: at(61)) == .scheduleTimer(at: at(110)))
         #expect(deadline.timerFired(now: at(110)) == .close)
+    }
+
+    @Test("the body's clock stops while the server asks for nothing (busy with the parts it has), and does not restart while it runs")
+    func aBusyServerDoesNotCutItsOwnUpload() {
+        var deadline = Deadline(timeout: .seconds(30), bodyTimeout: .seconds(2))
+        _ = deadline.awaitHead(now: at(0))
+        deadline.headReceived()
+        deadline.bodyOpened()
+        #expect(deadline.moreRequested(now: at(0)) == .scheduleTimer(at: at(2)))
+        deadline.partArrived()
+        // Ten seconds parsing what arrived, asking for nothing: the timer finds no deadline.
+        #expect(deadline.timerFired(now: at(2)) == Deadline.Action.none)
+        #expect(deadline.moreRequested(now: at(10)) == .scheduleTimer(at: at(12)))
+        // Asked again with nothing come since: the deadline stays where it was.
+        #expect(deadline.moreRequested(now: at(11)) == Deadline.Action.none)
+        #expect(deadline.bodyDeadline == at(12))
+        #expect(deadline.timerFired(now: at(12)) == .close)
     }
 
     @Test("a complete body stops its deadline; a shorter body timeout replaces a later timer")
@@ -76,12 +96,15 @@ import Testing
         var deadline = Deadline(timeout: .seconds(30), bodyTimeout: .seconds(5))
         _ = deadline.awaitHead(now: at(0))
         deadline.headReceived()
+        deadline.bodyOpened()
         // Due at 6 s, before the timer of 30 s: that timer is replaced.
-        #expect(deadline.bodyRead(now: at(1)) == .scheduleTimer(at: at(6)))
-        #expect(deadline.bodyRead(now: at(2)) == Deadline.Action.none)
+        #expect(deadline.moreRequested(now: at(1)) == .scheduleTimer(at: at(6)))
+        deadline.partArrived()
+        #expect(deadline.moreRequested(now: at(2)) == Deadline.Action.none)
         deadline.bodyEnded()
-        // The request is being served: nothing is due.
+        // The request is being served: nothing is due, and asking for more opens no clock.
         #expect(deadline.timerFired(now: at(6)) == Deadline.Action.none)
+        #expect(deadline.moreRequested(now: at(7)) == Deadline.Action.none)
         #expect(deadline.bodyDeadline == nil && deadline.deadline == nil)
         #expect(deadline.awaitHead(now: at(9)) == .scheduleTimer(at: at(39)))
     }
@@ -91,12 +114,15 @@ import Testing
         var deadline = Deadline(timeout: .seconds(30), bodyTimeout: .seconds(60))
         _ = deadline.awaitHead(now: at(0))
         deadline.headReceived()
-        _ = deadline.bodyRead(now: at(0))
+        deadline.bodyOpened()
+        _ = deadline.moreRequested(now: at(0))
         // 401 for an upload sent at 1 s while the client keeps sending: it cannot go on for ever.
         #expect(deadline.awaitHead(now: at(1)) == Deadline.Action.none)
-        _ = deadline.bodyRead(now: at(20))
+        deadline.partArrived()
+        _ = deadline.moreRequested(now: at(20))
         #expect(deadline.timerFired(now: at(30)) == .scheduleTimer(at: at(31)))
-        _ = deadline.bodyRead(now: at(30.5))
+        deadline.partArrived()
+        _ = deadline.moreRequested(now: at(30.5))
         #expect(deadline.timerFired(now: at(31)) == .close)
     }
 }

@@ -125,6 +125,8 @@ public struct HTTPResult {
     public let status: Int
     public let headers: [String: String]
     public let body: Data
+    /// What curl said on standard error (why it failed, when `status` is 0).
+    public var curlError = ""
     public var text: String { String(decoding: body, as: UTF8.self) }
     public var json: [String: Any] { (try? JSONSerialization.jsonObject(with: body)) as? [String: Any] ?? [:] }
     public var errorCode: String? { (json["error"] as? [String: Any])?["code"] as? String }
@@ -133,10 +135,9 @@ public struct HTTPResult {
 /// One request with the real curl; returns the last response's status, headers and body.
 public func curl(_ arguments: [String], folder: TemporaryFolder) throws -> HTTPResult {
     let id = UUID().uuidString
-    let headersPath = folder.sub("h-\(id)"), bodyPath = folder.sub("b-\(id)")
+    let headersPath = folder.sub("h-\(id)"), bodyPath = folder.sub("b-\(id)"), errorPath = folder.sub("e-\(id)")
     defer {
-        try? FileManager.default.removeItem(atPath: headersPath)
-        try? FileManager.default.removeItem(atPath: bodyPath)
+        for path in [headersPath, bodyPath, errorPath] { try? FileManager.default.removeItem(atPath: path) }
     }
     let process = Process()
     process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
@@ -145,7 +146,8 @@ public func curl(_ arguments: [String], folder: TemporaryFolder) throws -> HTTPR
     _ = FileManager.default.createFile(atPath: outPath, contents: nil)
     defer { try? FileManager.default.removeItem(atPath: outPath) }
     process.standardOutput = FileHandle(forWritingAtPath: outPath)
-    process.standardError = FileHandle.nullDevice
+    _ = FileManager.default.createFile(atPath: errorPath, contents: nil)
+    process.standardError = FileHandle(forWritingAtPath: errorPath)
     try process.run()
     process.waitUntilExit()
     let status = Int((try? String(contentsOfFile: outPath, encoding: .utf8)) ?? "") ?? 0
@@ -157,7 +159,8 @@ public func curl(_ arguments: [String], folder: TemporaryFolder) throws -> HTTPR
         headers[line[..<colon].lowercased()] = line[line.index(after: colon)...].trimmingCharacters(in: .whitespaces)
     }
     let body = FileManager.default.contents(atPath: bodyPath) ?? Data()
-    return HTTPResult(status: status, headers: headers, body: body)
+    let error = (try? String(contentsOfFile: errorPath, encoding: .utf8)) ?? ""
+    return HTTPResult(status: status, headers: headers, body: body, curlError: error.trimmingCharacters(in: .whitespacesAndNewlines))
 }
 
 public func postJSON(_ url: String, _ object: [String: Any], headers: [String] = [], folder: TemporaryFolder) throws -> HTTPResult {
