@@ -205,6 +205,7 @@ public actor ContentFetcher {
     private func signal(_ control: Control, to id: String) -> Bool {
         guard inFlight.contains(id) else { return false }
         controls[id] = control
+        wakeSpaceWaiters()
         return true
     }
 
@@ -219,6 +220,7 @@ public actor ContentFetcher {
     /// `start()` resumes. This is what Ctrl-C does in `iap-fetch`.
     public func pauseAll() {
         stopAll = true
+        wakeSpaceWaiters()
     }
 
     /// The id of a transaction's download before its grant is known (one product per transaction).
@@ -456,11 +458,16 @@ public actor ContentFetcher {
             Failpoint.hit("delta-planned")
         }
         let reserved: Int64
-        do throws(FetchError) {
+        do {
             reserved = try await reserveSpace(download.record, manifest: manifest)
+        } catch let stop as Stop {
+            controls[id] = nil
+            try? apply(stop.control == .cancel ? .cancel : .pause, to: &download)
+            throw stop
         } catch {
-            try? apply(.fail(error), to: &download)
-            throw error
+            let failure = error as? FetchError ?? FetchError(.install, "\(error)")
+            try? apply(.fail(failure), to: &download)
+            throw failure
         }
         defer { releaseSpace(reserved) }
         // A delta update that cannot be installed (an installed file changed meanwhile, a fetched
@@ -590,8 +597,9 @@ public actor ContentFetcher {
     /// version beside the installed one (which stays until the new one is in place). When it
     /// could, but not beside what the downloads running now still need, waits until one of them
     /// ends and looks again: one at a time, each would have found the disk as the last one left
-    /// it. Returns the bytes reserved, for `releaseSpace(_:)`.
-    private func reserveSpace(_ record: DownloadRecord, manifest: ArchiveManifest?) async throws(FetchError) -> Int64 {
+    /// it. A pause or cancel asked for meanwhile applies at once (``Stop``), not once space
+    /// frees up. Returns the bytes reserved, for `releaseSpace(_:)`.
+    private func reserveSpace(_ record: DownloadRecord, manifest: ArchiveManifest?) async throws -> Int64 {
         let toFetch = (record.delta?.bytesToFetch ?? record.expectedLength) - record.recordedLength
         let toWrite = record.delta?.bytesToWrite ?? manifest.map { Int64($0.contentLength) } ?? 0
         let needed = toFetch + toWrite
@@ -609,12 +617,19 @@ public actor ContentFetcher {
                     "\(record.productId) \(record.contentVersion) needs \(needed) bytes free in \(configuration.contentDirectory) (\(toFetch) to fetch, \(toWrite) to install beside the current version); \(free) are free: free disk space and run again"
                 )
             }
+            try checkControl(record.id)
             await withCheckedContinuation { spaceWaiters.append($0) }
+            try checkControl(record.id)
         }
     }
 
     private func releaseSpace(_ bytes: Int64) {
         reservedSpace -= bytes
+        wakeSpaceWaiters()
+    }
+
+    /// Space was freed, or a pause or cancel was asked for: the downloads waiting for space look again.
+    private func wakeSpaceWaiters() {
         let waiting = spaceWaiters
         spaceWaiters.removeAll()
         for waiter in waiting { waiter.resume() }

@@ -1,5 +1,6 @@
 import Foundation
 import IAPTestSupport
+import Synchronization
 import Testing
 import TransactionQueue
 
@@ -150,6 +151,48 @@ struct QueueControlTests {
         #expect(refusals.first?.code == .install)
         #expect(refusals.first?.message.contains("bytes free in \(disk)") == true, "\(refusals.map(\.message))")
         #expect(InstalledContent.all(in: disk).count == 2)
+    }
+
+    @Test("a download waiting for space beside the running ones is paused at once when asked, not once space frees up")
+    func pauseWhileWaitingForSpace() async throws {
+        let products = ["com.example.a", "com.example.b", "com.example.c"]
+        let (shop, transactions) = try Shop.everyOneBought(products, size: 5 << 20)
+        // 24 MiB: each download needs about 10 (the archive, then its files beside it), so two run
+        // and the third waits for one of them to end.
+        let disk = shop.tmp.sub("small-disk")
+        try FileManager.default.createDirectory(atPath: disk, withIntermediateDirectories: true)
+        let mounted = try run("/bin/mount", ["-t", "tmpfs", "-o", "size=24m", "tmpfs", disk])
+        try #require(mounted.status == 0, "this test mounts a 24 MiB tmpfs (as root): \(mounted.stderr)")
+        defer { _ = try? run("/bin/umount", [disk]) }
+        var configuration = FetchConfiguration(server: shop.server.base, contentDirectory: disk)
+        configuration.parallelDownloads = 3
+        // 10 MiB to fetch at 1 MiB/s in all: the two running take seconds to end.
+        configuration.rateLimit = 1 << 20
+        let fetcher = try ContentFetcher(configuration: configuration, source: try FileTransactionQueue(folder: shop.queue))
+        let ids = zip(transactions, products).map { "\($0)-\($1)" }
+        let active = Mutex(Set<String>())
+        let observer = observe(
+            fetcher,
+            when: { update in
+                active.withLock { running in
+                    if update.state == .active { running.insert(update.id) }
+                    return running.count == 2
+                }
+            },
+            act: { _ in
+                guard let waiting = Set(ids).subtracting(active.withLock { $0 }).first else { return }
+                #expect(await fetcher.pause(waiting))
+            })
+        let summary = await fetcher.start()
+        await fetcher.shutdown()
+        let seen = await observer.value
+        let waiting = try #require(Set(ids).subtracting(active.withLock { $0 }).first)
+        #expect(summary.paused == [waiting])
+        #expect(summary.finished.count == 2)
+        let paused = try #require(seen.firstIndex { $0.id == waiting && $0.state == .paused }, "no paused update for \(waiting)")
+        let firstEnd = try #require(seen.firstIndex { $0.state == .finished })
+        #expect(paused < firstEnd, "the waiting download was paused only once another one ended")
+        #expect(!seen.contains { $0.id == waiting && $0.state == .active })
     }
 
     @Test("after a reboot (another boot id in the journal) a transfer continues from the last fsynced bytes, not the 1 MiB mark")
