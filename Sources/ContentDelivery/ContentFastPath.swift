@@ -378,19 +378,23 @@ extension ContentResponse {
     /// behind the head; no pieces are left then.
     mutating func serialize(http10: Bool, scratch: inout ByteBuffer) -> (head: ByteBuffer, pieces: [IOData]) {
         scratch.clear()
-        scratch.writeStaticString(http10 ? "HTTP/1.0 " : "HTTP/1.1 ")
-        // The two statuses of nearly every response, as literals (no number formatted).
-        switch status {
-        case .partialContent: scratch.writeStaticString("206 Partial Content\r\n")
-        case .ok: scratch.writeStaticString("200 OK\r\n")
-        default:
-            scratch.writeString(String(status.code))
-            scratch.writeInteger(UInt8(ascii: " "))
-            scratch.writeString(status.reasonPhrase)
-            scratch.writeStaticString("\r\n")
+        scratch.writeWithUnsafeMutableBytes(minimumWritableBytes: fields.renderedSizeBound + status.reasonPhrase.utf8.count + 32) { memory in
+            var head = RawHeadWriter(memory)
+            head.append(http10 ? "HTTP/1.0 " : "HTTP/1.1 ")
+            // The two statuses of nearly every response, as literals (no number formatted).
+            switch status {
+            case .partialContent: head.append("206 Partial Content\r\n")
+            case .ok: head.append("200 OK\r\n")
+            default:
+                head.append(UInt64(status.code))
+                head.append(" ")
+                head.append(status.reasonPhrase)
+                head.append("\r\n")
+            }
+            fields.render(into: &head)
+            head.append("\r\n")
+            return head.written
         }
-        fields.render(into: &scratch)
-        scratch.writeStaticString("\r\n")
         // Taken out of the response so that a small body's buffer is uniquely referenced and the
         // head is written into it in place.
         var pieces = body

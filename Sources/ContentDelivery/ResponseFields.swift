@@ -109,6 +109,20 @@ struct ResponseFields {
         }
     }
 
+    /// At least as many bytes as `render` writes: every field name, literal value and separator
+    /// comes to under 400 bytes, each number to at most 20 digits (counted in that 512), and the
+    /// strings are counted as they are.
+    var renderedSizeBound: Int {
+        var bound = 512 + date.utf8.count + (location?.utf8.count ?? 0) + (challenge?.utf8.count ?? 0) + (attachment?.utf8.count ?? 0)
+        bound += validators?.validatorFields.count ?? 0
+        switch contentType {
+        case .unset: break
+        case .text(let type): bound += type.utf8.count
+        case .multipart(let boundary): bound += boundary.utf8.count
+        }
+        return bound
+    }
+
     /// The fields for NIO's HTTP/1 encoder.
     var httpHeaders: HTTPHeaders {
         var sink = HTTPHeadersSink()
@@ -189,6 +203,61 @@ extension ByteBuffer: HeadFieldSink {
 
     /// One copy of the bytes rendered when the file was opened: they never change.
     mutating func validatorFields(of file: ServedFile) { writeBytes(file.validatorFields) }
+}
+
+/// The fast path's rendering: `Name: value\r\n` into memory reserved for the whole head
+/// (`ResponseFields.renderedSizeBound`), checked against its end at every piece. Written by hand
+/// because `ByteBuffer`'s writes each check capacity, uniqueness and exclusive access: rendered
+/// piece by piece into one, a 4 KiB range's head took a tenth of the server's own CPU per request.
+struct RawHeadWriter: HeadFieldSink {
+    private let memory: UnsafeMutableRawBufferPointer
+    private(set) var written = 0
+
+    init(_ memory: UnsafeMutableRawBufferPointer) {
+        self.memory = memory
+    }
+
+    private mutating func put(_ bytes: UnsafeRawBufferPointer) {
+        precondition(bytes.count <= memory.count - written, "a response head over its reserved size")
+        guard let source = bytes.baseAddress, let target = memory.baseAddress else { return }
+        (target + written).copyMemory(from: source, byteCount: bytes.count)
+        written += bytes.count
+    }
+
+    mutating func beginField(_ name: StaticString) {
+        append(name)
+        append(": ")
+    }
+
+    mutating func append(_ text: StaticString) {
+        put(UnsafeRawBufferPointer(start: text.utf8Start, count: text.utf8CodeUnitCount))
+    }
+
+    mutating func append(_ text: String) {
+        var text = text
+        text.withUTF8 { put(UnsafeRawBufferPointer($0)) }
+    }
+
+    /// Decimal digits, written backwards into a stack buffer: `String(n)` allocates.
+    mutating func append(_ number: UInt64) {
+        withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 20) { digits in
+            var value = number
+            var index = 20
+            repeat {
+                index -= 1
+                digits[index] = UInt8(ascii: "0") + UInt8(truncatingIfNeeded: value % 10)
+                value /= 10
+            } while value > 0
+            put(UnsafeRawBufferPointer(UnsafeBufferPointer(rebasing: digits[index..<20])))
+        }
+    }
+
+    mutating func endField() { append("\r\n") }
+
+    /// One copy of the bytes rendered when the file was opened: they never change.
+    mutating func validatorFields(of file: ServedFile) {
+        file.validatorFields.withUnsafeBytes { put($0) }
+    }
 }
 
 /// The rendering for requests that came through NIO's decoder.

@@ -337,6 +337,24 @@ final class StampedResolver: ContentResolver, @unchecked Sendable {
         #expect(lines == fields.httpHeaders.map { "\($0.name): \($0.value)" })
         #expect(lines.contains("Content-Range: bytes 0-18446744073709551614/18446744073709551615"))
         #expect(lines.contains("Content-Length: 0") && lines.contains("Cache-Control: private, max-age=1234, immutable, no-transform"))
+
+        // The writer the fast path renders with: the same bytes, within the size reserved for
+        // them, with every field there is and the largest numbers.
+        fields.allow = true
+        fields.location = "https://edge.example.com/v1/content/" + String(repeating: "k", count: 300) + "/p-1.0.zip"
+        fields.challenge = "Bearer realm=\"iap-server\""
+        fields.caching = .privateImmutable(maxAge: .max)
+        fields.contentLength = .max
+        bytes.clear()
+        fields.render(into: &bytes)
+        let bound = fields.renderedSizeBound
+        let raw = [UInt8](unsafeUninitializedCapacity: bound) { memory, count in
+            var writer = RawHeadWriter(UnsafeMutableRawBufferPointer(memory))
+            fields.render(into: &writer)
+            count = writer.written
+        }
+        #expect(raw == Array(bytes.readableBytesView))
+        #expect(raw.count <= bound)
     }
 }
 
