@@ -118,21 +118,33 @@ struct QueueControlTests {
         for transaction in transactions { #expect(try queue.transaction(transaction)?.finishedAt != nil) }
     }
 
+    /// A tmpfs of `megabytes` MiB in the shop's folder (mounted as root: unmount it with
+    /// `/bin/umount`), and a fetcher that runs three downloads at once into it at `rate` bytes a
+    /// second in all.
+    func smallDiskFetcher(_ shop: Shop, megabytes: Int, rate: Int) throws -> (fetcher: ContentFetcher, disk: String) {
+        let disk = shop.tmp.sub("small-disk")
+        try FileManager.default.createDirectory(atPath: disk, withIntermediateDirectories: true)
+        let mounted = try run("/bin/mount", ["-t", "tmpfs", "-o", "size=\(megabytes)m", "tmpfs", disk])
+        try #require(mounted.status == 0, "this test mounts a \(megabytes) MiB tmpfs (as root): \(mounted.stderr)")
+        var configuration = FetchConfiguration(server: shop.server.base, contentDirectory: disk)
+        configuration.parallelDownloads = 3
+        configuration.rateLimit = rate
+        do {
+            return (try ContentFetcher(configuration: configuration, source: try FileTransactionQueue(folder: shop.queue)), disk)
+        } catch {
+            _ = try? run("/bin/umount", [disk])
+            throw error
+        }
+    }
+
     @Test(
         "on a small disk, a download that would fit alone but not beside those running waits for them, then runs; one that cannot fit is refused with what it needs"
     )
     func diskSpaceSharedByParallelDownloads() async throws {
         let (shop, _) = try Shop.everyOneBought(["com.example.a", "com.example.b", "com.example.c"], size: 5 << 20)
         // 16 MiB: each download needs about 10 (the archive, then its files beside it).
-        let disk = shop.tmp.sub("small-disk")
-        try FileManager.default.createDirectory(atPath: disk, withIntermediateDirectories: true)
-        let mounted = try run("/bin/mount", ["-t", "tmpfs", "-o", "size=16m", "tmpfs", disk])
-        try #require(mounted.status == 0, "this test mounts a 16 MiB tmpfs (as root): \(mounted.stderr)")
+        let (fetcher, disk) = try smallDiskFetcher(shop, megabytes: 16, rate: 8 << 20)
         defer { _ = try? run("/bin/umount", [disk]) }
-        var configuration = FetchConfiguration(server: shop.server.base, contentDirectory: disk)
-        configuration.parallelDownloads = 3
-        configuration.rateLimit = 8 << 20
-        let fetcher = try ContentFetcher(configuration: configuration, source: try FileTransactionQueue(folder: shop.queue))
         let observer = Task {
             var active = Set<String>()
             var most = 0
@@ -158,17 +170,10 @@ struct QueueControlTests {
         let products = ["com.example.a", "com.example.b", "com.example.c"]
         let (shop, transactions) = try Shop.everyOneBought(products, size: 5 << 20)
         // 24 MiB: each download needs about 10 (the archive, then its files beside it), so two run
-        // and the third waits for one of them to end.
-        let disk = shop.tmp.sub("small-disk")
-        try FileManager.default.createDirectory(atPath: disk, withIntermediateDirectories: true)
-        let mounted = try run("/bin/mount", ["-t", "tmpfs", "-o", "size=24m", "tmpfs", disk])
-        try #require(mounted.status == 0, "this test mounts a 24 MiB tmpfs (as root): \(mounted.stderr)")
+        // and the third waits for one of them to end. 10 MiB to fetch at 1 MiB/s in all: the two
+        // running take seconds to end.
+        let (fetcher, disk) = try smallDiskFetcher(shop, megabytes: 24, rate: 1 << 20)
         defer { _ = try? run("/bin/umount", [disk]) }
-        var configuration = FetchConfiguration(server: shop.server.base, contentDirectory: disk)
-        configuration.parallelDownloads = 3
-        // 10 MiB to fetch at 1 MiB/s in all: the two running take seconds to end.
-        configuration.rateLimit = 1 << 20
-        let fetcher = try ContentFetcher(configuration: configuration, source: try FileTransactionQueue(folder: shop.queue))
         let ids = zip(transactions, products).map { "\($0)-\($1)" }
         let active = Mutex(Set<String>())
         let observer = observe(

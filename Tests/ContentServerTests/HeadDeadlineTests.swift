@@ -58,6 +58,16 @@ import Testing
         #expect(deadline.deadline == nil)
     }
 
+    /// A deadline of 30 s for heads whose connection opened at 0 s, and whose first request,
+    /// arrived then, announced a body.
+    func bodyOpenedAtZero(bodyTimeout: Duration) -> Deadline {
+        var deadline = Deadline(timeout: .seconds(30), bodyTimeout: bodyTimeout)
+        _ = deadline.awaitHead(now: at(0))
+        deadline.headReceived()
+        deadline.bodyOpened()
+        return deadline
+    }
+
     @Test("a request body that stalls is cut off bodyTimeout after the server asked for more; each part it sends moves the deadline")
     func aStalledBodyIsCutOff() {
         var deadline = Deadline(timeout: .seconds(30), bodyTimeout: .seconds(60))
@@ -76,10 +86,7 @@ import Testing
 
     @Test("the body's clock stops while the server asks for nothing (busy with the parts it has), and does not restart while it runs")
     func aBusyServerDoesNotCutItsOwnUpload() {
-        var deadline = Deadline(timeout: .seconds(30), bodyTimeout: .seconds(2))
-        _ = deadline.awaitHead(now: at(0))
-        deadline.headReceived()
-        deadline.bodyOpened()
+        var deadline = bodyOpenedAtZero(bodyTimeout: .seconds(2))
         #expect(deadline.moreRequested(now: at(0)) == .scheduleTimer(at: at(2)))
         deadline.partArrived()
         // Ten seconds parsing what arrived, asking for nothing: the timer finds no deadline.
@@ -93,10 +100,7 @@ import Testing
 
     @Test("a complete body stops its deadline; a shorter body timeout replaces a later timer")
     func aCompleteBodyStopsItsDeadline() {
-        var deadline = Deadline(timeout: .seconds(30), bodyTimeout: .seconds(5))
-        _ = deadline.awaitHead(now: at(0))
-        deadline.headReceived()
-        deadline.bodyOpened()
+        var deadline = bodyOpenedAtZero(bodyTimeout: .seconds(5))
         // Due at 6 s, before the timer of 30 s: that timer is replaced.
         #expect(deadline.moreRequested(now: at(1)) == .scheduleTimer(at: at(6)))
         deadline.partArrived()
@@ -111,10 +115,7 @@ import Testing
 
     @Test("a response sent before the body ended (an early refusal): the head deadline runs, and the body's too")
     func anEarlyResponseWithAnOpenBody() {
-        var deadline = Deadline(timeout: .seconds(30), bodyTimeout: .seconds(60))
-        _ = deadline.awaitHead(now: at(0))
-        deadline.headReceived()
-        deadline.bodyOpened()
+        var deadline = bodyOpenedAtZero(bodyTimeout: .seconds(60))
         _ = deadline.moreRequested(now: at(0))
         // 401 for an upload sent at 1 s while the client keeps sending: it cannot go on for ever.
         #expect(deadline.awaitHead(now: at(1)) == Deadline.Action.none)
