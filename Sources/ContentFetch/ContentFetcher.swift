@@ -461,9 +461,7 @@ public actor ContentFetcher {
         do {
             reserved = try await reserveSpace(download.record, manifest: manifest)
         } catch let stop as Stop {
-            controls[id] = nil
-            try? apply(stop.control == .cancel ? .cancel : .pause, to: &download)
-            throw stop
+            throw stopped(stop, &download)
         } catch {
             let failure = error as? FetchError ?? FetchError(.install, "\(error)")
             try? apply(.fail(failure), to: &download)
@@ -546,14 +544,19 @@ public actor ContentFetcher {
                     }
                 })
         } catch let stop as Stop {
-            controls[id] = nil
-            try? apply(stop.control == .cancel ? .cancel : .pause, to: &download)
-            throw stop
+            throw stopped(stop, &download)
         } catch {
             let failure = (error as? Unreachable)?.reason ?? error as? FetchError ?? FetchError(.network, "\(error)")
             try? apply(.fail(failure), to: &download)
             throw failure
         }
+    }
+
+    /// A pause or cancel applied to `download` (saved and told); returns it to be thrown on.
+    private func stopped(_ stop: Stop, _ download: inout DownloadStateMachine) -> Stop {
+        controls[download.id] = nil
+        try? apply(stop.control == .cancel ? .cancel : .pause, to: &download)
+        return stop
     }
 
     /// Fetches the granted version's manifest into the journal folder, checked against the
