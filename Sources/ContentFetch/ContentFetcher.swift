@@ -459,7 +459,7 @@ public actor ContentFetcher {
         }
         let reserved: Int64
         do {
-            reserved = try await reserveSpace(download.record, manifest: manifest)
+            reserved = try await reserveSpace(&download, manifest: manifest)
         } catch let stop as Stop {
             throw stopped(stop, &download)
         } catch {
@@ -600,9 +600,11 @@ public actor ContentFetcher {
     /// version beside the installed one (which stays until the new one is in place). When it
     /// could, but not beside what the downloads running now still need, waits until one of them
     /// ends and looks again: one at a time, each would have found the disk as the last one left
-    /// it. A pause or cancel asked for meanwhile applies at once (``Stop``), not once space
-    /// frees up. Returns the bytes reserved, for `releaseSpace(_:)`.
-    private func reserveSpace(_ record: DownloadRecord, manifest: ArchiveManifest?) async throws -> Int64 {
+    /// it, saying so meanwhile (the state `waiting`, with the reason). A pause or cancel asked
+    /// for meanwhile applies at once (``Stop``), not once space frees up. Returns the bytes
+    /// reserved, for `releaseSpace(_:)`.
+    private func reserveSpace(_ download: inout DownloadStateMachine, manifest: ArchiveManifest?) async throws -> Int64 {
+        let record = download.record
         let toFetch = (record.delta?.bytesToFetch ?? record.expectedLength) - record.recordedLength
         let toWrite = record.delta?.bytesToWrite ?? manifest.map { Int64($0.contentLength) } ?? 0
         let needed = toFetch + toWrite
@@ -621,6 +623,11 @@ public actor ContentFetcher {
                 )
             }
             try checkControl(record.id)
+            let reason = FetchError(
+                .install,
+                "needs \(needed) bytes free in \(configuration.contentDirectory) beside the \(reservedSpace) the running downloads still need (\(free) are free): starts when one of them ends"
+            )
+            if download.record.error != reason { try? apply(.retrying(reason), to: &download) }
             await withCheckedContinuation { spaceWaiters.append($0) }
             try checkControl(record.id)
         }

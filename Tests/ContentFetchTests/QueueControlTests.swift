@@ -198,6 +198,8 @@ struct QueueControlTests {
         let firstEnd = try #require(seen.firstIndex { $0.state == .finished })
         #expect(paused < firstEnd, "the waiting download was paused only once another one ended")
         #expect(!seen.contains { $0.id == waiting && $0.state == .active })
+        let told = seen.first { $0.id == waiting && $0.state == .waiting && $0.error != nil }
+        #expect(told?.error?.message.contains("the running downloads still need") == true, "the waiting download did not say why: \(told.map(String.init(describing:)) ?? "no update")")
     }
 
     @Test("after a reboot (another boot id in the journal) a transfer continues from the last fsynced bytes, not the 1 MiB mark")
