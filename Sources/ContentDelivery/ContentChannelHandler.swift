@@ -48,9 +48,10 @@ public final class ServedFile: Sendable {
         }
         let digest = bytes.count == 32 ? "sha-256=:\(Data(bytes).base64EncodedString()):" : nil
         reprDigest = digest
-        var fields = ByteBuffer()
-        fields.validatorFields(etag: etag, lastModified: lastModified, reprDigest: digest)
-        validatorFields = Array(fields.readableBytesView)
+        // The three names and their separators come to under 64 bytes.
+        validatorFields = RawHeadWriter.bytes(within: 64 + etag.utf8.count + lastModified.utf8.count + (digest?.utf8.count ?? 0)) {
+            $0.validatorFields(etag: etag, lastModified: lastModified, reprDigest: digest)
+        }
     }
 }
 

@@ -169,42 +169,6 @@ extension HeadFieldSink {
     }
 }
 
-/// The fast path's rendering: `Name: value\r\n`, straight into the response's buffer.
-extension ByteBuffer: HeadFieldSink {
-    mutating func beginField(_ name: StaticString) {
-        writeStaticString(name)
-        writeStaticString(": ")
-    }
-
-    mutating func append(_ text: String) { writeString(text) }
-    mutating func append(_ text: StaticString) { writeStaticString(text) }
-
-    /// Decimal digits written in place: `String(n)` allocates a string on every call.
-    mutating func append(_ number: UInt64) {
-        var digits = 1
-        var rest = number
-        while rest >= 10 {
-            rest /= 10
-            digits += 1
-        }
-        writeWithUnsafeMutableBytes(minimumWritableBytes: digits) { raw in
-            var value = number
-            var index = digits
-            repeat {
-                index -= 1
-                raw[index] = UInt8(ascii: "0") + UInt8(truncatingIfNeeded: value % 10)
-                value /= 10
-            } while value > 0
-            return digits
-        }
-    }
-
-    mutating func endField() { writeStaticString("\r\n") }
-
-    /// One copy of the bytes rendered when the file was opened: they never change.
-    mutating func validatorFields(of file: ServedFile) { writeBytes(file.validatorFields) }
-}
-
 /// The fast path's rendering: `Name: value\r\n` into memory reserved for the whole head
 /// (`ResponseFields.renderedSizeBound`), checked against its end at every piece. Written by hand
 /// because `ByteBuffer`'s writes each check capacity, uniqueness and exclusive access: rendered
@@ -215,6 +179,15 @@ struct RawHeadWriter: HeadFieldSink {
 
     init(_ memory: UnsafeMutableRawBufferPointer) {
         self.memory = memory
+    }
+
+    /// What `render` writes, as bytes, in at most `bound` of them.
+    static func bytes(within bound: Int, _ render: (inout RawHeadWriter) -> Void) -> [UInt8] {
+        [UInt8](unsafeUninitializedCapacity: bound) { memory, count in
+            var writer = RawHeadWriter(UnsafeMutableRawBufferPointer(memory))
+            render(&writer)
+            count = writer.written
+        }
     }
 
     private mutating func put(_ bytes: UnsafeRawBufferPointer) {

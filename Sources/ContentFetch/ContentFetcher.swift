@@ -629,7 +629,6 @@ public actor ContentFetcher {
             )
             if download.record.error != reason { try? apply(.retrying(reason), to: &download) }
             await withCheckedContinuation { spaceWaiters.append($0) }
-            try checkControl(record.id)
         }
     }
 

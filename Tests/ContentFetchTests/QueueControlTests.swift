@@ -1,6 +1,5 @@
 import Foundation
 import IAPTestSupport
-import Synchronization
 import Testing
 import TransactionQueue
 
@@ -175,23 +174,19 @@ struct QueueControlTests {
         let (fetcher, disk) = try smallDiskFetcher(shop, megabytes: 24, rate: 1 << 20)
         defer { _ = try? run("/bin/umount", [disk]) }
         let ids = zip(transactions, products).map { "\($0)-\($1)" }
-        let active = Mutex(Set<String>())
+        // Paused once it has said it waits for space (a pause that came sooner would stop it
+        // before it looked at the disk).
         let observer = observe(
-            fetcher,
-            when: { update in
-                active.withLock { running in
-                    if update.state == .active { running.insert(update.id) }
-                    return running.count == 2
-                }
-            },
-            act: { _ in
-                guard let waiting = Set(ids).subtracting(active.withLock { $0 }).first else { return }
-                #expect(await fetcher.pause(waiting))
+            fetcher, when: { $0.state == .waiting && $0.error != nil },
+            act: {
+                #expect(await fetcher.pause($0.id))
             })
         let summary = await fetcher.start()
         await fetcher.shutdown()
         let seen = await observer.value
-        let waiting = try #require(Set(ids).subtracting(active.withLock { $0 }).first)
+        let active = Set(seen.filter { $0.state == .active }.map(\.id))
+        #expect(active.count == 2)
+        let waiting = try #require(Set(ids).subtracting(active).first)
         #expect(summary.paused == [waiting])
         #expect(summary.finished.count == 2)
         let paused = try #require(seen.firstIndex { $0.id == waiting && $0.state == .paused }, "no paused update for \(waiting)")

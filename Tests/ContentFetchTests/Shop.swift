@@ -64,8 +64,6 @@ struct Shop {
             ] + extra, folder: tmp)
     }
 
-    /// Packs `folder` as `product` `version` and publishes it with `iap-server publish`.
-    @discardableResult
     /// A shop selling `products`, each `size` random bytes, every one bought once in that order;
     /// with the purchases' transaction ids.
     static func everyOneBought(_ products: [String], size: Int) throws -> (shop: Shop, transactions: [String]) {
@@ -74,6 +72,8 @@ struct Shop {
         return (shop, transactions)
     }
 
+    /// Packs `folder` as `product` `version` and publishes it with `iap-server publish`.
+    @discardableResult
     static func publish(folder: String, product: String, version: String, level: Int = 0, data: String, scratch: String) throws -> ArchiveManifest {
         let packed = try ArchivePacker.pack(
             folder: folder,
