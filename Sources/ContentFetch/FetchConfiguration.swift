@@ -22,8 +22,15 @@ public struct FetchConfiguration: Sendable {
     /// Optional bandwidth cap, bytes per second, for the whole fetcher: shared by every download
     /// running at once and by each one's connections.
     public var rateLimit: Int?
-    /// The journal records progress every this many bytes: what a killed process can lose at most.
+    /// The journal records progress every this many bytes, and no more often than
+    /// `journalMinimumGap`: a killed process loses at most this many bytes, or what arrived in
+    /// that gap, whichever is more.
     public var journalInterval: Int64 = 1 << 20
+    /// The least time between two progress records. Each record replaces the journal file (a new
+    /// file, a write, a rename): at 1 MiB each, a transfer at 800 MiB/s made 800 a second, 7% of
+    /// the thread that also hashes every byte (docs/performance.md); 50 a second cost a kill at
+    /// most 20 ms of transfer. Cancel requests from other processes are read at records too.
+    public var journalMinimumGap: Duration = .milliseconds(20)
     /// The partial file is synced to disk at most this often while bytes arrive (and whenever a
     /// transfer pauses or stops): what a power cut can lose, in transfer time. A timer rather than
     /// a byte count because each fsync makes the disk write back what the page cache holds while

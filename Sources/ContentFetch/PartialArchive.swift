@@ -53,6 +53,8 @@ final class PartialArchive {
     let path: String
     let journal: DownloadJournal
     let syncInterval: Int64
+    /// The least time between two progress records (see `FetchConfiguration.journalMinimumGap`).
+    let recordGap: Duration
     let durableInterval: Duration
     /// The download's state and record; byte bookkeeping here changes only its bytes.
     var download: DownloadStateMachine
@@ -73,13 +75,14 @@ final class PartialArchive {
     private var durableTotal: Int64
     private var durableSyncRunning = false
     private var lastDurableSync = ContinuousClock.now
+    private var lastRecord = ContinuousClock.now
     /// A delta update fetches scattered ranges: there is no contiguous archive to hash, and each
     /// fetched entry is checked against the manifest's chunk hashes instead.
     private var sparse: Bool
 
     init(
         fd: SystemPackage.FileDescriptor, path: String, journal: DownloadJournal, download: DownloadStateMachine,
-        segments: [Segment], syncInterval: Int64, durableInterval: Duration
+        segments: [Segment], syncInterval: Int64, recordGap: Duration, durableInterval: Duration
     ) throws(FetchError) {
         sparse = download.record.delta != nil
         self.fd = fd
@@ -89,6 +92,7 @@ final class PartialArchive {
         let record = download.record
         self.segments = segments
         self.syncInterval = syncInterval
+        self.recordGap = recordGap
         self.durableInterval = durableInterval
         written = segments.map(\.done)
         ahead = written
@@ -157,14 +161,16 @@ final class PartialArchive {
     /// Bytes mapped at a time to be hashed, and the least that wait before they are.
     static let hashWindow: Int64 = 4 << 20
 
-    /// Records progress when `syncInterval` bytes arrived since the last record; returns whether
-    /// it recorded, and the segments to make durable when bytes were recorded and `durableInterval`
-    /// passed since the last fsync (the caller fsyncs off its thread, then calls `madeDurable`).
+    /// Records progress when `syncInterval` bytes arrived since the last record and `recordGap`
+    /// has passed since it; returns whether it recorded, and the segments to make durable when
+    /// bytes were recorded and `durableInterval` passed since the last fsync (the caller fsyncs
+    /// off its thread, then calls `madeDurable`).
     func recordIfDue() throws(FetchError) -> (recorded: Bool, makeDurable: [Segment]?) {
         let total = zip(written, ahead).reduce(0) { $0 + max($1.0, $1.1) }
         guard total - syncedTotal >= syncInterval else { return (false, nil) }
-        try recordProgress(durability: .processKill)
         let now = ContinuousClock.now
+        guard now - lastRecord >= recordGap else { return (false, nil) }
+        try recordProgress(durability: .processKill)
         guard !durableSyncRunning, syncedTotal > durableTotal, now - lastDurableSync >= durableInterval else { return (true, nil) }
         durableSyncRunning = true
         lastDurableSync = now
@@ -194,6 +200,7 @@ final class PartialArchive {
         }
         for i in segments.indices { segments[i].done = min(segments[i].end - segments[i].start, max(written[i], ahead[i])) }
         syncedTotal = segments.reduce(0) { $0 + $1.done }
+        lastRecord = .now
         if durable {
             durableTotal = syncedTotal
             lastDurableSync = .now

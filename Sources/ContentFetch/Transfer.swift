@@ -93,7 +93,8 @@ extension ContentFetcher {
         do {
             partial = try PartialArchive(
                 fd: fd, path: path, journal: journal, download: download, segments: segments,
-                syncInterval: configuration.journalInterval, durableInterval: configuration.durableInterval)
+                syncInterval: configuration.journalInterval, recordGap: configuration.journalMinimumGap,
+                durableInterval: configuration.durableInterval)
         } catch {
             // The file is shorter than the journal says: start over rather than trust it.
             download.updateBytes { $0.discardBytes() }
