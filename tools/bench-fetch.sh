@@ -84,7 +84,7 @@ spread_of() { printf '%s\n' "$@" | spread; }
 clean() { rm -rf "$work/device" "$work/c.zip" "$work/unzipped"; settle; }
 check_installed() { cmp -s "$work/device/bench.fetch/1.0/Contents/payload.bin" "$work/content-bench.fetch/payload.bin" || { echo "iap-fetch installed wrong bytes" >&2; exit 1; }; }
 measure_transfer() { # connections
-  local c=$1 t
+  local c=$1 t setup
   "$bin/iap-sandbox" purchase --dir "$work/sandbox" --product-id bench.fetch > "$work/tx.jws"
   clean
   read -r t setup <<< "$(transfer_time "$bin" "$base" "$work/tx.jws" "$work/device" "$c" ${fetch_extra[@]+"${fetch_extra[@]}"})"
