@@ -328,6 +328,31 @@ struct QueueControlTests {
         #expect(try FileTransactionQueue(folder: shop.queue).transaction(big)?.finishedAt != nil)
     }
 
+    @Test("a one-connection partial file shorter than its journal's mark is fetched again from the start, not filled with zeros up to the mark and found wrong at the end")
+    func truncatedSingleRangePartialFile() throws {
+        let shop = try Shop(products: ["com.example.big": .random(16 << 20)])
+        let big = try shop.store.purchase(productId: "com.example.big").transaction.transactionId!
+        let id = "\(big)-com.example.big"
+        let journal = try DownloadJournal(contentDirectory: shop.content)
+        let (client, _) = try shop.startClient(["--limit-rate", "8M"])
+        let deadline = Date().addingTimeInterval(60)
+        while client.isRunning, Date() < deadline, (journal.load(id)?.recordedLength ?? 0) < 4 << 20 { usleep(2_000) }
+        kill(client.processIdentifier, SIGKILL)
+        client.waitUntilExit()
+        let killed = try #require(journal.load(id))
+        #expect(killed.segments == nil && killed.recordedLength >= 4 << 20)
+        #expect(truncate(journal.partialPath(id), 1 << 20) == 0)
+
+        let again = try run(
+            productsDirectory() + "/iap-fetch",
+            ["run", "--server", shop.server.base, "--queue", shop.queue, "--content-dir", shop.content, "--json"])
+        #expect(again.status == 0, "\(again.stderr)")
+        let updates = again.stdout.split(separator: "\n").compactMap { try? JSONDecoder().decode(DownloadUpdate.self, from: Data($0.utf8)) }
+        #expect(!updates.contains { $0.error?.code == .integrity }, "the short file was taken for the journal's bytes: \(updates.compactMap(\.error))")
+        #expect(shop.installed("com.example.big") == shop.payloads["com.example.big"])
+        #expect(try FileTransactionQueue(folder: shop.queue).transaction(big)?.finishedAt != nil)
+    }
+
     @Test("iap-fetch cancel while another process downloads: that process stops, deletes the partial file, exits 1")
     func cancelAcrossProcesses() throws {
         let shop = try Shop(products: ["com.example.big": .random(12 << 20)])
