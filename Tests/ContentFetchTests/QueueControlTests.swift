@@ -277,13 +277,18 @@ struct QueueControlTests {
     /// A 48 MiB product bought and downloaded by `iap-fetch --connections 3` until 12 MiB were
     /// recorded, then killed with SIGKILL.
     func killedParallelDownload() throws -> (shop: Shop, transactionId: String, id: String, journal: DownloadJournal) {
-        let shop = try Shop(products: ["com.example.big": .random(48 << 20)])
+        try killedDownload(size: 48 << 20, arguments: ["--connections", "3", "--limit-rate", "12M"], recorded: 12 << 20)
+    }
+
+    /// A product of `size` bytes bought and its download killed once the journal records `recorded` bytes.
+    func killedDownload(size: Int, arguments: [String], recorded: Int64) throws -> (shop: Shop, transactionId: String, id: String, journal: DownloadJournal) {
+        let shop = try Shop(products: ["com.example.big": .random(size)])
         let big = try shop.store.purchase(productId: "com.example.big").transaction.transactionId!
         let id = "\(big)-com.example.big"
         let journal = try DownloadJournal(contentDirectory: shop.content)
-        let (client, _) = try shop.startClient(["--connections", "3", "--limit-rate", "12M"])
+        let (client, _) = try shop.startClient(arguments)
         let deadline = Date().addingTimeInterval(60)
-        while client.isRunning, Date() < deadline, (journal.load(id)?.recordedLength ?? 0) < 12 << 20 { usleep(2_000) }
+        while client.isRunning, Date() < deadline, (journal.load(id)?.recordedLength ?? 0) < recorded { usleep(2_000) }
         kill(client.processIdentifier, SIGKILL)
         client.waitUntilExit()
         return (shop, big, id, journal)
@@ -330,15 +335,7 @@ struct QueueControlTests {
 
     @Test("a one-connection partial file shorter than its journal's mark is fetched again from the start, not filled with zeros up to the mark and found wrong at the end")
     func truncatedSingleRangePartialFile() throws {
-        let shop = try Shop(products: ["com.example.big": .random(16 << 20)])
-        let big = try shop.store.purchase(productId: "com.example.big").transaction.transactionId!
-        let id = "\(big)-com.example.big"
-        let journal = try DownloadJournal(contentDirectory: shop.content)
-        let (client, _) = try shop.startClient(["--limit-rate", "8M"])
-        let deadline = Date().addingTimeInterval(60)
-        while client.isRunning, Date() < deadline, (journal.load(id)?.recordedLength ?? 0) < 4 << 20 { usleep(2_000) }
-        kill(client.processIdentifier, SIGKILL)
-        client.waitUntilExit()
+        let (shop, big, id, journal) = try killedDownload(size: 16 << 20, arguments: ["--limit-rate", "8M"], recorded: 4 << 20)
         let killed = try #require(journal.load(id))
         #expect(killed.segments == nil && killed.recordedLength >= 4 << 20)
         #expect(truncate(journal.partialPath(id), 1 << 20) == 0)
