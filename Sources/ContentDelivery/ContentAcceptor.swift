@@ -147,10 +147,13 @@ public final class ContentAcceptor: ChannelInboundHandler {
 ///
 /// While the rest of the answer is on its way, a shutdown's quiesce event and the client's
 /// half-close wait here: the fast path behind knows nothing of this answer and, seeing either
-/// with nothing of its own in flight, would close the connection under it.
-final class AcceptedBytes: ChannelInboundHandler, RemovableChannelHandler {
+/// with nothing of its own in flight, would close the connection under it. So do the bytes read
+/// (and reading stops): the fast path writes its answers straight to the socket when NIO holds
+/// nothing of its own, and must not pass this one.
+final class AcceptedBytes: ChannelDuplexHandler, RemovableChannelHandler {
     typealias InboundIn = ByteBuffer
     typealias InboundOut = ByteBuffer
+    typealias OutboundIn = ByteBuffer
     typealias OutboundOut = ByteBuffer
 
     struct Unsent {
@@ -168,6 +171,8 @@ final class AcceptedBytes: ChannelInboundHandler, RemovableChannelHandler {
     private var sending = false
     /// Events held back while `sending`, passed on once the answer has left.
     private var held: [Any] = []
+    /// A read asked for while `sending`, made once the answer has left.
+    private var readHeld = false
 
     init(input: ByteBuffer?, unsent: Unsent? = nil) {
         self.input = input
@@ -191,27 +196,50 @@ final class AcceptedBytes: ChannelInboundHandler, RemovableChannelHandler {
                     context.close(promise: nil)
                     return
                 }
+                passInput(context: context)
                 for event in held { context.fireUserInboundEventTriggered(event) }
                 held = []
+                if readHeld {
+                    readHeld = false
+                    context.read()
+                }
                 context.pipeline.syncOperations.removeHandler(context: context, promise: nil)
             }
         }
-        guard !closeAfter else { return }
-        if let input {
-            self.input = nil
-            context.fireChannelRead(wrapInboundOut(input))
-            context.fireChannelReadComplete()
-        }
-        if !sending { context.pipeline.syncOperations.removeHandler(context: context, promise: nil) }
+        guard !closeAfter, !sending else { return }
+        passInput(context: context)
+        context.pipeline.syncOperations.removeHandler(context: context, promise: nil)
+    }
+
+    private func passInput(context: ChannelHandlerContext) {
+        guard let input else { return }
+        self.input = nil
+        context.fireChannelRead(wrapInboundOut(input))
+        context.fireChannelReadComplete()
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         // After an answer that closes the connection nothing more is taken.
-        if !closeAfter { context.fireChannelRead(data) }
+        guard !closeAfter else { return }
+        guard sending else {
+            context.fireChannelRead(data)
+            return
+        }
+        var bytes = unwrapInboundIn(data)
+        if input == nil { input = bytes } else { input!.writeBuffer(&bytes) }
     }
 
     func channelReadComplete(context: ChannelHandlerContext) {
-        if !closeAfter { context.fireChannelReadComplete() }
+        if !closeAfter, !sending { context.fireChannelReadComplete() }
+    }
+
+    func read(context: ChannelHandlerContext) {
+        // What is read while the answer is on its way waits here: read no more of it meanwhile.
+        if sending {
+            readHeld = true
+            return
+        }
+        context.read()
     }
 
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {

@@ -28,7 +28,10 @@ public protocol RequestHeadObserver: AnyObject {
 /// the same `ContentResponse` as for requests that come through the decoder.
 ///
 /// Responses leave in request order: they are written as the requests are parsed, and after a
-/// hand-off the decoder's responses queue behind them. While the channel is not writable (a big
+/// hand-off the decoder's responses queue behind them. A response of one buffer (a small range,
+/// a refusal, a `HEAD`) is written straight to the socket as the event loop's pass ends, when
+/// nothing of the connection's waits in NIO's queue (Linux); anything else goes through NIO,
+/// after whatever was kept for the direct write. While the channel is not writable (a big
 /// file on its way, or a client that pipelines without reading) it stops parsing and reading.
 public final class ContentFastPath: ChannelDuplexHandler {
     public typealias InboundIn = ByteBuffer
@@ -50,6 +53,15 @@ public final class ContentFastPath: ChannelDuplexHandler {
     #endif
     /// A body is on its way outside NIO: nothing else may be written or parsed until it has left.
     @exclusivity(unchecked) private var sendingElsewhere = false
+    #if os(Linux)
+        /// A duplicate of the connection's socket, for answers written directly (see
+        /// `writeUnsent`), taken at the first: -1 before then, when the socket cannot be had,
+        /// or without `writesToSocket`.
+        @exclusivity(unchecked) private var directSocket: CInt = -1
+        @exclusivity(unchecked) private var directLooked: Bool
+        /// Answers of one buffer made in this pass, written straight to the socket when it ends.
+        @exclusivity(unchecked) private var unsent: ByteBuffer?
+    #endif
     @exclusivity(unchecked) private var stalls = StalledReader()
 
     // The state is touched only on the channel's event loop, one call at a time; unchecked
@@ -87,13 +99,18 @@ public final class ContentFastPath: ChannelDuplexHandler {
     ///     be in place from the start.
     ///   - sender: sends bodies of ``elsewhereMinimum`` bytes or more (Linux); without it, or
     ///     where it cannot take a connection, they go through NIO.
+    ///   - writesToSocket: answers of one buffer are written straight to the connection's socket
+    ///     (Linux), not through the handlers ahead of this one. Only for a pipeline where nothing
+    ///     ahead changes the bytes written (no TLS handler): like `sender`, these writes skip it.
     public init(
         prefix: String, resolver: any ContentResolver, observer: (any ContentObserver)? = nil,
         heads: (any RequestHeadObserver)? = nil, maxRanges: Int = RangeEvaluator.defaultMaxRanges,
-        sender: FileSender? = nil, installDecoder: ((ChannelPipeline.SynchronousOperations) throws -> Void)? = nil
+        sender: FileSender? = nil, writesToSocket: Bool = false,
+        installDecoder: ((ChannelPipeline.SynchronousOperations) throws -> Void)? = nil
     ) {
         #if os(Linux)
             self.sender = sender
+            directLooked = !writesToSocket
         #endif
         self.installDecoder = installDecoder
         self.prefix = prefix
@@ -178,6 +195,9 @@ public final class ContentFastPath: ChannelDuplexHandler {
         if !handedOff, event is ChannelShouldQuiesceEvent || (event as? ChannelEvent) == .inputClosed {
             pending = nil
             closing = true
+            #if os(Linux)
+                writeUnsent(context: context)
+            #endif
             if inFlight == 0 {
                 // A small response answered in this pass waits for its flush: send it first.
                 context.flush()
@@ -192,8 +212,15 @@ public final class ContentFastPath: ChannelDuplexHandler {
         pending = nil
         #if os(Linux)
             if let ticket, let sender { sender.cancel(ticket) }
+            dropDirectSocket()
         #endif
         context.fireChannelInactive()
+    }
+
+    public func handlerRemoved(context: ChannelHandlerContext) {
+        #if os(Linux)
+            dropDirectSocket()
+        #endif
     }
 
     // MARK: Answering
@@ -236,14 +263,17 @@ public final class ContentFastPath: ChannelDuplexHandler {
                     pending!.moveReaderIndex(forwardBy: length)
                 }
                 heads?.requestHeadReceived()
-                answer(request, context: context)
-                wrote = true
+                if answer(request, context: context) { wrote = true }
             }
         }
         if let buffer = pending, buffer.readableBytes == 0 { pending = nil }
     }
 
     private func handOff(context: ChannelHandlerContext) {
+        // The decoder's answers go through NIO, after this pass's direct ones.
+        #if os(Linux)
+            writeUnsent(context: context)
+        #endif
         handedOff = true
         if let installDecoder {
             do {
@@ -265,8 +295,9 @@ public final class ContentFastPath: ChannelDuplexHandler {
         }
     }
 
-    /// Writes the answer to one request; the caller flushes.
-    private func answer(_ request: RequestHeadParser.Head, context: ChannelHandlerContext) {
+    /// Writes the answer to one request; returns whether it was written through NIO (the caller
+    /// flushes), not kept for this pass's direct write.
+    private func answer(_ request: RequestHeadParser.Head, context: ChannelHandlerContext) -> Bool {
         var response = ContentResponse.make(
             request.content, prefix: prefix, maxRanges: maxRanges, resolver: resolver, memory: &memory,
             eventLoop: context.eventLoop, allocator: allocator)
@@ -280,17 +311,42 @@ public final class ContentFastPath: ChannelDuplexHandler {
         // 6-8% of the server's CPU on 4 KiB ranges (docs/performance.md). It is counted as served
         // when written; a connection reset that loses it closes the channel all the same.
         if pieces.isEmpty, !closing {
-            context.write(wrapOutboundOut(.byteBuffer(head)), promise: nil)
-            _ = report.finished(.success(()), observer: observer)
-            heads?.responseSent()
-            return
+            #if os(Linux)
+                // With nothing of this connection's queued in NIO, the answer is kept to be written
+                // straight to the socket as the pass ends (`writeUnsent`); behind a response still
+                // in NIO's queue it goes through NIO, counted in `inFlight` so that direct writes
+                // resume only once that queue is empty.
+                let direct = directWrites(context)
+                if direct, inFlight == 0 {
+                    if unsent == nil {
+                        unsent = head
+                        PassYield.write(self, context: context)
+                    } else {
+                        unsent!.writeImmutableBuffer(head)
+                    }
+                    _ = report.finished(.success(()), observer: observer)
+                    heads?.responseSent()
+                    return false
+                }
+            #else
+                let direct = false
+            #endif
+            if !direct {
+                context.write(wrapOutboundOut(.byteBuffer(head)), promise: nil)
+                _ = report.finished(.success(()), observer: observer)
+                heads?.responseSent()
+                return true
+            }
         }
+        #if os(Linux)
+            writeUnsent(context: context)
+        #endif
         inFlight += 1
         #if os(Linux)
             if let sender, pieces.count == 1, case .fileRegion(let region) = pieces[0], region.readableBytes >= Self.elsewhereMinimum,
                 sendElsewhere(head: head, region: region, sender: sender, report: report, context: context)
             {
-                return
+                return true
             }
         #endif
         // A head followed by a file: corked until all of it has left (see `setCork`).
@@ -308,20 +364,70 @@ public final class ContentFastPath: ChannelDuplexHandler {
             if corked { context.setCork(false) }
             responseLeft(result, report: report, context: context)
         }
+        return true
     }
 
-    /// The last write of a response counted in `inFlight` has ended.
-    private func responseLeft(_ result: Result<Void, any Error>, report: ResponseReport, context: ChannelHandlerContext) {
+    /// The last write of a response counted in `inFlight` has ended (`report` nil: the rest of
+    /// direct answers, reported when they were made).
+    private func responseLeft(_ result: Result<Void, any Error>, report: ResponseReport?, context: ChannelHandlerContext) {
         inFlight -= 1
         if inFlight == 0 { stalls.reset() }
-        if !report.finished(result, observer: observer) {
+        let succeeded = report.map { $0.finished(result, observer: observer) } ?? ((try? result.get()) != nil)
+        if !succeeded {
             context.close(promise: nil)
         } else if closing, inFlight == 0 {
             context.close(promise: nil)
-        } else {
+        } else if report != nil {
             heads?.responseSent()
         }
     }
+
+    #if os(Linux)
+        /// Whether answers can be written straight to this connection's socket: the first call
+        /// takes a duplicate of it (``ChannelSocket``), which stays this handler's until the
+        /// channel closes; a duplicate, not the channel's own number, so that a write can never
+        /// reach another connection that reused it.
+        private func directWrites(_ context: ChannelHandlerContext) -> Bool {
+            if !directLooked {
+                directLooked = true
+                directSocket = ChannelSocket.duplicate(of: context.channel) ?? -1
+            }
+            return directSocket >= 0
+        }
+
+        private func dropDirectSocket() {
+            unsent = nil
+            if directSocket >= 0 { Glibc.close(directSocket) }
+            directSocket = -1
+        }
+
+        /// Writes this pass's answers kept for it (`unsent`) to the socket in one `send`; what
+        /// the socket has no room for goes through NIO, counted in `inFlight`. Called as the
+        /// pass ends (`PassYield`), and before anything else is written through NIO.
+        ///
+        /// Why not through NIO: on small ranges the server is bound by CPU per request, and a
+        /// write through the channel (the outbound pipeline, the pending-writes manager, the
+        /// flush, each with their retains, and a task per connection to flush after the pass)
+        /// cost more user time than the rest of answering (docs/performance.md, twenty-ninth stop).
+        fileprivate func writeUnsent(context: ChannelHandlerContext) {
+            guard var bytes = unsent else { return }
+            unsent = nil
+            let sent = bytes.withUnsafeReadableBytes { send(directSocket, $0.baseAddress, $0.count, CInt(MSG_DONTWAIT | MSG_NOSIGNAL)) }
+            if sent == bytes.readableBytes { return }
+            if sent < 0, errno != EAGAIN, errno != EWOULDBLOCK, errno != EINTR {
+                // Reset or gone: as NIO would, on its next write or read.
+                context.close(promise: nil)
+                return
+            }
+            bytes.moveReaderIndex(forwardBy: max(0, sent))
+            inFlight += 1
+            let left = context.eventLoop.makePromise(of: Void.self)
+            context.writeAndFlush(wrapOutboundOut(.byteBuffer(bytes)), promise: left)
+            left.futureResult.assumeIsolated().whenComplete { [self] result in
+                responseLeft(result, report: nil, context: context)
+            }
+        }
+    #endif
 
     #if os(Linux)
         /// Writes the head through NIO, then hands the body to the sender once the head (and every
@@ -414,9 +520,10 @@ extension ContentResponse {
     }
 }
 
-/// Once per pass of an event loop that flushed responses, the loop offers its core to
-/// whatever else is ready to run there (`sched_yield`), then goes on; with nothing else ready, the
-/// call returns at once.
+/// Once per pass of an event loop that flushed responses or wrote them straight to sockets (one
+/// task for the pass does those writes first: `ContentFastPath.writeUnsent`), the loop offers
+/// its core to whatever else is ready to run there (`sched_yield`), then goes on; with nothing
+/// else ready, the call returns at once.
 ///
 /// Why: under steady load the loop always finds more requests ready, so it never waits in
 /// `epoll_wait`, and a client woken by its responses on the same core (on a machine the server
@@ -428,24 +535,49 @@ enum PassYield {
     /// Touched only by its own loop's thread.
     private final class State: @unchecked Sendable {
         var scheduled = false
+        /// Connections with answers to write directly when the pass ends, in the order they
+        /// were answered.
+        var writes: [(ContentFastPath, ChannelHandlerContext)] = []
     }
     private static let state = ThreadSpecificVariable<State>()
+
+    private static var current: State {
+        if let existing = state.currentValue { return existing }
+        let created = State()
+        state.currentValue = created
+        return created
+    }
 
     /// Called by each flush of a pass; the yield runs after the pass's other flushes, which were
     /// queued before it.
     static func afterFlushes(on loop: any EventLoop) {
-        let current: State
-        if let existing = state.currentValue {
-            current = existing
-        } else {
-            current = State()
-            state.currentValue = current
+        schedule(current, on: loop)
+    }
+
+    #if os(Linux)
+        /// `handler` has answers for `writeUnsent` as the pass ends: one task for the whole pass
+        /// writes every connection's, then yields, where a task per connection flushed each.
+        static func write(_ handler: ContentFastPath, context: ChannelHandlerContext) {
+            let state = current
+            state.writes.append((handler, context))
+            schedule(state, on: context.eventLoop)
         }
+    #endif
+
+    private static func schedule(_ current: State, on loop: any EventLoop) {
         guard !current.scheduled else { return }
         current.scheduled = true
         loop.assumeIsolated().execute {
             current.scheduled = false
             #if os(Linux)
+                // By index: a write that falls back to NIO may answer more and add to the list.
+                var index = 0
+                while index < current.writes.count {
+                    let (handler, context) = current.writes[index]
+                    handler.writeUnsent(context: context)
+                    index += 1
+                }
+                current.writes.removeAll(keepingCapacity: true)
                 sched_yield()
             #endif
         }

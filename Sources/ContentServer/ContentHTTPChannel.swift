@@ -61,6 +61,7 @@ struct ContentHTTPChannel: HTTPChannelHandler {
         // request adds the HTTP/1 handlers behind it and hands the connection to them for good.
         let fastPath = ContentFastPath(
             prefix: Self.contentPrefix, resolver: service, observer: service.metrics, heads: deadline, sender: sender,
+            writesToSocket: true,
             installDecoder: { sync in
                 try sync.configureHTTPServerPipeline(
                     position: .after(quiesce), withPipeliningAssistance: true, withErrorHandling: false, withOutboundHeaderValidation: false,

@@ -44,7 +44,8 @@ import Testing
                     channel.eventLoop.makeCompletedFuture {
                         tally.setUp.add(1, ordering: .relaxed)
                         try channel.pipeline.syncOperations.addHandlers([
-                            ContentFastPath(prefix: "/v1/content/", resolver: file, observer: observer), Recorder(tally: tally),
+                            WriteCounter(tally: tally), ContentFastPath(prefix: "/v1/content/", resolver: file, observer: observer, writesToSocket: true),
+                            Recorder(tally: tally, observer: observer),
                         ])
                     }
                 }
@@ -63,14 +64,35 @@ import Testing
         let setUp = Atomic<Int>(0)
         /// What the fast path handed off to the handler behind it.
         let handedOff = Mutex<[UInt8]>([])
+        /// Writes the fast path made through NIO's channel (not straight to the socket).
+        let channelWrites = Atomic<Int>(0)
+        /// How many responses had finished each time bytes were handed off.
+        let finishedAtHandOff = Mutex<[Int]>([])
+    }
+
+    /// Ahead of the fast path: counts the writes it makes through the channel.
+    final class WriteCounter: ChannelOutboundHandler, @unchecked Sendable {
+        typealias OutboundIn = IOData
+        let tally: Tally
+        init(tally: Tally) { self.tally = tally }
+        func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
+            tally.channelWrites.add(1, ordering: .relaxed)
+            context.write(data, promise: promise)
+        }
     }
 
     final class Recorder: ChannelInboundHandler, @unchecked Sendable {
         typealias InboundIn = ByteBuffer
         let tally: Tally
-        init(tally: Tally) { self.tally = tally }
+        let observer: CountingObserver
+        init(tally: Tally, observer: CountingObserver) {
+            self.tally = tally
+            self.observer = observer
+        }
         func channelRead(context: ChannelHandlerContext, data: NIOAny) {
             let buffer = unwrapInboundIn(data)
+            let finished = observer.finished.withLock { $0.count }
+            tally.finishedAtHandOff.withLock { $0.append(finished) }
             tally.handedOff.withLock { $0 += buffer.readableBytesView }
         }
     }
@@ -211,6 +233,79 @@ import Testing
         #expect(server.tally.setUp.load(ordering: .relaxed) == 1, "the rest was sent by a channel set up for it")
         #expect(server.observer.finished.withLock { $0.map(\.0) } == [206])
         #expect(server.observer.finished.withLock { $0.allSatisfy(\.1) }, "counted once, when all of it had left")
+        try await server.stop()
+    }
+
+    @Test("bytes read after an answer the new socket had no room for reach the fast path only once all of that answer has left")
+    func restOfAnAnswerBeforeTheNext() async throws {
+        // The fast path writes small answers straight to the socket when NIO holds nothing of
+        // its own: given a request while the acceptor's rest still waits in NIO, its answer
+        // could pass that rest. A request it hands off shows when it got the bytes.
+        let server = try await Server(sendBuffer: 4096)
+        let fd = try LoopbackSocket.connect(server.port, receiveBuffer: 4096)
+        defer { close(fd) }
+        let other = "POST /v1/downloads HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}"
+        LoopbackSocket.send(fd, "GET /v1/content/ok/p-1.0.zip HTTP/1.1\r\nRange: bytes=7-65542\r\n\r\n" + other)
+        let first = Responses(fd).next()
+        let whole = first.body == Array(server.file.bytes[7..<65543])
+        #expect(first.head.hasPrefix("HTTP/1.1 206") && whole, "the range's 65,536 bytes arrived, not \(first.body.count) that may differ")
+        var waited = 0
+        while server.tally.handedOff.withLock({ $0.count }) < other.utf8.count, waited < 2_000 {
+            try await Task.sleep(for: .milliseconds(5))
+            waited += 1
+        }
+        #expect(server.tally.handedOff.withLock { $0 } == Array(other.utf8))
+        #expect(server.tally.finishedAtHandOff.withLock { $0.first } == 1, "the first answer had left when the next request was passed on")
+        try await server.stop()
+    }
+
+    /// `count` requests for 4 KiB ranges, the i-th at `start + i * 4096`, in one send.
+    static func pipelined(_ count: Int, from start: Int) -> String {
+        (0..<count).map { "GET /v1/content/ok/p-1.0.zip HTTP/1.1\r\nRange: bytes=\(start + $0 * 4096)-\(start + $0 * 4096 + 4095)\r\n\r\n" }.joined()
+    }
+
+    func expectRanges(_ responses: Responses, _ count: Int, from start: Int, in server: Server) {
+        for i in 0..<count {
+            let response = responses.next()
+            let offset = start + i * 4096
+            let same = response.body == Array(server.file.bytes[offset..<(offset + 4096)])
+            #expect(response.head.hasPrefix("HTTP/1.1 206") && same, "answer \(i + 1) of \(count): \(response.head.prefix(40)), \(response.body.count) bytes")
+            if !same { return }
+        }
+    }
+
+    @Test("a kept-alive connection's small answers are written straight to its socket, none through NIO's channel, in order")
+    func smallAnswersGoStraightToTheSocket() async throws {
+        let server = try await Server()
+        let fd = try LoopbackSocket.connect(server.port)
+        defer { close(fd) }
+        let responses = Responses(fd)
+        LoopbackSocket.send(fd, Self.pipelined(1, from: 0))
+        expectRanges(responses, 1, from: 0, in: server)
+        LoopbackSocket.send(fd, Self.pipelined(40, from: 100))
+        expectRanges(responses, 40, from: 100, in: server)
+        #expect(server.tally.channelWrites.load(ordering: .relaxed) == 0, "no answer went through the channel")
+        #expect(server.observer.finished.withLock { $0.count } == 41)
+        try await server.stop()
+    }
+
+    @Test("answers the socket has no room for go through NIO's channel behind those written straight to it, in order; once they have left, answers go straight again")
+    func straightAndChannelWritesKeepTheirOrder() async throws {
+        let server = try await Server(sendBuffer: 4096)
+        let fd = try LoopbackSocket.connect(server.port, receiveBuffer: 4096)
+        defer { close(fd) }
+        let responses = Responses(fd)
+        LoopbackSocket.send(fd, Self.pipelined(1, from: 0))
+        expectRanges(responses, 1, from: 0, in: server)
+        // Forty 4 KiB answers to a client that reads none until all its requests are sent:
+        // the socket's few KiB fill and the rest waits in the channel.
+        LoopbackSocket.send(fd, Self.pipelined(40, from: 3))
+        expectRanges(responses, 40, from: 3, in: server)
+        let throughChannel = server.tally.channelWrites.load(ordering: .relaxed)
+        #expect(throughChannel > 0, "part of the answers waited in the channel")
+        LoopbackSocket.send(fd, Self.pipelined(1, from: 9))
+        expectRanges(responses, 1, from: 9, in: server)
+        #expect(server.tally.channelWrites.load(ordering: .relaxed) == throughChannel, "the next answer went straight to the socket")
         try await server.stop()
     }
 
