@@ -57,22 +57,46 @@
         /// holds for every channel of it, and a NIO release that stores the socket otherwise
         /// fails it and is never read from.
         static func descriptor(of channel: any Channel) -> CInt? {
+            guard let descriptor = handle(of: channel)?.descriptor, descriptor >= 0 else { return nil }
+            return descriptor
+        }
+
+        /// `channel`'s socket, to read its descriptor at each use without looking it up again,
+        /// or `nil` (see `descriptor(of:)`). Call on the channel's event loop while it is open.
+        static func handle(of channel: any Channel) -> Handle? {
             let object = channel as AnyObject
             let type = ObjectIdentifier(Swift.type(of: object))
             if let known = layouts.withLock({ $0[type] }) {
-                let descriptor = read(known, of: object)
-                return descriptor >= 0 ? descriptor : nil
+                let handle = Handle(socket: socketObject(known, of: object), offset: known.descriptor)
+                return handle.descriptor >= 0 ? handle : nil
             }
             guard let socketField = field("socket", of: Swift.type(of: object), where: { $0 is AnyObject.Type }) else { return nil }
             let socket = UnsafeRawPointer(Unmanaged.passUnretained(object).toOpaque()).load(fromByteOffset: socketField, as: AnyObject.self)
             guard let descriptorField = field("descriptor", of: Swift.type(of: socket), where: { $0 == CInt.self }) else { return nil }
             let layout = Layout(socket: socketField, descriptor: descriptorField)
-            let descriptor = read(layout, of: object)
+            let handle = Handle(socket: socket, offset: descriptorField)
             // Not kept when the check cannot be made (a peer already gone has no address): the
             // next channel is checked.
-            guard descriptor >= 0, matches(descriptor, channel) else { return nil }
+            guard handle.descriptor >= 0, matches(handle.descriptor, channel) else { return nil }
             layouts.withLock { $0[type] = layout }
-            return descriptor
+            return handle
+        }
+
+        /// A channel's socket object, kept: its descriptor is read at each use. NIO sets that
+        /// descriptor to -1 as it closes the socket, on the channel's event loop, so a read there
+        /// after the close gives -1, never a number the kernel has since given another
+        /// connection; unlike a duplicate, it holds no descriptor of its own. Use on the
+        /// channel's event loop only.
+        struct Handle {
+            fileprivate let socket: AnyObject
+            fileprivate let offset: Int
+
+            /// The socket's descriptor now; -1 once the channel has closed it.
+            var descriptor: CInt {
+                withExtendedLifetime(socket) {
+                    UnsafeRawPointer(Unmanaged.passUnretained(socket).toOpaque()).load(fromByteOffset: offset, as: CInt.self)
+                }
+            }
         }
 
         /// Where a channel class keeps its socket object, and that object its descriptor: byte
@@ -88,12 +112,8 @@
         /// Why offsets, not `Mirror`: a mirror boxes the properties it walks, and each read took
         /// about as long as the rest of answering a request on a new connection (11% of the
         /// server's CPU there, `perf`, docs/performance.md, twenty-second stop).
-        private static func read(_ layout: Layout, of object: AnyObject) -> CInt {
-            let base = UnsafeRawPointer(Unmanaged.passUnretained(object).toOpaque())
-            let socket = base.load(fromByteOffset: layout.socket, as: AnyObject.self)
-            return withExtendedLifetime(socket) {
-                UnsafeRawPointer(Unmanaged.passUnretained(socket).toOpaque()).load(fromByteOffset: layout.descriptor, as: CInt.self)
-            }
+        private static func socketObject(_ layout: Layout, of object: AnyObject) -> AnyObject {
+            UnsafeRawPointer(Unmanaged.passUnretained(object).toOpaque()).load(fromByteOffset: layout.socket, as: AnyObject.self)
         }
 
         /// The byte offset of the stored property `name` of a class instance (its own or a

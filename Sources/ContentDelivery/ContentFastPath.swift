@@ -54,10 +54,9 @@ public final class ContentFastPath: ChannelDuplexHandler {
     /// A body is on its way outside NIO: nothing else may be written or parsed until it has left.
     @exclusivity(unchecked) private var sendingElsewhere = false
     #if os(Linux)
-        /// A duplicate of the connection's socket, for answers written directly (see
-        /// `writeUnsent`), taken at the first: -1 before then, when the socket cannot be had,
-        /// or without `writesToSocket`.
-        @exclusivity(unchecked) private var directSocket: CInt = -1
+        /// The connection's socket, for answers written directly (see `writeUnsent`), found at
+        /// the first: nil before then, when it cannot be had, or without `writesToSocket`.
+        @exclusivity(unchecked) private var directSocket: ChannelSocket.Handle?
         @exclusivity(unchecked) private var directLooked: Bool
         /// Answers of one buffer made in this pass, written straight to the socket when it ends.
         @exclusivity(unchecked) private var unsent: ByteBuffer?
@@ -212,15 +211,9 @@ public final class ContentFastPath: ChannelDuplexHandler {
         pending = nil
         #if os(Linux)
             if let ticket, let sender { sender.cancel(ticket) }
-            dropDirectSocket()
+            unsent = nil
         #endif
         context.fireChannelInactive()
-    }
-
-    public func handlerRemoved(context: ChannelHandlerContext) {
-        #if os(Linux)
-            dropDirectSocket()
-        #endif
     }
 
     // MARK: Answering
@@ -384,21 +377,15 @@ public final class ContentFastPath: ChannelDuplexHandler {
 
     #if os(Linux)
         /// Whether answers can be written straight to this connection's socket: the first call
-        /// takes a duplicate of it (``ChannelSocket``), which stays this handler's until the
-        /// channel closes; a duplicate, not the channel's own number, so that a write can never
-        /// reach another connection that reused it.
+        /// finds it (``ChannelSocket``); its descriptor is read again at each write, and is -1
+        /// once the channel has closed it, so a write can never reach another connection that
+        /// reused the number.
         private func directWrites(_ context: ChannelHandlerContext) -> Bool {
             if !directLooked {
                 directLooked = true
-                directSocket = ChannelSocket.duplicate(of: context.channel) ?? -1
+                directSocket = ChannelSocket.handle(of: context.channel)
             }
-            return directSocket >= 0
-        }
-
-        private func dropDirectSocket() {
-            unsent = nil
-            if directSocket >= 0 { Glibc.close(directSocket) }
-            directSocket = -1
+            return directSocket != nil
         }
 
         /// Writes this pass's answers kept for it (`unsent`) to the socket in one `send`; what
@@ -412,7 +399,8 @@ public final class ContentFastPath: ChannelDuplexHandler {
         fileprivate func writeUnsent(context: ChannelHandlerContext) {
             guard var bytes = unsent else { return }
             unsent = nil
-            let sent = bytes.withUnsafeReadableBytes { send(directSocket, $0.baseAddress, $0.count, CInt(MSG_DONTWAIT | MSG_NOSIGNAL)) }
+            guard let socket = directSocket?.descriptor, socket >= 0 else { return }
+            let sent = bytes.withUnsafeReadableBytes { send(socket, $0.baseAddress, $0.count, CInt(MSG_DONTWAIT | MSG_NOSIGNAL)) }
             if sent == bytes.readableBytes { return }
             if sent < 0, errno != EAGAIN, errno != EWOULDBLOCK, errno != EINTR {
                 // Reset or gone: as NIO would, on its next write or read.

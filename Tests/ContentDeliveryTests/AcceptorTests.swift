@@ -309,6 +309,21 @@ import Testing
         try await server.stop()
     }
 
+    @Test("a channel's socket handle reads the descriptor NIO uses while the channel is open, and -1 once NIO has closed it, so a direct write after the close reaches no other connection")
+    func socketHandleAfterClose() async throws {
+        let server = try await Server()
+        let client = try await ClientBootstrap(group: server.group).connect(host: "127.0.0.1", port: server.port).get()
+        let (open, channels, closed) = try await client.eventLoop.flatSubmit {
+            let handle = ChannelSocket.handle(of: client)
+            let open = handle?.descriptor ?? -2
+            let channels = ChannelSocket.descriptor(of: client) ?? -2
+            return client.close().assumeIsolated().map { (open, channels, handle?.descriptor ?? -2) }.nonisolated()
+        }.get()
+        #expect(open >= 0 && open == channels, "the handle read \(open), the channel's socket is \(channels)")
+        #expect(closed == -1)
+        try await server.stop()
+    }
+
     @Test("a connection that sends nothing is still handed over once the deferral ends, and served")
     func silentConnectionIsHandedOver() async throws {
         let server = try await Server()
