@@ -110,7 +110,13 @@ import Testing
     final class Responses {
         let fd: CInt
         var received: [UInt8] = []
-        init(_ fd: CInt) { self.fd = fd }
+        private let owning: Bool
+        /// `owning`: the connection is closed with this reader.
+        init(_ fd: CInt, owning: Bool = false) {
+            self.fd = fd
+            self.owning = owning
+        }
+        deinit { if owning { close(fd) } }
 
         func next() -> (head: String, body: [UInt8]) {
             var chunk = [UInt8](repeating: 0, count: 65536)
@@ -241,12 +247,10 @@ import Testing
         // The fast path writes small answers straight to the socket when NIO holds nothing of
         // its own: given a request while the acceptor's rest still waits in NIO, its answer
         // could pass that rest. A request it hands off shows when it got the bytes.
-        let server = try await Server(sendBuffer: 4096)
-        let fd = try LoopbackSocket.connect(server.port, receiveBuffer: 4096)
-        defer { close(fd) }
+        let (server, responses) = try await Self.connection(buffers: 4096)
         let other = "POST /v1/downloads HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}"
-        LoopbackSocket.send(fd, "GET /v1/content/ok/p-1.0.zip HTTP/1.1\r\nRange: bytes=7-65542\r\n\r\n" + other)
-        let first = Responses(fd).next()
+        LoopbackSocket.send(responses.fd, "GET /v1/content/ok/p-1.0.zip HTTP/1.1\r\nRange: bytes=7-65542\r\n\r\n" + other)
+        let first = responses.next()
         let whole = first.body == Array(server.file.bytes[7..<65543])
         #expect(first.head.hasPrefix("HTTP/1.1 206") && whole, "the range's 65,536 bytes arrived, not \(first.body.count) that may differ")
         var waited = 0
@@ -259,12 +263,25 @@ import Testing
         try await server.stop()
     }
 
+    /// A server and a connection to it; `buffers`: the server's send and the client's receive
+    /// buffer, fixed; `answered`: one request answered first (by the acceptor), so that the
+    /// connection has met the fast path.
+    static func connection(buffers: Int? = nil, answered: Bool = false) async throws -> (Server, Responses) {
+        let server = try await Server(sendBuffer: buffers)
+        let responses = Responses(try LoopbackSocket.connect(server.port, receiveBuffer: buffers), owning: true)
+        if answered {
+            LoopbackSocket.send(responses.fd, pipelined(1, from: 0))
+            expectRanges(responses, 1, from: 0, in: server)
+        }
+        return (server, responses)
+    }
+
     /// `count` requests for 4 KiB ranges, the i-th at `start + i * 4096`, in one send.
     static func pipelined(_ count: Int, from start: Int) -> String {
         (0..<count).map { "GET /v1/content/ok/p-1.0.zip HTTP/1.1\r\nRange: bytes=\(start + $0 * 4096)-\(start + $0 * 4096 + 4095)\r\n\r\n" }.joined()
     }
 
-    func expectRanges(_ responses: Responses, _ count: Int, from start: Int, in server: Server) {
+    static func expectRanges(_ responses: Responses, _ count: Int, from start: Int, in server: Server) {
         for i in 0..<count {
             let response = responses.next()
             let offset = start + i * 4096
@@ -276,14 +293,9 @@ import Testing
 
     @Test("a kept-alive connection's small answers are written straight to its socket, none through NIO's channel, in order")
     func smallAnswersGoStraightToTheSocket() async throws {
-        let server = try await Server()
-        let fd = try LoopbackSocket.connect(server.port)
-        defer { close(fd) }
-        let responses = Responses(fd)
-        LoopbackSocket.send(fd, Self.pipelined(1, from: 0))
-        expectRanges(responses, 1, from: 0, in: server)
-        LoopbackSocket.send(fd, Self.pipelined(40, from: 100))
-        expectRanges(responses, 40, from: 100, in: server)
+        let (server, responses) = try await Self.connection(answered: true)
+        LoopbackSocket.send(responses.fd, Self.pipelined(40, from: 100))
+        Self.expectRanges(responses, 40, from: 100, in: server)
         #expect(server.tally.channelWrites.load(ordering: .relaxed) == 0, "no answer went through the channel")
         #expect(server.observer.finished.withLock { $0.count } == 41)
         try await server.stop()
@@ -291,20 +303,15 @@ import Testing
 
     @Test("answers the socket has no room for go through NIO's channel behind those written straight to it, in order; once they have left, answers go straight again")
     func straightAndChannelWritesKeepTheirOrder() async throws {
-        let server = try await Server(sendBuffer: 4096)
-        let fd = try LoopbackSocket.connect(server.port, receiveBuffer: 4096)
-        defer { close(fd) }
-        let responses = Responses(fd)
-        LoopbackSocket.send(fd, Self.pipelined(1, from: 0))
-        expectRanges(responses, 1, from: 0, in: server)
+        let (server, responses) = try await Self.connection(buffers: 4096, answered: true)
         // Forty 4 KiB answers to a client that reads none until all its requests are sent:
         // the socket's few KiB fill and the rest waits in the channel.
-        LoopbackSocket.send(fd, Self.pipelined(40, from: 3))
-        expectRanges(responses, 40, from: 3, in: server)
+        LoopbackSocket.send(responses.fd, Self.pipelined(40, from: 3))
+        Self.expectRanges(responses, 40, from: 3, in: server)
         let throughChannel = server.tally.channelWrites.load(ordering: .relaxed)
         #expect(throughChannel > 0, "part of the answers waited in the channel")
-        LoopbackSocket.send(fd, Self.pipelined(1, from: 9))
-        expectRanges(responses, 1, from: 9, in: server)
+        LoopbackSocket.send(responses.fd, Self.pipelined(1, from: 9))
+        Self.expectRanges(responses, 1, from: 9, in: server)
         #expect(server.tally.channelWrites.load(ordering: .relaxed) == throughChannel, "the next answer went straight to the socket")
         try await server.stop()
     }
