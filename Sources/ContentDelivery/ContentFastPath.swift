@@ -238,7 +238,7 @@ public final class ContentFastPath: ChannelDuplexHandler {
                     // 15-16% more requests/s at 16 and 64 connections, p99 the same or lower
                     // (docs/performance.md, twenty-first stop). Flushing such an answer at once,
                     // not with the pass's others, was 2% slower, its p99 higher.
-                    if !closing { PassYield.afterFlushes(on: context.eventLoop) }
+                    if !closing { PassEnd.afterFlushes(on: context.eventLoop) }
                 }
             }
         }
@@ -313,7 +313,7 @@ public final class ContentFastPath: ChannelDuplexHandler {
                 if direct, inFlight == 0 {
                     if unsent == nil {
                         unsent = head
-                        PassYield.write(self, context: context)
+                        PassEnd.write(self, context: context)
                     } else {
                         unsent!.writeImmutableBuffer(head)
                     }
@@ -390,7 +390,7 @@ public final class ContentFastPath: ChannelDuplexHandler {
 
         /// Writes this pass's answers kept for it (`unsent`) to the socket in one `send`; what
         /// the socket has no room for goes through NIO, counted in `inFlight`. Called as the
-        /// pass ends (`PassYield`), and before anything else is written through NIO.
+        /// pass ends (`PassEnd`), and before anything else is written through NIO.
         ///
         /// Why not through NIO: on small ranges the server is bound by CPU per request, and a
         /// write through the channel (the outbound pipeline, the pending-writes manager, the
@@ -519,7 +519,7 @@ extension ContentResponse {
 /// the small-range p99. 4 KiB ranges, 7 rotated rounds: p99 0.44 ms (0.39-0.50) against 1.17
 /// (0.40-2.78) at 16 connections, 1.33 against 2.25 at 64, for 0.97-1.00x the rate; yielding after
 /// every response instead cost 16-19% of the rate (docs/performance.md).
-enum PassYield {
+enum PassEnd {
     /// Touched only by its own loop's thread.
     private final class State: @unchecked Sendable {
         var scheduled = false
