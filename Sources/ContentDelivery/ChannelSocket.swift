@@ -57,8 +57,7 @@
         /// holds for every channel of it, and a NIO release that stores the socket otherwise
         /// fails it and is never read from.
         static func descriptor(of channel: any Channel) -> CInt? {
-            guard let descriptor = handle(of: channel)?.descriptor, descriptor >= 0 else { return nil }
-            return descriptor
+            handle(of: channel)?.descriptor
         }
 
         /// `channel`'s socket, to read its descriptor at each use without looking it up again,

@@ -304,31 +304,22 @@ public final class ContentFastPath: ChannelDuplexHandler {
         // 6-8% of the server's CPU on 4 KiB ranges (docs/performance.md). It is counted as served
         // when written; a connection reset that loses it closes the channel all the same.
         if pieces.isEmpty, !closing {
-            #if os(Linux)
-                // With nothing of this connection's queued in NIO, the answer is kept to be written
-                // straight to the socket as the pass ends (`writeUnsent`); behind a response still
-                // in NIO's queue it goes through NIO, counted in `inFlight` so that direct writes
-                // resume only once that queue is empty.
-                let direct = directWrites(context)
-                if direct, inFlight == 0 {
-                    if unsent == nil {
-                        unsent = head
-                        PassEnd.write(self, context: context)
-                    } else {
-                        unsent!.writeImmutableBuffer(head)
-                    }
-                    _ = report.finished(.success(()), observer: observer)
-                    heads?.responseSent()
-                    return false
+            // With nothing of this connection's queued in NIO, the answer is kept to be written
+            // straight to the socket as the pass ends (`writeUnsent`); behind a response still in
+            // NIO's queue it goes through NIO, counted in `inFlight` so that direct writes resume
+            // only once that queue is empty.
+            let direct = directWrites(context)
+            if !direct || inFlight == 0 {
+                if direct {
+                    #if os(Linux)
+                        keepForPass(head, context: context)
+                    #endif
+                } else {
+                    context.write(wrapOutboundOut(.byteBuffer(head)), promise: nil)
                 }
-            #else
-                let direct = false
-            #endif
-            if !direct {
-                context.write(wrapOutboundOut(.byteBuffer(head)), promise: nil)
                 _ = report.finished(.success(()), observer: observer)
                 heads?.responseSent()
-                return true
+                return !direct
             }
         }
         #if os(Linux)
@@ -375,17 +366,31 @@ public final class ContentFastPath: ChannelDuplexHandler {
         }
     }
 
-    #if os(Linux)
-        /// Whether answers can be written straight to this connection's socket: the first call
-        /// finds it (``ChannelSocket``); its descriptor is read again at each write, and is -1
-        /// once the channel has closed it, so a write can never reach another connection that
-        /// reused the number.
-        private func directWrites(_ context: ChannelHandlerContext) -> Bool {
+    /// Whether answers can be written straight to this connection's socket (Linux): the first
+    /// call finds it (``ChannelSocket``); its descriptor is read again at each write, and is -1
+    /// once the channel has closed it, so a write can never reach another connection that
+    /// reused the number.
+    private func directWrites(_ context: ChannelHandlerContext) -> Bool {
+        #if os(Linux)
             if !directLooked {
                 directLooked = true
                 directSocket = ChannelSocket.handle(of: context.channel)
             }
             return directSocket != nil
+        #else
+            return false
+        #endif
+    }
+
+    #if os(Linux)
+        /// Adds `head` (a whole answer) to what this pass writes to the socket as it ends.
+        private func keepForPass(_ head: ByteBuffer, context: ChannelHandlerContext) {
+            if unsent == nil {
+                unsent = head
+                PassEnd.write(self, context: context)
+            } else {
+                unsent!.writeImmutableBuffer(head)
+            }
         }
 
         /// Writes this pass's answers kept for it (`unsent`) to the socket in one `send`; what
