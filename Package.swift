@@ -223,7 +223,7 @@ let package = Package(
         .target(
             name: "ContentFetch",
             dependencies: [
-                "CertificateTrust", "ContentArchive", "DurableFiles", "IAPProtocol", "TransactionQueue",
+                "CLinuxWriteback", "CertificateTrust", "ContentArchive", "DurableFiles", "IAPProtocol", "TransactionQueue",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "NIOCore", package: "swift-nio"),

@@ -1,4 +1,4 @@
-/* sync_file_range(2), copy_file_range(2), renameat2(2), O_DIRECT and O_TMPFILE are declared by glibc only
+/* sync_file_range(2), copy_file_range(2), renameat2(2), splice(2), F_SETPIPE_SZ, O_DIRECT and O_TMPFILE are declared by glibc only
    under _GNU_SOURCE, which Swift's Glibc module does not set; declare them here. */
 #ifdef __linux__
 int sync_file_range(int fd, long long offset, long long nbytes, unsigned int flags);
@@ -25,6 +25,22 @@ static inline int cwriteback_exchange(const char *from, const char *to) {
     errno = ENOSYS;
     return -1;
 #endif
+}
+/* splice(2) between a socket or file and a pipe (-1 and errno as the call sets them). */
+static inline long cwriteback_splice(int in, long long *in_offset, int out, long long *out_offset, unsigned long count) {
+#ifdef SYS_splice
+    return syscall(SYS_splice, in, in_offset, out, out_offset, count, 0);
+#else
+    errno = ENOSYS;
+    return -1;
+#endif
+}
+/* A close-on-exec pipe asked to hold `size` bytes (a host's fs.pipe-max-size may keep it smaller):
+   0, or -1 and errno when no pipe could be made. */
+static inline int cwriteback_pipe(int ends[2], int size) {
+    if (syscall(SYS_pipe2, ends, O_CLOEXEC) != 0) return -1;
+    (void)fcntl(ends[1], 1031 /* F_SETPIPE_SZ */, size);
+    return 0;
 }
 #if defined(__x86_64__) || defined(__i386__)
 static const int cwriteback_o_direct = 040000;

@@ -182,6 +182,8 @@ final class DirectBodyReader: Sendable {
         case .write(let from, let to):
             var position = from
             var pacing = BodyPacing(limiter: limiter)
+            // Through a pipe straight into the file where the kernel can (one copy, not two).
+            var splice = SocketSplice()
             // What is on disk is reported before the reading ends, so the journal can keep it.
             func handOver() {
                 if let batch = pacing.takePending() { continuation.yield(.body(count: batch.count, offset: batch.offset)) }
@@ -192,12 +194,25 @@ final class DirectBodyReader: Sendable {
                 if leftover > 0 {
                     count = Int(min(Int64(leftover), remaining))
                     leftover = 0
+                    try BodyPacing.write(UnsafeRawBufferPointer(rebasing: buffer[0..<count]), to: fd, at: position, end: to)
+                } else if let pipe = splice {
+                    // Under a rate limit, the reader's own size keeps the pace as even as before.
+                    let limit = Int(min(Int64(limiter == nil ? SocketSplice.size : Self.readSize), remaining))
+                    switch try pipe.move(from: socket, to: fd, at: position, upTo: limit, end: to, buffer: buffer, socketError: socketError) {
+                    case .bytes(let moved): count = moved
+                    case .unsupported(let moved):
+                        splice = nil
+                        count = moved
+                        if moved == 0 { continue }
+                    }
+                    // Closed early: the fetcher names the byte.
+                    guard count > 0 else { return }
                 } else {
                     count = try read(socket, into: UnsafeMutableRawBufferPointer(rebasing: buffer[0..<Int(min(Int64(buffer.count), remaining))]))
                     // Closed early: the fetcher names the byte.
                     guard count > 0 else { return }
+                    try BodyPacing.write(UnsafeRawBufferPointer(rebasing: buffer[0..<count]), to: fd, at: position, end: to)
                 }
-                try BodyPacing.write(UnsafeRawBufferPointer(rebasing: buffer[0..<count]), to: fd, at: position, end: to)
                 let full = state.withLock { state -> Bool in
                     state.position = position + Int64(count)
                     state.outstanding += count
