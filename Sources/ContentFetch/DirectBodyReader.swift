@@ -9,9 +9,10 @@ import SystemPackage
     import Glibc
 #endif
 
-/// The body of one archive range request over plain HTTP, read on a thread of its own with
-/// blocking 256 KiB reads and written at its offset, the way curl does; the fetcher gets the same
-/// events as from ``BodyReceiver``.
+/// The body of one archive range request over plain HTTP, taken on a thread of its own with
+/// blocking calls and put into the partial file at its offset: spliced from the socket where the
+/// kernel can (``SocketSplice``), else read 256 KiB at a time and written, the way curl does; the
+/// fetcher gets the same events as from ``BodyReceiver``.
 ///
 /// Written by hand because the library cannot reach the goal here: AsyncHTTPClient reads the
 /// socket 64 KiB at a time (its channels keep NIO's default receive allocator, and it offers no

@@ -9,10 +9,10 @@ import SystemPackage
 /// are copied once, into the page cache, instead of twice (socket to buffer, buffer to file).
 ///
 /// Written by hand because no library offers it: on two cores the reader's second copy competes
-/// with SHA-256 for the same CPU, and a one-connection transfer took 0.93-1.09 s instead of
-/// 1.12-1.19 s per GiB with it in a C reference client (docs/performance.md, "One copy fewer").
+/// with SHA-256 for the same CPU, and a one-connection transfer took 0.93-1.23 s instead of
+/// 1.09-1.26 s per GiB with it in a C reference client (docs/performance.md, "One copy fewer").
 /// Linux only; where the kernel or the file system cannot splice, the reader goes back to
-/// reading into its buffer (``unsupported``).
+/// reading into its buffer (``Moved/unsupported(bytes:)``).
 final class SocketSplice {
     /// Bytes moved per call: the pipe's size.
     static let size = 1 << 20
