@@ -180,14 +180,22 @@ struct BodyPacing {
 
     /// Writes `bytes` at `position` of `fd`, refusing bytes past `end` (exclusive).
     static func write(_ bytes: UnsafeRawBufferPointer, to fd: SystemPackage.FileDescriptor, at position: Int64, end: Int64) throws(FetchError) {
-        guard position + Int64(bytes.count) <= end else {
-            throw FetchError(.network, "the server sent more than the bytes asked for (up to byte \(end))")
-        }
+        guard position + Int64(bytes.count) <= end else { throw pastEnd(end) }
         do {
             _ = try fd.writeAll(toAbsoluteOffset: position, bytes)
         } catch {
-            throw FetchError(.install, "cannot write the partial download: \(error); free disk space and run again")
+            throw cannotWrite("\(error)")
         }
+    }
+
+    /// The server sent bytes past `end`, the range asked for.
+    static func pastEnd(_ end: Int64) -> FetchError {
+        FetchError(.network, "the server sent more than the bytes asked for (up to byte \(end))")
+    }
+
+    /// The partial file refused a write, for `reason` (most often a full disk).
+    static func cannotWrite(_ reason: String) -> FetchError {
+        FetchError(.install, "cannot write the partial download: \(reason); free disk space and run again")
     }
 
     /// Records `count` bytes written at `position`. Returns when reading may go on under the rate

@@ -63,9 +63,7 @@ final class SocketSplice {
                 throw socketError("read")
             }
             guard taken > 0 else { return .bytes(0) }
-            guard position + Int64(taken) <= end else {
-                throw FetchError(.network, "the server sent more than the bytes asked for (up to byte \(end))")
-            }
+            guard position + Int64(taken) <= end else { throw BodyPacing.pastEnd(end) }
             var offset = position
             var left = taken
             while left > 0 {
@@ -76,8 +74,7 @@ final class SocketSplice {
                 }
                 if moved < 0, errno == EINTR { continue }
                 guard moved < 0, errno == EINVAL || errno == ENOSYS else {
-                    let code = moved < 0 ? errno : EIO
-                    throw FetchError(.install, "cannot write the partial download: \(String(cString: strerror(code))); free disk space and run again")
+                    throw BodyPacing.cannotWrite(String(cString: strerror(moved < 0 ? errno : EIO)))
                 }
                 // The file system cannot take a splice: the bytes already in the pipe go the long
                 // way, and the caller reads from now on.
