@@ -246,8 +246,11 @@ public final class ArchiveReader: Sendable {
     /// Streams an entry's uncompressed bytes to `body`, checking its size and CRC-32; throws if
     /// the entry inflates past its declared size (stopping at once) or does not match.
     /// `stored`, when given, sees the entry's stored (compressed) bytes as they are read.
+    /// `once`: the archive is read this once and then removed (an install), so the page cache
+    /// lets go of its pages as they are read; they are the next ones the extracted files are
+    /// written into (see ``dropStep``).
     public func read(
-        _ entry: ArchiveEntry, stored: ((UnsafeRawBufferPointer) -> Void)? = nil,
+        _ entry: ArchiveEntry, stored: ((UnsafeRawBufferPointer) -> Void)? = nil, once: Bool = false,
         into body: (UnsafeRawBufferPointer) throws(ArchiveError) -> Void
     ) throws(ArchiveError) {
         var crc: UInt32 = 0
@@ -266,10 +269,19 @@ public final class ArchiveReader: Sendable {
         let end = entry.dataOffset + entry.compressedSize
         let inflater = entry.method == .deflate ? try Inflater() : nil
         var output = [UInt8](repeating: 0, count: inflater == nil ? 0 : chunk)
+        // Each drop covers the step before it again: a large folio across a step's end is
+        // dropped only by a call that holds all of it.
+        var dropped = offset
+        var previous = offset
+        defer { if once { drop(previous..<offset) } }
         while offset < end {
             let input = try readFully(fd, at: offset, count: Int(min(UInt64(chunk), end - offset)), path: path)
             guard !input.isEmpty else { break }
             offset += UInt64(input.count)
+            if once && offset - dropped >= Self.dropStep {
+                drop(previous..<offset)
+                (previous, dropped) = (dropped, offset)
+            }
             if let stored { input.withUnsafeBytes { stored($0) } }
             if let inflater {
                 try withBuffers(input, &output) { (raw, out) throws(ArchiveError) in
@@ -290,6 +302,18 @@ public final class ArchiveReader: Sendable {
             throw .corrupt(
                 "entry '\(entry.path)' in \(path) fails its CRC-32 check (\(String(format: "%08x", crc)) instead of \(String(format: "%08x", entry.crc32))): the archive is damaged; download it again")
         }
+    }
+
+    /// Bytes read between two drops of a read-once archive's pages. Why drop them: on virtual
+    /// machines that give free memory back to their host, writing into pages the kernel hands
+    /// out fresh cost up to four times the CPU of writing into pages just freed, and an install
+    /// writes as many bytes as it reads (docs/performance.md, "Write-behind").
+    static let dropStep: UInt64 = 8 << 20
+
+    private func drop(_ range: Range<UInt64>) {
+        #if os(Linux)
+            if !range.isEmpty { _ = posix_fadvise(fd.rawValue, off_t(range.lowerBound), off_t(range.count), POSIX_FADV_DONTNEED) }
+        #endif
     }
 
     /// Reads a small entry (at most 1 MiB) into memory.

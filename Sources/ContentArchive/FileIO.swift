@@ -302,8 +302,6 @@ private final class DirectWrite: @unchecked Sendable {
     }
 }
 
-/// Bytes of a file mapped read-only, unmapped when the last holder lets go.
-///
 /// Starts the kernel writing a file's bytes to the disk without waiting for it (Linux;
 /// elsewhere nothing), so that the `fsync` at the end finds them on their way: with gigabytes of
 /// RAM the kernel would otherwise hold them until then, and the disk would idle meanwhile.
@@ -312,8 +310,17 @@ struct Writeback {
     let step: UInt64
     /// How far write-back has been started from the file's beginning.
     private var started: UInt64 = 0
+    /// Whether pages written back are let go of (see ``init(step:dropsBehind:)``), and how far.
+    private let dropsBehind: Bool
+    private var dropped: UInt64 = 0
 
-    init(step: UInt64) { self.step = step }
+    /// `dropsBehind`: the page cache lets go of the pages once written back (a file nobody reads
+    /// again soon), so the next bytes are written into pages just freed rather than fresh ones
+    /// (docs/performance.md, "Write-behind"); the call skips pages not yet clean.
+    init(step: UInt64, dropsBehind: Bool = false) {
+        self.step = step
+        self.dropsBehind = dropsBehind
+    }
 
     /// The file now holds `written` bytes: starts write-back of those not started yet, once a
     /// `step` of them has piled up.
@@ -322,6 +329,12 @@ struct Writeback {
             guard written >= started + step else { return }
             sync_file_range(fd.rawValue, Int64(started), Int64(written - started), cwriteback_start)
             started = written
+            // Pages whose write-back started a few steps ago, and the step before again.
+            if dropsBehind, started >= dropped + 4 * step {
+                let from = dropped >= step ? dropped - step : 0
+                dropped = started - 2 * step
+                _ = posix_fadvise(fd.rawValue, off_t(from), off_t(dropped - from), POSIX_FADV_DONTNEED)
+            }
         #endif
     }
 
@@ -333,6 +346,8 @@ struct Writeback {
     }
 }
 
+/// Bytes of a file mapped read-only, unmapped when the last holder lets go.
+///
 /// The packer copies a previous archive's reused bytes through a mapping rather than `pread`
 /// into arrays: the writer and both hashers then read the page cache itself, and the one copy
 /// left is the write into the new archive (the reads' copies cost the writer's thread as much as

@@ -22,11 +22,13 @@ public enum SafeExtractor {
     ///   - expecting: when given, the archive's plist must name this product and version.
     ///   - durable: fsync every file and folder before the rename, so a crash leaves either nothing
     ///     or the complete folder.
+    ///   - readOnce: the archive is removed after this (an install): its pages leave the page
+    ///     cache as they are read.
     /// - Returns: what the archive's `ContentInfo.plist` says.
     @discardableResult
     public static func extract(
         archive: String, to destination: String, expecting: ContentInfo? = nil,
-        limits: ExtractionLimits = .standard, durable: Bool = true
+        limits: ExtractionLimits = .standard, durable: Bool = true, readOnce: Bool = false
     ) throws(ArchiveError) -> ContentInfo {
         let reader = try ArchiveReader(path: archive, limits: limits)
         let info = try reader.contentInfo()
@@ -35,7 +37,7 @@ public enum SafeExtractor {
         }
         let needed = reader.entries.reduce(UInt64(0)) { $0 + $1.uncompressedSize }
         try stage(reader, to: destination, needing: needed, durable: durable) { (entry, target, syncs) throws(ArchiveError) in
-            try write(entry, from: reader, to: target, sha256: nil, syncs: syncs)
+            try write(entry, from: reader, to: target, sha256: nil, syncs: syncs, once: readOnce)
         } cost: {
             $0.uncompressedSize
         }
@@ -180,10 +182,12 @@ public enum SafeExtractor {
     }
 
     /// Writes one entry's bytes to a new file at `target`, checking its SHA-256 when given.
-    private static func write(_ entry: ArchiveEntry, from reader: ArchiveReader, to target: String, sha256: String?, syncs: BackgroundSync?) throws(ArchiveError) {
-        try makeFile(target, syncs: syncs) { (write) throws(ArchiveError) in
+    private static func write(
+        _ entry: ArchiveEntry, from reader: ArchiveReader, to target: String, sha256: String?, syncs: BackgroundSync?, once: Bool = false
+    ) throws(ArchiveError) {
+        try makeFile(target, syncs: syncs, dropsBehind: once) { (write) throws(ArchiveError) in
             var hasher = SHA256()
-            try reader.read(entry) { (bytes) throws(ArchiveError) in
+            try reader.read(entry, once: once) { (bytes) throws(ArchiveError) in
                 if sha256 != nil { hasher.update(bufferPointer: bytes) }
                 try write(bytes)
             }
@@ -216,12 +220,12 @@ public enum SafeExtractor {
     /// Creates `target` and has `fill` write it through the function it is given; then hands
     /// the file to `syncs` (which closes it once synced) or closes it. Closed on any error.
     private static func makeFile(
-        _ target: String, syncs: BackgroundSync?,
+        _ target: String, syncs: BackgroundSync?, dropsBehind: Bool = false,
         _ fill: (_ write: (UnsafeRawBufferPointer) throws(ArchiveError) -> Void) throws(ArchiveError) -> Void
     ) throws(ArchiveError) {
         let fd = try create(target)
         // A large file goes to the disk while the rest of it is written, not all at the end.
-        var writeback = Writeback(step: 4 << 20)
+        var writeback = Writeback(step: 4 << 20, dropsBehind: dropsBehind)
         var written: UInt64 = 0
         do throws(ArchiveError) {
             try fill { (bytes) throws(ArchiveError) in

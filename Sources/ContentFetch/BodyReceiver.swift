@@ -44,18 +44,23 @@ final class BodyReceiver: HTTPClientResponseDelegate, Sendable {
         var outstanding = 0
         var waitingForWindow: EventLoopPromise<Void>?
         var pacing: BodyPacing
+        var behind: WriteBehind?
     }
 
     let events: AsyncThrowingStream<Event, Error>
     private let continuation: AsyncThrowingStream<Event, Error>.Continuation
     private let fd: SystemPackage.FileDescriptor
     private let window: Int
+    private let frontier: HashFrontier?
     private let state: NIOLockedValueBox<State>
 
     /// `limiter`, the fetcher's bandwidth cap, is applied here by not reading the socket ahead of
     /// it, so that TCP slows the sender down.
-    init(fd: SystemPackage.FileDescriptor, window: Int = 8 << 20, limiter: RateLimiter? = nil) {
+    /// `frontier`: how far the fetcher has hashed the file, for ``WriteBehind`` (nil: pages are
+    /// written back early but kept).
+    init(fd: SystemPackage.FileDescriptor, window: Int = 8 << 20, limiter: RateLimiter? = nil, frontier: HashFrontier? = nil) {
         self.fd = fd
+        self.frontier = frontier
         self.window = window
         state = NIOLockedValueBox(State(pacing: BodyPacing(limiter: limiter)))
         (events, continuation) = AsyncThrowingStream.makeStream(of: Event.self)
@@ -75,6 +80,7 @@ final class BodyReceiver: HTTPClientResponseDelegate, Sendable {
             if case .write(let from, let to) = disposition {
                 state.position = from
                 state.end = to
+                state.behind = WriteBehind(fd: fd.rawValue, from: from, frontier: frontier)
             }
             defer { state.waitingForHead = nil }
             return state.waitingForHead
@@ -101,7 +107,8 @@ final class BodyReceiver: HTTPClientResponseDelegate, Sendable {
         } catch {
             return eventLoop.makeFailedFuture(error)
         }
-        let (wait, due, batch) = state.withLockedValue { state -> (EventLoopPromise<Void>?, NIODeadline?, (count: Int, offset: Int64)?) in
+        let (wait, due, batch, work) = state.withLockedValue {
+            state -> (EventLoopPromise<Void>?, NIODeadline?, (count: Int, offset: Int64)?, WriteBehind.Work?) in
             state.position += Int64(count)
             state.outstanding += count
             var promise: EventLoopPromise<Void>?
@@ -110,8 +117,9 @@ final class BodyReceiver: HTTPClientResponseDelegate, Sendable {
                 state.waitingForWindow = promise
             }
             let (due, batch) = state.pacing.wrote(count, at: position, windowFull: promise != nil)
-            return (promise, due, batch)
+            return (promise, due, batch, state.behind?.wrote(through: state.position))
         }
+        work?.run()
         if let batch { continuation.yield(.body(count: batch.count, offset: batch.offset)) }
         let windowOpen = wait?.futureResult ?? eventLoop.makeSucceededVoidFuture()
         guard let due, due > .now() else { return windowOpen }

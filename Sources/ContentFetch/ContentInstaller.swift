@@ -23,7 +23,8 @@ struct ContentInstaller: Sendable {
     /// the installed files for the next update.
     func install(archive: String, for record: DownloadRecord, manifest: ArchiveManifest? = nil) throws(FetchError) -> String {
         try install(record, manifest: manifest) { (destination, expected) throws(ArchiveError) in
-            try SafeExtractor.extract(archive: archive, to: destination, expecting: expected)
+            // The archive is removed once installed: nothing gains from keeping it cached.
+            try SafeExtractor.extract(archive: archive, to: destination, expecting: expected, readOnce: true)
             return [:]
         }
     }

@@ -47,6 +47,7 @@ final class DirectBodyReader: Sendable {
     private let window: Int
     private let limiter: RateLimiter?
     private let stallTimeout: Duration
+    private let frontier: HashFrontier?
     private let state = Mutex(State())
     /// The reader thread sleeps on this while it waits for the fetcher (the head's disposition,
     /// a window below half, the rate limit's next slot); every change it may wait for signals it.
@@ -57,8 +58,11 @@ final class DirectBodyReader: Sendable {
     /// A response head larger than this is refused (a hostile or broken server).
     static let maximumHead = 64 << 10
 
-    init(fd: SystemPackage.FileDescriptor, window: Int, limiter: RateLimiter?, stallTimeout: Duration) {
+    /// `frontier`: how far the fetcher has hashed the file, for ``WriteBehind`` (nil: pages are
+    /// written back early but kept).
+    init(fd: SystemPackage.FileDescriptor, window: Int, limiter: RateLimiter?, stallTimeout: Duration, frontier: HashFrontier? = nil) {
         file = fd
+        self.frontier = frontier
         self.window = window
         self.limiter = limiter
         self.stallTimeout = stallTimeout
@@ -185,6 +189,7 @@ final class DirectBodyReader: Sendable {
             var pacing = BodyPacing(limiter: limiter)
             // Through a pipe straight into the file where the kernel can (one copy, not two).
             var splice = SocketSplice()
+            var behind = WriteBehind(fd: fd.rawValue, from: from, frontier: frontier)
             // What is on disk is reported before the reading ends, so the journal can keep it.
             func handOver() {
                 if let batch = pacing.takePending() { continuation.yield(.body(count: batch.count, offset: batch.offset)) }
@@ -223,6 +228,7 @@ final class DirectBodyReader: Sendable {
                 if let batch { continuation.yield(.body(count: batch.count, offset: batch.offset)) }
                 position += Int64(count)
                 remaining -= Int64(count)
+                behind.wrote(through: position)?.run()
                 if full, !waitForWindow() { return }
                 if let due, !sleep(until: due) { return }
             }

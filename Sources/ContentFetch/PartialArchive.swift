@@ -69,6 +69,8 @@ final class PartialArchive {
     private var ahead: [Int64]
     private var hasher = SHA256()
     private(set) var hashed: Int64 = 0
+    /// `hashed`, for the body sources' threads (``WriteBehind``).
+    let frontier = HashFrontier()
     /// The segment the hash frontier is in.
     private var cursor = 0
     private var syncedTotal: Int64
@@ -154,6 +156,7 @@ final class PartialArchive {
                     throw FetchError(.install, "cannot read back \(path): \(error.message)")
                 }
                 hashed = end
+                frontier.store(end)
             }
         }
     }
@@ -227,6 +230,7 @@ final class PartialArchive {
         ahead = [0]
         hasher = SHA256()
         hashed = 0
+        frontier.store(0)
         cursor = 0
         syncedTotal = 0
         durableTotal = 0

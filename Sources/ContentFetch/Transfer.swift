@@ -130,6 +130,8 @@ extension ContentFetcher {
             // keeps a pause or cancel prompt when this actor is slow to run.
             let window = workers == 1 ? 32 << 20 : max(4 << 20, (16 << 20) / workers)
             let next = RangeQueue()
+            // A delta's ranges are not hashed as one archive: their pages are never dropped.
+            let frontier = record.delta == nil ? partial.frontier : nil
             do {
                 try await withThrowingTaskGroup(of: Void.self) { group in
                     for _ in 0..<workers {
@@ -141,7 +143,7 @@ extension ContentFetcher {
                                 try await self.fetch(
                                     id: id, segment: part.segment, from: part.from, to: part.to, length: length,
                                     whole: whole, url: url, etag: etag, fd: fd,
-                                    window: window, direct: direct)
+                                    window: window, direct: direct, frontier: frontier)
                             }
                         }
                     }
@@ -198,7 +200,7 @@ extension ContentFetcher {
     nonisolated func fetch(
         id: String, segment: Int, from: Int64, to: Int64, length: Int64, whole: Bool,
         url: String, etag: String?, fd: SystemPackage.FileDescriptor,
-        window: Int, direct: Bool
+        window: Int, direct: Bool, frontier: HashFrontier?
     ) async throws {
         let ranged = from > 0 || to < length
         var headers: [(String, String)] = [("User-Agent", configuration.userAgent)]
@@ -207,7 +209,7 @@ extension ContentFetcher {
             if let etag { headers.append(("If-Range", etag)) }
         }
         if direct && DirectBodyReader.handles(url) {
-            let reader = DirectBodyReader(fd: fd, window: window, limiter: limiter, stallTimeout: configuration.stallTimeout)
+            let reader = DirectBodyReader(fd: fd, window: window, limiter: limiter, stallTimeout: configuration.stallTimeout, frontier: frontier)
             reader.start(url: url, headers: headers)
             defer { reader.close() }
             do {
@@ -226,7 +228,7 @@ extension ContentFetcher {
             throw FetchError(.refused, "the grant's URL \(url) is not usable: \(error)")
         }
         for (name, value) in headers { request.headers.add(name: name, value: value) }
-        let receiver = BodyReceiver(fd: fd, window: window, limiter: limiter)
+        let receiver = BodyReceiver(fd: fd, window: window, limiter: limiter, frontier: frontier)
         // One loop for the channel and the delegate: otherwise every part hops between two threads.
         let task = client.execute(request: request, delegate: receiver, eventLoop: .delegateAndChannel(on: client.eventLoopGroup.next()))
         defer {

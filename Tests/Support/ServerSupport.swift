@@ -19,6 +19,13 @@ public final class TemporaryFolder: @unchecked Sendable {
         try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
     }
 
+    /// A folder on a disk-backed file system: the build folder (the system's temporary folder
+    /// may be a tmpfs, whose pages are the files themselves and never leave the page cache).
+    public init(onDisk: Void) throws {
+        path = FileManager.default.currentDirectoryPath + "/.build/iap-tests-" + UUID().uuidString
+        try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+    }
+
     deinit { try? FileManager.default.removeItem(atPath: path) }
 
     public func sub(_ name: String) -> String { path + "/" + name }
