@@ -23,8 +23,8 @@ final class HashFrontier: Sendable {
 /// Why: every page of a new file is memory the kernel hands out fresh, and on virtual machines
 /// (which give free memory back to the host) writing into such pages cost up to four times as
 /// much CPU as writing into pages just freed: the one-connection transfer's copy into the page
-/// cache took 0.29-0.41 s per GiB in some runs and 0.6-1.4 s in others, whichever tool wrote
-/// (docs/performance.md, "Write-behind"). Pages freed here are the next ones written into. The
+/// cache took 0.27-0.41 s per GiB in most runs and 0.61-1.41 s in others, and curl meets the
+/// same pages (docs/performance.md, "Write-behind"). Pages freed here are the next ones written into. The
 /// pattern is the one the kernel's developers give for streaming writes: `sync_file_range` to
 /// start writeback of what was just written, `POSIX_FADV_DONTNEED` on what was written back.
 ///
