@@ -24,14 +24,15 @@ final class HashFrontier: Sendable {
 /// (which give free memory back to the host) writing into such pages cost up to four times as
 /// much CPU as writing into pages just freed: the one-connection transfer's copy into the page
 /// cache took 0.27-0.41 s per GiB in most runs and 0.61-1.41 s in others, and curl meets the
-/// same pages (docs/performance.md, "Write-behind"). Pages freed here are the next ones written into. The
-/// pattern is the one the kernel's developers give for streaming writes: `sync_file_range` to
-/// start writeback of what was just written, `POSIX_FADV_DONTNEED` on what was written back.
+/// same pages (docs/performance.md, "Write-behind"). Pages freed here are the next ones written
+/// into. The usual pattern for streaming writes on Linux: `sync_file_range` to start writeback
+/// of what was just written, `POSIX_FADV_DONTNEED` on what was written back (elsewhere nothing
+/// is done).
 ///
-/// Only clean pages are dropped (the call skips dirty ones and those under writeback), so a
-/// slow disk keeps them cached as before, and the install reads the archive from disk where it
-/// would have read it from the cache. Nothing here can lose or change a byte: a dropped page is
-/// read from disk again when needed.
+/// Only clean pages are dropped (the call skips dirty ones and those under writeback), so where
+/// the disk does not keep up they stay cached, as before. Nothing here can lose or change a
+/// byte: a dropped page is read from disk again when needed (the install reads the archive once,
+/// from disk: `ArchiveReader.read(_:stored:once:into:)`).
 struct WriteBehind {
     /// Writeback starts for each step written, and pages are dropped a step at a time.
     static let step: Int64 = 8 << 20
@@ -46,8 +47,10 @@ struct WriteBehind {
         let release: Range<Int64>
 
         func run() {
-            if !start.isEmpty { _ = sync_file_range(fd, start.lowerBound, Int64(start.count), cwriteback_start) }
-            if !release.isEmpty { _ = posix_fadvise(fd, off_t(release.lowerBound), off_t(release.count), POSIX_FADV_DONTNEED) }
+            #if os(Linux)
+                if !start.isEmpty { _ = sync_file_range(fd, start.lowerBound, Int64(start.count), cwriteback_start) }
+                if !release.isEmpty { _ = posix_fadvise(fd, off_t(release.lowerBound), off_t(release.count), POSIX_FADV_DONTNEED) }
+            #endif
         }
     }
 
