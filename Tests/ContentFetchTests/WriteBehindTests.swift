@@ -22,12 +22,20 @@ import Testing
             }
         }
 
-        @Test("pages the hash has read are dropped once written back; the rest stay cached, and the bytes are intact")
-        func dropsHashedPages() throws {
+        /// A partial file on a disk-backed folder (the folder, to keep it alive; the path; the file).
+        func partialFile() throws -> (TemporaryFolder, String, FileDescriptor) {
             let tmp = try TemporaryFolder(onDisk: ())
             let path = tmp.sub("partial")
-            let fd = try FileDescriptor.open(path, .readWrite, options: [.create], permissions: .ownerReadWrite)
-            defer { try? fd.close() }
+            return (tmp, path, try FileDescriptor.open(path, .readWrite, options: [.create], permissions: .ownerReadWrite))
+        }
+
+        @Test("pages the hash has read are dropped once written back; the rest stay cached, and the bytes are intact")
+        func dropsHashedPages() throws {
+            let (tmp, path, fd) = try partialFile()
+            defer {
+                try? fd.close()
+                withExtendedLifetime(tmp) {}
+            }
             let frontier = HashFrontier()
             var behind = WriteBehind(fd: fd.rawValue, from: 0, frontier: frontier)
             var position: Int64 = 0
@@ -45,10 +53,11 @@ import Testing
 
         @Test("without a frontier (a delta update) nothing is dropped; a segment's drops stay inside it, behind its writeback")
         func keepsWhatIsNotItsOwn() throws {
-            let tmp = try TemporaryFolder(onDisk: ())
-            let path = tmp.sub("partial")
-            let fd = try FileDescriptor.open(path, .readWrite, options: [.create], permissions: .ownerReadWrite)
-            defer { try? fd.close() }
+            let (tmp, path, fd) = try partialFile()
+            defer {
+                try? fd.close()
+                withExtendedLifetime(tmp) {}
+            }
             var unhashed = WriteBehind(fd: fd.rawValue, from: 0, frontier: nil)
             var position: Int64 = 0
             try write(fd, &unhashed, from: &position, upTo: 16 << 20)
