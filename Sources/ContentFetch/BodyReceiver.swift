@@ -44,13 +44,13 @@ final class BodyReceiver: HTTPClientResponseDelegate, Sendable {
         var outstanding = 0
         var waitingForWindow: EventLoopPromise<Void>?
         var pacing: BodyPacing
-        var behind: WriteBehind?
     }
 
     let events: AsyncThrowingStream<Event, Error>
     private let continuation: AsyncThrowingStream<Event, Error>.Continuation
     private let fd: SystemPackage.FileDescriptor
     private let window: Int
+    private let limiter: RateLimiter?
     private let frontier: HashFrontier?
     private let state: NIOLockedValueBox<State>
 
@@ -62,6 +62,7 @@ final class BodyReceiver: HTTPClientResponseDelegate, Sendable {
         self.fd = fd
         self.frontier = frontier
         self.window = window
+        self.limiter = limiter
         state = NIOLockedValueBox(State(pacing: BodyPacing(limiter: limiter)))
         (events, continuation) = AsyncThrowingStream.makeStream(of: Event.self)
     }
@@ -80,7 +81,7 @@ final class BodyReceiver: HTTPClientResponseDelegate, Sendable {
             if case .write(let from, let to) = disposition {
                 state.position = from
                 state.end = to
-                state.behind = WriteBehind(fd: fd.rawValue, from: from, frontier: frontier)
+                state.pacing = BodyPacing(limiter: limiter, behind: WriteBehind(fd: fd.rawValue, from: from, frontier: frontier))
             }
             defer { state.waitingForHead = nil }
             return state.waitingForHead
@@ -107,8 +108,7 @@ final class BodyReceiver: HTTPClientResponseDelegate, Sendable {
         } catch {
             return eventLoop.makeFailedFuture(error)
         }
-        let (wait, due, batch, work) = state.withLockedValue {
-            state -> (EventLoopPromise<Void>?, NIODeadline?, (count: Int, offset: Int64)?, WriteBehind.Work?) in
+        let (wait, next) = state.withLockedValue { state -> (EventLoopPromise<Void>?, BodyPacing.Next) in
             state.position += Int64(count)
             state.outstanding += count
             var promise: EventLoopPromise<Void>?
@@ -116,13 +116,12 @@ final class BodyReceiver: HTTPClientResponseDelegate, Sendable {
                 promise = eventLoop.makePromise(of: Void.self)
                 state.waitingForWindow = promise
             }
-            let (due, batch) = state.pacing.wrote(count, at: position, windowFull: promise != nil)
-            return (promise, due, batch, state.behind?.wrote(through: state.position))
+            return (promise, state.pacing.wrote(count, at: position, windowFull: promise != nil))
         }
-        work?.run()
-        if let batch { continuation.yield(.body(count: batch.count, offset: batch.offset)) }
+        next.work?.run()
+        if let batch = next.batch { continuation.yield(.body(count: batch.count, offset: batch.offset)) }
         let windowOpen = wait?.futureResult ?? eventLoop.makeSucceededVoidFuture()
-        guard let due, due > .now() else { return windowOpen }
+        guard let due = next.due, due > .now() else { return windowOpen }
         return windowOpen.flatMap { eventLoop.scheduleTask(deadline: due) {}.futureResult }
     }
 
@@ -169,7 +168,8 @@ final class BodyReceiver: HTTPClientResponseDelegate, Sendable {
 
 /// The rules both body sources (``BodyReceiver``, ``DirectBodyReader``) apply to each piece of a
 /// body: it stays within the bytes asked for, is written at its offset, is paced to the rate
-/// limit, and reaches the fetcher in batches.
+/// limit, reaches the fetcher in batches, and its pages are let go behind the hash
+/// (``WriteBehind``).
 struct BodyPacing {
     /// Bytes are handed to the fetcher in batches of about this many: each hand-over is a hop to
     /// the fetcher actor, and per 64 KiB part those hops cost a third as much CPU as the SHA-256
@@ -178,13 +178,28 @@ struct BodyPacing {
     /// Of an error response (`.collect`), this much of the body is kept.
     static let collectLimit = 64 << 10
 
+    /// What to do after a piece is written.
+    struct Next {
+        /// When reading may go on under the rate limit (nil: no limit).
+        let due: NIODeadline?
+        /// The bytes to hand to the fetcher now, if any.
+        let batch: (count: Int, offset: Int64)?
+        /// Page-cache work to run outside any lock, if any is due.
+        let work: WriteBehind.Work?
+    }
+
     /// The fetcher's bandwidth cap, or nil.
     let limiter: RateLimiter?
+    private var behind: WriteBehind?
     /// Bytes written but not yet handed to the fetcher, from `pendingOffset`.
     private var pendingOffset: Int64 = 0
     private var pendingBytes = 0
 
-    init(limiter: RateLimiter?) { self.limiter = limiter }
+    /// `behind`: the body's write-behind (nil until the body's place in the file is known).
+    init(limiter: RateLimiter?, behind: WriteBehind? = nil) {
+        self.limiter = limiter
+        self.behind = behind
+    }
 
     /// Writes `bytes` at `position` of `fd`, refusing bytes past `end` (exclusive).
     static func write(_ bytes: UnsafeRawBufferPointer, to fd: SystemPackage.FileDescriptor, at position: Int64, end: Int64) throws(FetchError) {
@@ -207,15 +222,16 @@ struct BodyPacing {
     }
 
     /// Records `count` bytes written at `position`. Returns when reading may go on under the rate
-    /// limit (nil: no limit), and the bytes to hand over now: a full batch, and always before
-    /// reading waits (`windowFull`, or the rate), since the fetcher can only consume what it was
-    /// given and progress should not stall while the socket is not read.
-    mutating func wrote(_ count: Int, at position: Int64, windowFull: Bool) -> (due: NIODeadline?, batch: (count: Int, offset: Int64)?) {
+    /// limit, the bytes to hand over now (a full batch, and always before reading waits,
+    /// `windowFull` or the rate, since the fetcher can only consume what it was given and progress
+    /// should not stall while the socket is not read), and the write-behind's work.
+    mutating func wrote(_ count: Int, at position: Int64, windowFull: Bool) -> Next {
         if pendingBytes == 0 { pendingOffset = position }
         pendingBytes += count
         let due = limiter?.reserve(count)
         let waits = windowFull || due.map { $0 > .now() } == true
-        return (due, pendingBytes >= Self.batch || waits ? takePending() : nil)
+        let batch = pendingBytes >= Self.batch || waits ? takePending() : nil
+        return Next(due: due, batch: batch, work: behind?.wrote(through: position + Int64(count)))
     }
 
     /// The bytes written and not yet handed over, if any; they count as handed over from now.

@@ -186,10 +186,9 @@ final class DirectBodyReader: Sendable {
             continuation.yield(.end(collected: collected))
         case .write(let from, let to):
             var position = from
-            var pacing = BodyPacing(limiter: limiter)
+            var pacing = BodyPacing(limiter: limiter, behind: WriteBehind(fd: fd.rawValue, from: from, frontier: frontier))
             // Through a pipe straight into the file where the kernel can (one copy, not two).
             var splice = SocketSplice()
-            var behind = WriteBehind(fd: fd.rawValue, from: from, frontier: frontier)
             // What is on disk is reported before the reading ends, so the journal can keep it.
             func handOver() {
                 if let batch = pacing.takePending() { continuation.yield(.body(count: batch.count, offset: batch.offset)) }
@@ -224,13 +223,13 @@ final class DirectBodyReader: Sendable {
                     state.outstanding += count
                     return state.outstanding >= window
                 }
-                let (due, batch) = pacing.wrote(count, at: position, windowFull: full)
-                if let batch { continuation.yield(.body(count: batch.count, offset: batch.offset)) }
+                let next = pacing.wrote(count, at: position, windowFull: full)
+                if let batch = next.batch { continuation.yield(.body(count: batch.count, offset: batch.offset)) }
                 position += Int64(count)
                 remaining -= Int64(count)
-                behind.wrote(through: position)?.run()
+                next.work?.run()
                 if full, !waitForWindow() { return }
-                if let due, !sleep(until: due) { return }
+                if let due = next.due, !sleep(until: due) { return }
             }
             handOver()
             continuation.yield(.end(collected: nil))

@@ -12,13 +12,15 @@ import Testing
     struct WriteBehindTests {
         static let mib = 1 << 20
 
-        /// Writes 1 MiB pieces through `behind` from `position` up to `end`, as a body source does.
-        func write(_ fd: FileDescriptor, _ behind: inout WriteBehind, from position: inout Int64, upTo end: Int64) throws {
+        /// Writes 1 MiB pieces from `position` up to `end` and runs the work `pacing` returns, as a
+        /// body source does.
+        func write(_ fd: FileDescriptor, _ pacing: inout BodyPacing, from position: inout Int64, upTo end: Int64) throws {
             let piece = [UInt8](repeating: 0x5a, count: Self.mib)
             while position < end {
-                _ = try fd.writeAll(toAbsoluteOffset: position, piece)
+                try piece.withUnsafeBytes { try BodyPacing.write($0, to: fd, at: position, end: end) }
+                let next = pacing.wrote(piece.count, at: position, windowFull: false)
                 position += Int64(piece.count)
-                behind.wrote(through: position)?.run()
+                next.work?.run()
             }
         }
 
@@ -35,7 +37,7 @@ import Testing
         func dropsHashedPages() throws {
             try withPartialFile { path, fd in
                 let frontier = HashFrontier()
-                var behind = WriteBehind(fd: fd.rawValue, from: 0, frontier: frontier)
+                var behind = BodyPacing(limiter: nil, behind: WriteBehind(fd: fd.rawValue, from: 0, frontier: frontier))
                 var position: Int64 = 0
                 try write(fd, &behind, from: &position, upTo: 32 << 20)
                 // Clean now: what is dropped next does not depend on the disk's pace.
@@ -53,7 +55,7 @@ import Testing
         @Test("without a frontier (a delta update) nothing is dropped; a segment's drops stay inside it, behind its writeback")
         func keepsWhatIsNotItsOwn() throws {
             try withPartialFile { path, fd in
-                var unhashed = WriteBehind(fd: fd.rawValue, from: 0, frontier: nil)
+                var unhashed = BodyPacing(limiter: nil, behind: WriteBehind(fd: fd.rawValue, from: 0, frontier: nil))
                 var position: Int64 = 0
                 try write(fd, &unhashed, from: &position, upTo: 16 << 20)
                 #expect(fsync(fd.rawValue) == 0)
