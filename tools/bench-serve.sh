@@ -20,12 +20,18 @@
 # of it moves from round to round (docs/performance.md, ninth stop); across a link that the
 # servers can fill, each does its own sending and the link sets the speed, as in production,
 # where the client is another machine. Needs root (ip netns, tc).
-# Usage: [DOWNLOAD_ROUNDS=n] [IAP_EVENT_LOOPS=n] [LINK=rate] tools/bench-serve.sh [seconds-per-wrk-run] [rounds]
+# MEASURES picks the range measures (default all four: "4k 1m multi fresh"); DOWNLOAD_ROUNDS=0 skips
+# the whole downloads: `DOWNLOAD_ROUNDS=0 MEASURES=4k tools/bench-serve.sh 3 21` looks at small
+# ranges alone over more rounds.
+# Usage: [DOWNLOAD_ROUNDS=n] [MEASURES="4k 1m multi fresh"] [IAP_EVENT_LOOPS=n] [LINK=rate] tools/bench-serve.sh [seconds-per-wrk-run] [rounds]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-5}
 rounds=${2:-7}
 download_rounds=${DOWNLOAD_ROUNDS:-$((15 * rounds))}
+for name in ${MEASURES:-}; do
+  case $name in 4k | 1m | multi | fresh) ;; *) echo "MEASURES: unknown measure '$name'; use any of: 4k 1m multi fresh" >&2; exit 2 ;; esac
+done
 tools/install-deps.sh
 command -v nginx >/dev/null && command -v wrk >/dev/null || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light wrk >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx wrk >/dev/null; }
 . tools/lib.sh
@@ -82,6 +88,7 @@ nginx_wrk() { wrk_run "$nginx_url" "$range" "$c" "$fresh" >> "$work/nginx.runs";
 printf '\n%-34s %24s %24s %8s %11s\n' "measure" "iap-server" "nginx" "ratio" "95% interval"
 # The interval column: where the ratio of medians of these rounds could lie (ratio_interval).
 for column in 1 2 3 4; do
+  [ "$download_rounds" -gt 0 ] || break
   cut -d' ' -f$column "$work/ours.dl" > "$work/ours.col"; cut -d' ' -f$column "$work/nginx.dl" > "$work/nginx.col"
   om=$(median < "$work/ours.col"); nm=$(median < "$work/nginx.col"); os=$(spread < "$work/ours.col"); ns=$(spread < "$work/nginx.col")
   ci=$(ratio_interval "$work/ours.col" "$work/nginx.col")
@@ -89,7 +96,7 @@ for column in 1 2 3 4; do
   [ $column = 4 ] && label="  rest of machine (client, etc.)"
   awk -v l="$label" -v o="$om" -v n="$nm" -v a="$os" -v b="$ns" -v ci="$ci" 'BEGIN { printf "%-34s %24s %24s %8.2f %11s\n", l, o " (" a ")", n " (" b ")", (n > 0 ? o/n : 0), ci }'
 done
-if [ -z "${LINK:-}" ]; then
+if [ -z "${LINK:-}" ] && [ "$download_rounds" -gt 0 ]; then
   # The same CPU at the same speed: each server's rounds fitted against their speed (lib.sh).
   cut -d' ' -f1,2 "$work/ours.dl" > "$work/ours.fit"; cut -d' ' -f1,2 "$work/nginx.dl" > "$work/nginx.fit"
   echo "  server CPU per GiB at the same speed (each server's rounds fitted): $(matched_speed_ratio "$work/ours.fit" "$work/nginx.fit")"
@@ -109,7 +116,16 @@ fi
 multi=$(seq 0 15 | awk '{ printf "%s%d-%d", (NR > 1 ? "," : ""), $1 * 1048576, $1 * 1048576 + 65535 }')
 # The fourth: 4 KiB ranges with a new connection for each (`Connection: close`), as from clients
 # that do not keep connections open: the cost of accepting and closing one.
-for measure in "0-4095" "0-1048575" "$multi" "fresh:0-4095"; do
+measures=()
+for name in ${MEASURES:-4k 1m multi fresh}; do
+  case $name in
+    4k) measures+=("0-4095") ;;
+    1m) measures+=("0-1048575") ;;
+    multi) measures+=("$multi") ;;
+    fresh) measures+=("fresh:0-4095") ;;
+  esac
+done
+for measure in "${measures[@]}"; do
   range=${measure#fresh:}; fresh=; [ "$range" = "$measure" ] || fresh=1
   for c in 16 64; do
     : > "$work/ours.runs"; : > "$work/nginx.runs"
