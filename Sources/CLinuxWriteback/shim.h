@@ -42,6 +42,16 @@ static inline int cwriteback_pipe(int ends[2], int size) {
     (void)fcntl(ends[1], 1031 /* F_SETPIPE_SZ */, size);
     return 0;
 }
+/* fallocate(2) with FALLOC_FL_KEEP_SIZE: reserves the blocks of [offset, offset + length) without
+   changing the file's size (-1 and errno; EOPNOTSUPP where the file system cannot). */
+static inline int cwriteback_reserve(int fd, long long offset, long long length) {
+#ifdef SYS_fallocate
+    return (int)syscall(SYS_fallocate, fd, 1 /* FALLOC_FL_KEEP_SIZE */, offset, length);
+#else
+    errno = EOPNOTSUPP;
+    return -1;
+#endif
+}
 #if defined(__x86_64__) || defined(__i386__)
 static const int cwriteback_o_direct = 040000;
 static const int cwriteback_o_tmpfile = 020000000 | 0200000; /* __O_TMPFILE | O_DIRECTORY */

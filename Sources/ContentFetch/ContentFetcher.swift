@@ -46,8 +46,10 @@ public actor ContentFetcher {
     /// when none runs.
     private var runningProducts: [String: Int] = [:]
     /// Disk space the downloads running now were found to need when they started (what is left
-    /// to fetch and to install), and the downloads waiting for some of it to be released.
+    /// to fetch and to install) and have not yet taken on disk, in all and by download, and the
+    /// downloads waiting for some of it to be released.
     private var reservedSpace: Int64 = 0
+    private var promisedSpace: [String: Int64] = [:]
     private var spaceWaiters: [CheckedContinuation<Void, Never>] = []
     /// Products with a download being delivered, each with the downloads waiting for it.
     private var busyProducts: [String: [CheckedContinuation<Void, Never>]] = [:]
@@ -457,9 +459,8 @@ public actor ContentFetcher {
             emit(download.update())
             Failpoint.hit("delta-planned")
         }
-        let reserved: Int64
         do {
-            reserved = try await reserveSpace(&download, manifest: manifest)
+            try await reserveSpace(&download, manifest: manifest)
         } catch let stop as Stop {
             throw stopped(stop, &download)
         } catch {
@@ -467,7 +468,7 @@ public actor ContentFetcher {
             try? apply(.fail(failure), to: &download)
             throw failure
         }
-        defer { releaseSpace(reserved) }
+        defer { releaseSpace(of: id) }
         // A delta update that cannot be installed (an installed file changed meanwhile, a fetched
         // entry that does not match) falls back once to the whole archive.
         for attempt in 0..<2 {
@@ -601,20 +602,30 @@ public actor ContentFetcher {
     /// could, but not beside what the downloads running now still need, waits until one of them
     /// ends and looks again: one at a time, each would have found the disk as the last one left
     /// it, saying so meanwhile (the state `waiting`, with the reason). A pause or cancel asked
-    /// for meanwhile applies at once (``Stop``), not once space frees up. Returns the bytes
-    /// reserved, for `releaseSpace(_:)`.
-    private func reserveSpace(_ download: inout DownloadStateMachine, manifest: ArchiveManifest?) async throws -> Int64 {
+    /// for meanwhile applies at once (``Stop``), not once space frees up. What it reserves stays
+    /// until `releaseSpace(of:)`, less what the download takes on disk meanwhile
+    /// (`spaceTaken(_:by:)`).
+    private func reserveSpace(_ download: inout DownloadStateMachine, manifest: ArchiveManifest?) async throws {
         let record = download.record
-        let toFetch = (record.delta?.bytesToFetch ?? record.expectedLength) - record.recordedLength
+        var toFetch = (record.delta?.bytesToFetch ?? record.expectedLength) - record.recordedLength
+        if record.delta == nil {
+            // An earlier run reserved the archive's blocks (`PartialArchive.reserve`): the disk's
+            // free space already leaves them out.
+            var status = stat()
+            if stat(journal.partialPath(record.id), &status) == 0 {
+                toFetch -= min(toFetch, max(0, Int64(status.st_blocks) * 512 - record.recordedLength))
+            }
+        }
         let toWrite = record.delta?.bytesToWrite ?? manifest.map { Int64($0.contentLength) } ?? 0
         let needed = toFetch + toWrite
         while true {
             var fs = statvfs()
-            guard statvfs(configuration.contentDirectory, &fs) == 0 else { return 0 }
+            guard statvfs(configuration.contentDirectory, &fs) == 0 else { return }
             let free = Int64(fs.f_bavail) * Int64(fs.f_frsize)
             if free >= needed, reservedSpace == 0 || free - reservedSpace >= needed {
                 reservedSpace += needed
-                return needed
+                promisedSpace[record.id, default: 0] += needed
+                return
             }
             guard free >= needed else {
                 throw FetchError(
@@ -632,8 +643,18 @@ public actor ContentFetcher {
         }
     }
 
-    private func releaseSpace(_ bytes: Int64) {
-        reservedSpace -= bytes
+    private func releaseSpace(of id: String) {
+        reservedSpace -= promisedSpace.removeValue(forKey: id) ?? 0
+        wakeSpaceWaiters()
+    }
+
+    /// Download `id` took `bytes` on disk (the archive's blocks, reserved before its transfer):
+    /// the disk's free space leaves them out from now, so they are no longer counted as promised.
+    func spaceTaken(_ bytes: Int64, by id: String) {
+        let moved = min(bytes, promisedSpace[id] ?? 0)
+        guard moved > 0 else { return }
+        promisedSpace[id, default: 0] -= moved
+        reservedSpace -= moved
         wakeSpaceWaiters()
     }
 

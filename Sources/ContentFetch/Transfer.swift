@@ -96,6 +96,11 @@ extension ContentFetcher {
                 }
             }
         }
+        if record.delta == nil {
+            // What no segment has written yet: the blocks the rest of the archive will take.
+            let from = segments.map { $0.start + $0.done }.min() ?? 0
+            spaceTaken(try PartialArchive.reserve(fd, path: path, from: from, to: record.expectedLength), by: record.id)
+        }
         let partial: PartialArchive
         do {
             partial = try PartialArchive(

@@ -110,6 +110,20 @@ struct FaultTests {
         #expect(!FileManager.default.fileExists(atPath: journal.manifestPath(s.downloadId)))
     }
 
+    @Test("the archive's disk blocks are reserved before its bytes are fetched: a killed download holds them, its file only as long as what was written")
+    func reservesSpace() throws {
+        let s = try halfDownloaded()
+        let journal = try DownloadJournal(contentDirectory: s.content)
+        let record = try #require(journal.load(s.downloadId))
+        var status = stat()
+        #expect(stat(journal.partialPath(s.downloadId), &status) == 0)
+        #expect(Int64(status.st_size) < record.expectedLength)
+        #expect(Int64(status.st_blocks) * 512 >= record.expectedLength, "\(status.st_blocks) blocks of 512 bytes")
+        let result = try fetch(s)
+        #expect(result.status == 0, "\(result.stderr)")
+        #expect(installedPayload(s) == s.payload)
+    }
+
     @Test("Ctrl-C pauses: journal saved, state paused, exit 130; the next run resumes")
     func interrupt() throws {
         var status: Int32 = 0

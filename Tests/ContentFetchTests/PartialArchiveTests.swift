@@ -50,4 +50,36 @@ import TransactionQueue
         #expect(try every.recordIfDue().recorded == true)
         #expect(everyJournal.load(every.record.id)?.recordedLength == 3 << 19)
     }
+
+    #if os(Linux)
+        @Test("reserving space: the blocks are held and the size kept; a disk too small fails with the bytes and the fix, and keeps nothing reserved")
+        func reservesSpace() throws {
+            let tmp = try TemporaryFolder()
+            let path = tmp.sub("partial")
+            let fd = try FileDescriptor.open(path, .readWrite, options: [.create], permissions: .ownerReadWrite)
+            defer { try? fd.close() }
+            _ = try fd.writeAll(toAbsoluteOffset: 0, [UInt8](repeating: 7, count: 4096))
+            try PartialArchive.reserve(fd, path: path, from: 4096, to: 8 << 20)
+            var status = stat()
+            #expect(fstat(fd.rawValue, &status) == 0)
+            #expect(status.st_size == 4096, "the size is what was written: the journal's checks read it")
+            #expect(Int64(status.st_blocks) * 512 >= 8 << 20)
+
+            // tmpfs refuses a reservation past its size at once (a disk would first fill up).
+            let shm = "/dev/shm/iap-tests-" + UUID().uuidString
+            let small = try FileDescriptor.open(shm, .readWrite, options: [.create, .exclusiveCreate], permissions: .ownerReadWrite)
+            defer {
+                try? small.close()
+                unlink(shm)
+            }
+            #expect {
+                try PartialArchive.reserve(small, path: shm, from: 0, to: 1 << 50)
+            } throws: { error in
+                let message = "\(error)"
+                return message.contains("cannot reserve \(Int64(1) << 50) bytes for \(shm)") && message.contains("free disk space and run again")
+            }
+            #expect(fstat(small.rawValue, &status) == 0)
+            #expect(status.st_size == 0 && status.st_blocks == 0)
+        }
+    #endif
 }

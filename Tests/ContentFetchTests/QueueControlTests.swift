@@ -164,6 +164,30 @@ struct QueueControlTests {
         #expect(InstalledContent.all(in: disk).count == 2)
     }
 
+    @Test("a paused download resumes on a disk that holds its archive and the installed copy: the archive's reserved blocks are not counted twice")
+    func resumeOnSmallDisk() async throws {
+        let (shop, transactions) = try Shop.everyOneBought(["com.example.a"], size: 12 << 20)
+        let id = "\(transactions[0])-com.example.a"
+        // 28 MiB: the 12 MiB archive, then its files beside it. Paused at 4 MiB, the archive's
+        // blocks are all taken already: what is left needs the installed copy's 12, not 8 more.
+        let (fetcher, disk) = try smallDiskFetcher(shop, megabytes: 28, rate: 4 << 20)
+        defer { _ = try? run("/bin/umount", [disk]) }
+        let observer = observe(
+            fetcher, when: { $0.id == id && $0.state == .active && $0.bytesReceived >= 4 << 20 },
+            act: {
+                #expect(await fetcher.pause($0.id))
+            })
+        let first = await fetcher.start()
+        #expect(first.paused == [id])
+        #expect(await fetcher.resume(id))
+        await fetcher.idle()
+        let second = await fetcher.start()
+        await fetcher.shutdown()
+        let seen = await observer.value.filter { $0.id == id }
+        #expect(second.finished == [transactions[0]], "\(second.failed.map(\.error.message)) \(seen.compactMap(\.error?.message))")
+        #expect(InstalledContent.all(in: disk).count == 1)
+    }
+
     @Test("a download waiting for space beside the running ones is paused at once when asked, not once space frees up")
     func pauseWhileWaitingForSpace() async throws {
         let products = ["com.example.a", "com.example.b", "com.example.c"]
