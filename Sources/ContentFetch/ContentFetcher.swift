@@ -46,10 +46,10 @@ public actor ContentFetcher {
     /// when none runs.
     private var runningProducts: [String: Int] = [:]
     /// Disk space the downloads running now were found to need when they started (what is left
-    /// to fetch and to install) and have not yet taken on disk, in all and by download, and the
-    /// downloads waiting for some of it to be released.
-    private var reservedSpace: Int64 = 0
+    /// to fetch and to install) and have not yet taken on disk, by download, and the downloads
+    /// waiting for some of it to be released.
     private var promisedSpace: [String: Int64] = [:]
+    private var reservedSpace: Int64 { promisedSpace.values.reduce(0, +) }
     private var spaceWaiters: [CheckedContinuation<Void, Never>] = []
     /// Products with a download being delivered, each with the downloads waiting for it.
     private var busyProducts: [String: [CheckedContinuation<Void, Never>]] = [:]
@@ -623,7 +623,6 @@ public actor ContentFetcher {
             guard statvfs(configuration.contentDirectory, &fs) == 0 else { return }
             let free = Int64(fs.f_bavail) * Int64(fs.f_frsize)
             if free >= needed, reservedSpace == 0 || free - reservedSpace >= needed {
-                reservedSpace += needed
                 promisedSpace[record.id, default: 0] += needed
                 return
             }
@@ -644,7 +643,7 @@ public actor ContentFetcher {
     }
 
     private func releaseSpace(of id: String) {
-        reservedSpace -= promisedSpace.removeValue(forKey: id) ?? 0
+        promisedSpace[id] = nil
         wakeSpaceWaiters()
     }
 
@@ -654,7 +653,6 @@ public actor ContentFetcher {
         let moved = min(bytes, promisedSpace[id] ?? 0)
         guard moved > 0 else { return }
         promisedSpace[id, default: 0] -= moved
-        reservedSpace -= moved
         wakeSpaceWaiters()
     }
 

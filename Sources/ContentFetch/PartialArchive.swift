@@ -228,7 +228,8 @@ final class PartialArchive {
     /// each write then finds its blocks allocated: ext4 skips its per-block delayed-allocation
     /// bookkeeping, a tenth of the one-connection reader's CPU (docs/performance.md,
     /// "Space reserved"). Where the file system cannot reserve, nothing is done and the writes
-    /// report a full disk as before. A download that fails here keeps no reserved block.
+    /// report a full disk as before. A download that fails here keeps no block reserved past its
+    /// file's end.
     /// Returns the bytes newly taken on disk (blocks already the file's are not taken again).
     @discardableResult
     static func reserve(_ fd: SystemPackage.FileDescriptor, path: String, from: Int64, to end: Int64) throws(FetchError) -> Int64 {
