@@ -259,7 +259,9 @@ final class PartialArchive {
         // A delta's ranges belong to the archive that changed: the new one is fetched whole.
         sparse = false
         guard ftruncate(fd.rawValue, 0) == 0 else { throw FetchError(.install, "cannot truncate \(path): \(String(cString: strerror(errno)))") }
-        // The blocks taken again here were the file's a moment ago: nothing new to account for.
+        // A whole archive's blocks were the file's a moment ago, so the fetcher's space accounting
+        // is not told; after a delta's sparse ranges this takes more than it was told of, which
+        // only makes other downloads wait longer for space.
         try Self.reserve(fd, path: path, from: 0, to: record.expectedLength)
         segments = [Segment(start: 0, end: record.expectedLength, done: 0)]
         written = [0]
