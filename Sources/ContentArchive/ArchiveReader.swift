@@ -269,19 +269,13 @@ public final class ArchiveReader: Sendable {
         let end = entry.dataOffset + entry.compressedSize
         let inflater = entry.method == .deflate ? try Inflater() : nil
         var output = [UInt8](repeating: 0, count: inflater == nil ? 0 : chunk)
-        // Each drop covers the step before it again: a large folio across a step's end is
-        // dropped only by a call that holds all of it.
-        var dropped = offset
-        var previous = offset
-        defer { if once { drop(previous..<offset) } }
+        var drops = once ? DropBehind(from: Int64(offset), step: Self.dropStep) : nil
+        defer { if var rest = drops { DropBehind.release(rest.finish(at: Int64(offset)), of: fd.rawValue) } }
         while offset < end {
             let input = try readFully(fd, at: offset, count: Int(min(UInt64(chunk), end - offset)), path: path)
             guard !input.isEmpty else { break }
             offset += UInt64(input.count)
-            if once && offset - dropped >= Self.dropStep {
-                drop(previous..<offset)
-                (previous, dropped) = (dropped, offset)
-            }
+            if let range = drops?.advance(to: Int64(offset)) { DropBehind.release(range, of: fd.rawValue) }
             if let stored { input.withUnsafeBytes { stored($0) } }
             if let inflater {
                 try withBuffers(input, &output) { (raw, out) throws(ArchiveError) in
@@ -304,17 +298,9 @@ public final class ArchiveReader: Sendable {
         }
     }
 
-    /// Bytes read between two drops of a read-once archive's pages. Why drop them: on virtual
-    /// machines that give free memory back to their host, writing into pages the kernel hands
-    /// out fresh cost up to four times the CPU of writing into pages just freed, and an install
-    /// writes as many bytes as it reads (docs/performance.md, "Write-behind").
-    static let dropStep: UInt64 = 8 << 20
-
-    private func drop(_ range: Range<UInt64>) {
-        #if os(Linux)
-            if !range.isEmpty { _ = posix_fadvise(fd.rawValue, off_t(range.lowerBound), off_t(range.count), POSIX_FADV_DONTNEED) }
-        #endif
-    }
+    /// Bytes read between two drops of a read-once archive's pages: an install writes as many
+    /// bytes as it reads, into the pages just freed (``DropBehind``).
+    static let dropStep: Int64 = 8 << 20
 
     /// Reads a small entry (at most 1 MiB) into memory.
     public func data(of entry: ArchiveEntry) throws(ArchiveError) -> [UInt8] {

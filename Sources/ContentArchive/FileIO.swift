@@ -310,16 +310,15 @@ struct Writeback {
     let step: UInt64
     /// How far write-back has been started from the file's beginning.
     private var started: UInt64 = 0
-    /// Whether pages written back are let go of (see ``init(step:dropsBehind:)``), and how far.
-    private let dropsBehind: Bool
-    private var dropped: UInt64 = 0
+    /// Which written-back pages to let go of, when they are (see ``init(step:dropsBehind:)``).
+    private var drops: DropBehind?
 
     /// `dropsBehind`: the page cache lets go of the pages once written back (a file nobody reads
-    /// again soon), so the next bytes are written into pages just freed rather than fresh ones
-    /// (docs/performance.md, "Write-behind"); the call skips pages not yet clean.
+    /// again soon), two steps behind where write-back was last started, so the next bytes are
+    /// written into pages just freed rather than fresh ones (``DropBehind``).
     init(step: UInt64, dropsBehind: Bool = false) {
         self.step = step
-        self.dropsBehind = dropsBehind
+        drops = dropsBehind ? DropBehind(from: 0, step: 2 * Int64(step)) : nil
     }
 
     /// The file now holds `written` bytes: starts write-back of those not started yet, once a
@@ -329,11 +328,8 @@ struct Writeback {
             guard written >= started + step else { return }
             sync_file_range(fd.rawValue, Int64(started), Int64(written - started), cwriteback_start)
             started = written
-            // Pages whose write-back started a few steps ago, and the step before again.
-            if dropsBehind, started >= dropped + 4 * step {
-                let from = dropped >= step ? dropped - step : 0
-                dropped = started - 2 * step
-                _ = posix_fadvise(fd.rawValue, off_t(from), off_t(dropped - from), POSIX_FADV_DONTNEED)
+            if let range = drops?.advance(to: Int64(started) - 2 * Int64(step)) {
+                DropBehind.release(range, of: fd.rawValue)
             }
         #endif
     }

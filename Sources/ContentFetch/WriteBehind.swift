@@ -1,4 +1,5 @@
 import CLinuxWriteback
+import ContentArchive
 import Synchronization
 
 #if canImport(Glibc)
@@ -49,27 +50,25 @@ struct WriteBehind {
         func run() {
             #if os(Linux)
                 if !start.isEmpty { _ = sync_file_range(fd, start.lowerBound, Int64(start.count), cwriteback_start) }
-                if !release.isEmpty { _ = posix_fadvise(fd, off_t(release.lowerBound), off_t(release.count), POSIX_FADV_DONTNEED) }
             #endif
+            DropBehind.release(release, of: fd)
         }
     }
 
     private let fd: Int32
     private let frontier: HashFrontier?
-    private let from: Int64
     /// Writeback is started for bytes before this.
     private var started: Int64
-    /// Pages before this were asked to be dropped.
-    private var released: Int64
+    /// Which hashed pages to drop, a step at a time.
+    private var drops: DropBehind
 
     /// For a body written from `from` into `fd`; without a frontier (a delta update, whose
     /// ranges are not hashed whole) pages are written back early but never dropped.
     init(fd: Int32, from: Int64, frontier: HashFrontier?) {
         self.fd = fd
         self.frontier = frontier
-        self.from = from
         started = from
-        released = from
+        drops = DropBehind(from: from, step: Self.step)
     }
 
     /// Bytes are written up to `position`; returns what to do, if anything is due.
@@ -77,15 +76,7 @@ struct WriteBehind {
         guard position - started >= Self.step else { return nil }
         let start = started..<position
         started = position
-        var release: Range<Int64> = 0..<0
-        if let frontier {
-            let through = min(frontier.value, started - Self.lag)
-            if through - released >= Self.step {
-                // The step before is asked again: pages still under writeback then are clean now.
-                release = max(from, released - Self.step)..<through
-                released = through
-            }
-        }
+        let release = frontier.flatMap { drops.advance(to: min($0.value, started - Self.lag)) } ?? 0..<0
         return Work(fd: fd, start: start, release: release)
     }
 }
