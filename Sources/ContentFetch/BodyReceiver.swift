@@ -23,6 +23,9 @@ final class BodyReceiver: HTTPClientResponseDelegate, Sendable {
         case head(HTTPResponseHead)
         /// `count` bytes have been written from `offset`.
         case body(count: Int, offset: Int64)
+        /// A piece is written from `offset` around the page cache (``UnbufferedWriter``): the
+        /// fetcher hashes it from its buffer, then releases the buffer.
+        case piece(UnbufferedWriter.Piece)
         /// The response ended; with `.collect`, the start of its body.
         case end(collected: ByteBuffer?)
     }

@@ -36,6 +36,7 @@ final class DirectBodyReader: Sendable {
         var waiting = false
         var cancelled = false
         var socket: Int32 = -1
+        var writer: UnbufferedWriter?
     }
 
     let events: AsyncThrowingStream<Event, Error>
@@ -48,6 +49,8 @@ final class DirectBodyReader: Sendable {
     private let limiter: RateLimiter?
     private let stallTimeout: Duration
     private let frontier: HashFrontier?
+    /// The partial file's path, when the body is to be written around the page cache.
+    private let unbuffered: String?
     private let state = Mutex(State())
     /// The reader thread sleeps on this while it waits for the fetcher (the head's disposition,
     /// a window below half, the rate limit's next slot); every change it may wait for signals it.
@@ -59,10 +62,16 @@ final class DirectBodyReader: Sendable {
     static let maximumHead = 64 << 10
 
     /// `frontier`: how far the fetcher has hashed the file, for ``WriteBehind`` (nil: pages are
-    /// written back early but kept).
-    init(fd: SystemPackage.FileDescriptor, window: Int, limiter: RateLimiter?, stallTimeout: Duration, frontier: HashFrontier? = nil) {
+    /// written back early but kept). `unbuffered`: the partial file's path, to write the body
+    /// around the page cache (``UnbufferedWriter``) where the file system can and no rate limit
+    /// applies; the fetcher then gets ``BodyReceiver/Event/piece(_:)`` events, which it hashes.
+    init(
+        fd: SystemPackage.FileDescriptor, window: Int, limiter: RateLimiter?, stallTimeout: Duration, frontier: HashFrontier? = nil,
+        unbuffered: String? = nil
+    ) {
         file = fd
         self.frontier = frontier
+        self.unbuffered = limiter == nil ? unbuffered : nil
         self.window = window
         self.limiter = limiter
         self.stallTimeout = stallTimeout
@@ -126,6 +135,7 @@ final class DirectBodyReader: Sendable {
             state.cancelled = true
             // Wakes a blocking read or connect; the thread closes the descriptor itself.
             if state.socket >= 0 { shutdown(state.socket, Int32(SHUT_RDWR)) }
+            state.writer?.cancel()
         }
         wake.signal()
         continuation.finish()
@@ -185,6 +195,10 @@ final class DirectBodyReader: Sendable {
             }
             continuation.yield(.end(collected: collected))
         case .write(let from, let to):
+            if let path = unbuffered, let writer = unbufferedWriter(path: path, fd: fd) {
+                try receiveUnbuffered(from: socket, into: writer, leftover: UnsafeRawBufferPointer(rebasing: buffer[0..<leftover]), from: from, to: to)
+                return
+            }
             var position = from
             var pacing = BodyPacing(limiter: limiter, behind: WriteBehind(fd: fd.rawValue, from: from, frontier: frontier))
             // Through a pipe straight into the file where the kernel can (one copy, not two).
@@ -234,6 +248,66 @@ final class DirectBodyReader: Sendable {
             handOver()
             continuation.yield(.end(collected: nil))
         }
+    }
+
+    /// A writer for the body around the page cache, registered so that ``close()`` stops it;
+    /// nil where the file system cannot, or when closed already.
+    private func unbufferedWriter(path: String, fd: SystemPackage.FileDescriptor) -> UnbufferedWriter? {
+        let writer = UnbufferedWriter(path: path, plain: fd) { [self] piece in
+            // On disk now: the journal may record it.
+            state.withLock { $0.position = piece.offset + Int64(piece.count) }
+            continuation.yield(.piece(piece))
+        }
+        guard let writer else { return nil }
+        let open = state.withLock { state -> Bool in
+            guard !state.cancelled else { return false }
+            state.writer = writer
+            return true
+        }
+        if !open { writer.cancel() }
+        return open ? writer : nil
+    }
+
+    /// Reads the body `[from, to)` into the writer's buffers, a piece at a time; the writer
+    /// writes each and hands it to the fetcher. `leftover`: body bytes read with the head.
+    private func receiveUnbuffered(
+        from socket: Int32, into writer: UnbufferedWriter, leftover: UnsafeRawBufferPointer, from: Int64, to: Int64
+    ) throws {
+        defer { writer.cancel() }
+        let alignment = Int64(UnbufferedWriter.alignment)
+        var position = from
+        var leftover = leftover
+        var closed = false
+        var failure: Error?
+        while position < to, !closed, failure == nil, let (slot, piece) = writer.acquire() {
+            // The first piece ends where the file's blocks start, so every later one is aligned.
+            var capacity = Int(min(Int64(piece.count), to - position))
+            if position % alignment != 0 { capacity = min(capacity, piece.count - Int(position % alignment)) }
+            var filled = min(leftover.count, capacity)
+            if filled > 0 {
+                piece.copyMemory(from: UnsafeRawBufferPointer(rebasing: leftover[0..<filled]))
+                leftover = UnsafeRawBufferPointer(rebasing: leftover[filled...])
+            }
+            do {
+                while filled < capacity {
+                    let n = try read(socket, into: UnsafeMutableRawBufferPointer(rebasing: piece[filled..<capacity]))
+                    // Closed early: the fetcher names the byte.
+                    guard n > 0 else {
+                        closed = true
+                        break
+                    }
+                    filled += n
+                }
+            } catch {
+                // What arrived before the error is kept.
+                failure = error
+            }
+            writer.submit(slot: slot, offset: position, count: filled)
+            position += Int64(filled)
+        }
+        if let error = writer.finish() { throw error }
+        if let failure { throw failure }
+        if position == to { continuation.yield(.end(collected: nil)) }
     }
 
     private func waitForDisposition() -> BodyReceiver.Disposition? {

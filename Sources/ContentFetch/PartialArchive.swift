@@ -162,6 +162,17 @@ final class PartialArchive {
         }
     }
 
+    /// Hashes `bytes`, just written at `offset`, from the caller's buffer when they are where the
+    /// hash stands (one connection, the prefix on disk hashed already); otherwise does nothing, and
+    /// ``wrote(_:segment:writtenThrough:)`` reads them back from the file when their turn comes.
+    /// Called before `wrote` for the same bytes, which then finds them hashed.
+    func hash(_ bytes: UnsafeRawBufferPointer, at offset: Int64) {
+        guard !sparse, cursor < segments.count, hashed == offset, offset + Int64(bytes.count) <= segments[cursor].end else { return }
+        hasher.update(bufferPointer: bytes)
+        hashed += Int64(bytes.count)
+        frontier.store(hashed)
+    }
+
     /// Bytes mapped at a time to be hashed, and the least that wait before they are.
     static let hashWindow: Int64 = 4 << 20
 

@@ -137,6 +137,9 @@ extension ContentFetcher {
             let next = RangeQueue()
             // A delta's ranges are not hashed as one archive: their pages are never dropped.
             let frontier = record.delta == nil ? partial.frontier : nil
+            // One connection through the whole archive: every piece arrives where the hash stands,
+            // so it can be hashed from the reader's buffer and written around the page cache.
+            let unbuffered = workers == 1 && whole ? path : nil
             do {
                 try await withThrowingTaskGroup(of: Void.self) { group in
                     for _ in 0..<workers {
@@ -148,7 +151,7 @@ extension ContentFetcher {
                                 try await self.fetch(
                                     id: id, segment: part.segment, from: part.from, to: part.to, length: length,
                                     whole: whole, url: url, etag: etag, fd: fd,
-                                    window: window, direct: direct, frontier: frontier)
+                                    window: window, direct: direct, frontier: frontier, unbuffered: unbuffered)
                             }
                         }
                     }
@@ -205,7 +208,7 @@ extension ContentFetcher {
     nonisolated func fetch(
         id: String, segment: Int, from: Int64, to: Int64, length: Int64, whole: Bool,
         url: String, etag: String?, fd: SystemPackage.FileDescriptor,
-        window: Int, direct: Bool, frontier: HashFrontier?
+        window: Int, direct: Bool, frontier: HashFrontier?, unbuffered: String?
     ) async throws {
         let ranged = from > 0 || to < length
         var headers: [(String, String)] = [("User-Agent", configuration.userAgent)]
@@ -214,7 +217,8 @@ extension ContentFetcher {
             if let etag { headers.append(("If-Range", etag)) }
         }
         if direct && DirectBodyReader.handles(url) {
-            let reader = DirectBodyReader(fd: fd, window: window, limiter: limiter, stallTimeout: configuration.stallTimeout, frontier: frontier)
+            let reader = DirectBodyReader(
+                fd: fd, window: window, limiter: limiter, stallTimeout: configuration.stallTimeout, frontier: frontier, unbuffered: unbuffered)
             reader.start(url: url, headers: headers)
             defer { reader.close() }
             do {
@@ -299,6 +303,10 @@ extension ContentFetcher {
                 try await self.received(id, segment: segment, count: count, writtenThrough: source.writtenThrough)
                 source.consumed(count)
                 position = offset + Int64(count)
+            case .piece(let piece):
+                defer { piece.release() }
+                try await self.received(id, segment: segment, piece: piece, writtenThrough: source.writtenThrough)
+                position = piece.offset + Int64(piece.count)
             case .end(let collected):
                 if status == 403 {
                     let envelope = ErrorEnvelope.read((collected ?? ByteBuffer()).readableBytesView)
@@ -410,6 +418,14 @@ extension ContentFetcher {
     }
 
     /// Bytes were written: hash them, sync when due, apply pause or cancel, report progress.
+    /// A piece written around the page cache: hashed from its buffer when it is next in line
+    /// (otherwise read back from the file, as other bytes are), then recorded as other bytes are.
+    func received(_ id: String, segment: Int, piece: UnbufferedWriter.Piece, writtenThrough: Int64) throws {
+        guard let partial = transfers[id] else { throw CancellationError() }
+        partial.hash(piece.bytes, at: piece.offset)
+        try received(id, segment: segment, count: piece.count, writtenThrough: writtenThrough)
+    }
+
     func received(_ id: String, segment: Int, count: Int, writtenThrough: Int64) throws {
         guard let partial = transfers[id] else { throw CancellationError() }
         try partial.wrote(count, segment: segment, writtenThrough: writtenThrough)

@@ -69,14 +69,20 @@ struct DirectBodyReaderTests {
         var written: Int64 = 0
         var ended = false
         var error: Error?
+        /// Pieces written around the page cache: where each starts, and its bytes as handed over.
+        var pieces: [(offset: Int64, bytes: [UInt8])] = []
     }
 
     /// Runs one request against `server`, writing the body from `from` into `file`.
     /// With `closeEarly`, the caller's descriptor is closed as soon as the reader has started.
-    func run(_ server: ScriptedServer, file: String, from: Int64 = 0, to: Int64, stall: Duration = .seconds(30), closeEarly: Bool = false) async -> Outcome {
+    /// With `unbuffered`, the body is written around the page cache where the file system can.
+    func run(
+        _ server: ScriptedServer, file: String, from: Int64 = 0, to: Int64, stall: Duration = .seconds(30), closeEarly: Bool = false,
+        unbuffered: Bool = false
+    ) async -> Outcome {
         guard let fd = try? FileDescriptor.open(file, .readWrite, options: [.create], permissions: .ownerReadWrite) else { return Outcome() }
         defer { if !closeEarly { try? fd.close() } }
-        let reader = DirectBodyReader(fd: fd, window: 1 << 20, limiter: nil, stallTimeout: stall)
+        let reader = DirectBodyReader(fd: fd, window: 1 << 20, limiter: nil, stallTimeout: stall, unbuffered: unbuffered ? file : nil)
         reader.start(url: server.url, headers: [("Range", "bytes=\(from)-\(to - 1)")])
         if closeEarly { try? fd.close() }
         defer { reader.close() }
@@ -90,6 +96,10 @@ struct DirectBodyReaderTests {
                 case .body(let count, _):
                     outcome.written += Int64(count)
                     reader.consumed(count)
+                case .piece(let piece):
+                    outcome.written += Int64(piece.count)
+                    outcome.pieces.append((piece.offset, Array(piece.bytes)))
+                    piece.release()
                 case .end:
                     outcome.ended = true
                 }
@@ -120,6 +130,40 @@ struct DirectBodyReaderTests {
         let request = try #require(server.received.first)
         #expect(request.hasPrefix("GET /v1/archives/x.zip?token=abc HTTP/1.1\r\n"))
         #expect(request.contains("Host: 127.0.0.1:\(server.port)\r\n") && request.contains("Range: bytes=100-700099\r\n"))
+    }
+
+    @Test(
+        "written around the page cache: pieces from an unaligned start, every later one on a block boundary, handed over as written; an early close keeps what came; on tmpfs too"
+    )
+    func unbufferedPieces() async throws {
+        let tmp = try TemporaryFolder(onDisk: ())
+        let size = 9_500_000
+        let body = (0..<size).map { UInt8(truncatingIfNeeded: $0 &* 131 &+ $0 >> 13) }
+        let server = try ScriptedServer(
+            answer: response("HTTP/1.1 206 Partial Content\nContent-Range: bytes 1000-\(size + 999)/\(size + 1000)\nContent-Length: \(size)\n\n", body: body))
+        let file = tmp.sub("unbuffered")
+        try Data(repeating: 0xee, count: 1000).write(to: URL(fileURLWithPath: file))
+        let outcome = await run(server, file: file, from: 1000, to: Int64(size) + 1000, unbuffered: true)
+        #expect(outcome.ended && outcome.error == nil && outcome.written == Int64(size))
+        let pieces = outcome.pieces
+        try #require(pieces.count == 3, "4 MiB pieces, the first cut short to end on a block boundary")
+        #expect(pieces.map(\.offset) == [1000, 4 << 20, 8 << 20])
+        #expect(pieces.flatMap(\.bytes) == body, "the pieces hold the body, in order")
+        let written = try Data(contentsOf: URL(fileURLWithPath: file))
+        #expect(written.count == size + 1000 && written.prefix(1000).allSatisfy { $0 == 0xee } && Array(written[1000...]) == body)
+
+        // Half the body, then the connection closes: what came is written and handed over, no end.
+        let short = try ScriptedServer(answer: response("HTTP/1.1 200 OK\nContent-Length: 6000000\n\n", body: Array(body[0..<5_000_000])))
+        let shortOutcome = await run(short, file: tmp.sub("short"), to: 6_000_000, unbuffered: true)
+        #expect(shortOutcome.written == 5_000_000 && !shortOutcome.ended && shortOutcome.error == nil && !shortOutcome.pieces.isEmpty)
+        #expect(try Data(contentsOf: URL(fileURLWithPath: tmp.sub("short"))) == Data(body[0..<5_000_000]))
+
+        // tmpfs, which takes unbuffered writes since Linux 6.6 (before, the body goes through the
+        // page cache): the same bytes either way.
+        let shm = try TemporaryFolder(in: "/dev/shm")
+        let fallback = await run(server, file: shm.sub("partial"), from: 1000, to: Int64(size) + 1000, unbuffered: true)
+        #expect(fallback.ended && fallback.written == Int64(size))
+        #expect(try Array(Data(contentsOf: URL(fileURLWithPath: shm.sub("partial")))[1000...]) == body)
     }
 
     @Test("a redirect or a body without Content-Length is left to AsyncHTTPClient before a byte is written")

@@ -26,6 +26,12 @@ public final class TemporaryFolder: @unchecked Sendable {
         try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
     }
 
+    /// A folder under `parent` (`/dev/shm`, a tmpfs, say).
+    public init(in parent: String) throws {
+        path = parent + "/iap-tests-" + UUID().uuidString
+        try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+    }
+
     deinit { try? FileManager.default.removeItem(atPath: path) }
 
     public func sub(_ name: String) -> String { path + "/" + name }

@@ -1,0 +1,185 @@
+import CLinuxWriteback
+import Foundation
+import SystemPackage
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// Writes a body to the partial file around the page cache (`O_DIRECT`, Linux), from a few
+/// reused buffers, on a thread of its own; each piece, once on disk, goes to the fetcher, which
+/// hashes it from the same buffer and hands the buffer back (``Piece/release()``).
+///
+/// Why: through the page cache, a one-connection transfer cost the reader 0.6 core-seconds per
+/// GiB beyond reading the socket (the copy into pages the kernel hands out fresh, ext4's per-page
+/// work, starting write-back and dropping the pages), and the hash read every byte back from
+/// there; on two cores those and SHA-256 set the transfer's time. Read into a buffer, written
+/// unbuffered and hashed from the buffer while it is still in the cache, the same transfer took
+/// 0.89-0.94 s against 1.2-1.4 (docs/performance.md, "Written around the page cache"). The write
+/// runs beside the reading: written in turn, the two added up.
+///
+/// Pieces after the first start at a multiple of ``alignment``, as unbuffered writes must; the
+/// first (a resumed download starts anywhere) and the last piece's tail go through the ordinary
+/// descriptor. Memory is ``pieces`` x ``pieceSize``, whatever the archive's size.
+final class UnbufferedWriter: @unchecked Sendable {
+    static let pieceSize = 4 << 20
+    static let pieces = 4
+    /// File offsets and lengths of unbuffered writes are multiples of this (the largest logical
+    /// block size in common use), and so is the buffers' address.
+    static let alignment = 4096
+
+    /// One buffer's bytes, written at `offset`: the fetcher hashes them, then releases the buffer.
+    struct Piece: @unchecked Sendable {
+        fileprivate let owner: UnbufferedWriter
+        fileprivate let slot: Int
+        let offset: Int64
+        let count: Int
+
+        var bytes: UnsafeRawBufferPointer { UnsafeRawBufferPointer(rebasing: owner.buffer(slot)[0..<count]) }
+
+        /// The fetcher is done with the bytes: the reader may fill the buffer again.
+        func release() { owner.release(slot) }
+    }
+
+    private struct Job {
+        let slot: Int
+        let offset: Int64
+        let count: Int
+    }
+
+    private let memory: UnsafeMutableRawBufferPointer
+    private let direct: Int32
+    private let plain: Int32
+    private let path: String
+    private let written: @Sendable (Piece) -> Void
+    /// Guards everything below.
+    private let condition = NSCondition()
+    private var free: [Int]
+    private var jobs: [Job] = []
+    private var busy = false
+    private var finished = false
+    private var cancelled = false
+    private var failure: FetchError?
+
+    /// Opens `path` again for unbuffered writes; nil where the file system has none (tmpfs, for
+    /// one), and the body then goes through the page cache. `plain` (the reader's descriptor)
+    /// writes the unaligned edges. `written` is called on the writer's thread, in order, as each
+    /// piece is on disk.
+    init?(path: String, plain: SystemPackage.FileDescriptor, written: @escaping @Sendable (Piece) -> Void) {
+        #if os(Linux)
+            guard cwriteback_o_direct != 0 else { return nil }
+            let fd = open(path, O_WRONLY | cwriteback_o_direct | O_CLOEXEC)
+            guard fd >= 0 else { return nil }
+            direct = fd
+        #else
+            return nil
+        #endif
+        self.plain = plain.rawValue
+        self.path = path
+        self.written = written
+        memory = UnsafeMutableRawBufferPointer.allocate(byteCount: Self.pieces * Self.pieceSize, alignment: Self.alignment)
+        free = Array(0..<Self.pieces)
+        Thread.detachNewThread { [self] in writeLoop() }
+    }
+
+    deinit {
+        memory.deallocate()
+        close(direct)
+    }
+
+    fileprivate func buffer(_ slot: Int) -> UnsafeMutableRawBufferPointer {
+        UnsafeMutableRawBufferPointer(rebasing: memory[(slot * Self.pieceSize)..<((slot + 1) * Self.pieceSize)])
+    }
+
+    /// A free buffer to fill, waiting for one; nil once cancelled or a write failed (``failed``).
+    func acquire() -> (slot: Int, buffer: UnsafeMutableRawBufferPointer)? {
+        condition.lock()
+        defer { condition.unlock() }
+        while free.isEmpty && !cancelled && failure == nil { condition.wait() }
+        guard !cancelled, failure == nil else { return nil }
+        let slot = free.removeLast()
+        return (slot, buffer(slot))
+    }
+
+    /// Queues `count` bytes of buffer `slot` to be written at `offset`; an empty piece gives the
+    /// buffer back at once.
+    func submit(slot: Int, offset: Int64, count: Int) {
+        condition.lock()
+        if count == 0 { free.append(slot) } else { jobs.append(Job(slot: slot, offset: offset, count: count)) }
+        condition.broadcast()
+        condition.unlock()
+    }
+
+    /// Waits until every queued piece is written (or a write failed, or cancelled), then stops the
+    /// writer's thread. Returns the write's failure, if one failed.
+    func finish() -> FetchError? {
+        condition.lock()
+        defer { condition.unlock() }
+        while (!jobs.isEmpty || busy) && !cancelled && failure == nil { condition.wait() }
+        finished = true
+        condition.broadcast()
+        return failure
+    }
+
+    /// Stops at once: waiting callers return, queued pieces are dropped.
+    func cancel() {
+        condition.lock()
+        cancelled = true
+        condition.broadcast()
+        condition.unlock()
+    }
+
+    private func release(_ slot: Int) {
+        condition.lock()
+        free.append(slot)
+        condition.broadcast()
+        condition.unlock()
+    }
+
+    private func writeLoop() {
+        while true {
+            condition.lock()
+            while jobs.isEmpty && !finished && !cancelled { condition.wait() }
+            guard !cancelled, !finished || !jobs.isEmpty, failure == nil else {
+                condition.unlock()
+                return
+            }
+            let job = jobs.removeFirst()
+            busy = true
+            condition.unlock()
+            let error = write(job)
+            // Handed over before the piece counts as done: `finish` returns only after it, so the
+            // reader's end of the body follows every piece.
+            if error == nil { written(Piece(owner: self, slot: job.slot, offset: job.offset, count: job.count)) }
+            condition.lock()
+            busy = false
+            if let error { failure = error }
+            condition.broadcast()
+            condition.unlock()
+        }
+    }
+
+    /// Writes a piece: its aligned part unbuffered, the rest (an unaligned start or end) through
+    /// the page cache.
+    private func write(_ job: Job) -> FetchError? {
+        let bytes = UnsafeRawBufferPointer(rebasing: buffer(job.slot)[0..<job.count])
+        let alignment = Int64(Self.alignment)
+        let aligned = job.offset % alignment == 0 ? Int(Int64(job.count) / alignment * alignment) : 0
+        if aligned > 0, let error = writeAll(direct, UnsafeRawBufferPointer(rebasing: bytes[0..<aligned]), at: job.offset) { return error }
+        if aligned < job.count, let error = writeAll(plain, UnsafeRawBufferPointer(rebasing: bytes[aligned...]), at: job.offset + Int64(aligned)) {
+            return error
+        }
+        return nil
+    }
+
+    private func writeAll(_ fd: Int32, _ bytes: UnsafeRawBufferPointer, at offset: Int64) -> FetchError? {
+        var done = 0
+        while done < bytes.count {
+            let n = pwrite(fd, bytes.baseAddress! + done, bytes.count - done, off_t(offset + Int64(done)))
+            if n < 0 && errno == EINTR { continue }
+            guard n > 0 else { return BodyPacing.cannotWrite(String(cString: strerror(n < 0 ? errno : EIO))) }
+            done += n
+        }
+        return nil
+    }
+}
