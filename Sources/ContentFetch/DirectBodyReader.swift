@@ -253,7 +253,9 @@ final class DirectBodyReader: Sendable {
     /// A writer for the body around the page cache, registered so that ``close()`` stops it;
     /// nil where the file system cannot, or when closed already.
     private func unbufferedWriter(path: String, fd: SystemPackage.FileDescriptor) -> UnbufferedWriter? {
-        let writer = UnbufferedWriter(path: path, plain: fd) { [self] piece in
+        // Weak: pieces waiting in `events` hold the writer, and through it this closure.
+        let writer = UnbufferedWriter(path: path, plain: fd) { [weak self] piece in
+            guard let self else { return }
             // On disk now: the journal may record it.
             state.withLock { $0.position = piece.offset + Int64(piece.count) }
             continuation.yield(.piece(piece))
@@ -273,7 +275,10 @@ final class DirectBodyReader: Sendable {
     private func receiveUnbuffered(
         from socket: Int32, into writer: UnbufferedWriter, leftover: UnsafeRawBufferPointer, from: Int64, to: Int64
     ) throws {
-        defer { writer.cancel() }
+        defer {
+            writer.cancel()
+            state.withLock { $0.writer = nil }
+        }
         let alignment = Int64(UnbufferedWriter.alignment)
         var position = from
         var leftover = leftover
