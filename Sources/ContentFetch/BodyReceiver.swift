@@ -10,7 +10,8 @@ import SystemPackage
 /// once written, so NIO reads the next into the same warm memory.
 ///
 /// Plain-HTTP archive transfers go through ``DirectBodyReader`` instead; this one serves HTTPS,
-/// redirects and the many small ranges of a delta update.
+/// redirects and the many small ranges of a delta update. With one connection through a whole
+/// archive it copies the parts into an ``UnbufferedWriter``'s buffers instead of writing them.
 ///
 /// This exists because AsyncHTTPClient's async body sequence stops reading the socket after every
 /// part until the consumer asks for the next one (its high watermark is a single part), so the
@@ -47,6 +48,20 @@ final class BodyReceiver: HTTPClientResponseDelegate, Sendable {
         var outstanding = 0
         var waitingForWindow: EventLoopPromise<Void>?
         var pacing: BodyPacing
+        /// Writing around the page cache: the writer, the piece being filled, and where the
+        /// bytes on disk end (``writtenThrough``).
+        var writer: UnbufferedWriter?
+        var filling: Filling?
+        var written: Int64 = 0
+    }
+
+    /// A buffer of the ``UnbufferedWriter`` being filled on the event loop.
+    private struct Filling: @unchecked Sendable {
+        let slot: Int
+        let buffer: UnsafeMutableRawBufferPointer
+        let offset: Int64
+        let capacity: Int
+        var count = 0
     }
 
     let events: AsyncThrowingStream<Event, Error>
@@ -55,15 +70,21 @@ final class BodyReceiver: HTTPClientResponseDelegate, Sendable {
     private let window: Int
     private let limiter: RateLimiter?
     private let frontier: HashFrontier?
+    private let unbuffered: String?
     private let state: NIOLockedValueBox<State>
 
     /// `limiter`, the fetcher's bandwidth cap, is applied here by not reading the socket ahead of
     /// it, so that TCP slows the sender down.
     /// `frontier`: how far the fetcher has hashed the file, for ``WriteBehind`` (nil: pages are
-    /// written back early but kept).
-    init(fd: SystemPackage.FileDescriptor, window: Int = 8 << 20, limiter: RateLimiter? = nil, frontier: HashFrontier? = nil) {
+    /// written back early but kept). `unbuffered`: the partial file's path, to write the body
+    /// around the page cache as ``DirectBodyReader`` does (see there).
+    init(
+        fd: SystemPackage.FileDescriptor, window: Int = 8 << 20, limiter: RateLimiter? = nil, frontier: HashFrontier? = nil,
+        unbuffered: String? = nil
+    ) {
         self.fd = fd
         self.frontier = frontier
+        self.unbuffered = limiter == nil ? unbuffered : nil
         self.window = window
         self.limiter = limiter
         state = NIOLockedValueBox(State(pacing: BodyPacing(limiter: limiter)))
@@ -85,6 +106,11 @@ final class BodyReceiver: HTTPClientResponseDelegate, Sendable {
                 state.position = from
                 state.end = to
                 state.pacing = BodyPacing(limiter: limiter, behind: WriteBehind(fd: fd.rawValue, from: from, frontier: frontier))
+                if let path = unbuffered {
+                    // Weak: pieces waiting in `events` hold the writer, and through it this closure.
+                    state.writer = UnbufferedWriter(path: path, plain: fd) { [weak self] piece in self?.handOver(piece) }
+                    state.written = from
+                }
             }
             defer { state.waitingForHead = nil }
             return state.waitingForHead
@@ -105,6 +131,7 @@ final class BodyReceiver: HTTPClientResponseDelegate, Sendable {
             }
             return eventLoop.makeSucceededVoidFuture()
         }
+        if let writer = state.withLockedValue({ $0.writer }) { return fill(buffer, writer: writer, eventLoop: eventLoop) }
         let count = buffer.readableBytes
         do {
             try buffer.withUnsafeReadableBytes { bytes throws(FetchError) in try BodyPacing.write(bytes, to: fd, at: position, end: end) }
@@ -128,8 +155,68 @@ final class BodyReceiver: HTTPClientResponseDelegate, Sendable {
         return windowOpen.flatMap { eventLoop.scheduleTask(deadline: due) {}.futureResult }
     }
 
+    /// Copies `part` into the writer's buffers, queueing each one filled; when none is free, the
+    /// returned future (which holds the next read back) completes once the rest is copied.
+    private func fill(_ part: ByteBuffer, writer: UnbufferedWriter, eventLoop: any EventLoop) -> EventLoopFuture<Void> {
+        var part = part
+        while part.readableBytes > 0 {
+            var (filling, position, end) = state.withLockedValue { ($0.filling, $0.position, $0.end) }
+            if filling == nil {
+                guard let (slot, buffer) = writer.tryAcquire() else {
+                    if let stopped = writer.stopped { return eventLoop.makeFailedFuture(stopped) }
+                    let promise = eventLoop.makePromise(of: Void.self)
+                    writer.whenFree { [self, part] in eventLoop.execute { self.fill(part, writer: writer, eventLoop: eventLoop).cascade(to: promise) } }
+                    return promise.futureResult
+                }
+                // The first piece ends where the file's blocks start, so every later one is aligned.
+                var capacity = Int(min(Int64(buffer.count), max(1, end - position)))
+                let alignment = Int64(UnbufferedWriter.alignment)
+                if position % alignment != 0 { capacity = min(capacity, buffer.count - Int(position % alignment)) }
+                filling = Filling(slot: slot, buffer: buffer, offset: position, capacity: capacity)
+            }
+            guard var piece = filling else { break }
+            let take = min(part.readableBytes, piece.capacity - piece.count)
+            guard position + Int64(take) <= end, take > 0 else {
+                state.withLockedValue { $0.filling = piece }
+                return eventLoop.makeFailedFuture(BodyPacing.pastEnd(end))
+            }
+            part.readWithUnsafeReadableBytes { bytes in
+                UnsafeMutableRawBufferPointer(rebasing: piece.buffer[piece.count..<(piece.count + take)]).copyMemory(
+                    from: UnsafeRawBufferPointer(rebasing: bytes[0..<take]))
+                return take
+            }
+            piece.count += take
+            let full = piece.count == piece.capacity
+            if full { writer.submit(slot: piece.slot, offset: piece.offset, count: piece.count) }
+            state.withLockedValue { state in
+                state.position += Int64(take)
+                state.filling = full ? nil : piece
+            }
+        }
+        return eventLoop.makeSucceededVoidFuture()
+    }
+
+    /// A piece is on disk: the journal may record it, and the fetcher hashes it.
+    private func handOver(_ piece: UnbufferedWriter.Piece) {
+        state.withLockedValue { $0.written = piece.offset + Int64(piece.count) }
+        continuation.yield(.piece(piece))
+    }
+
+    /// Queues the piece being filled, if any, and ends the writer; `then` runs once every piece
+    /// has been handed over, with the write's failure. Nil without a writer.
+    private func finishWriting(then body: @escaping @Sendable (FetchError?) -> Void) -> Bool {
+        let (writer, filling) = state.withLockedValue { state in
+            defer { state.filling = nil }
+            return (state.writer, state.filling)
+        }
+        guard let writer else { return false }
+        if let filling { writer.submit(slot: filling.slot, offset: filling.offset, count: filling.count) }
+        writer.finish(then: body)
+        return true
+    }
+
     /// Where the body written so far ends (parts not yet handled by the fetcher included).
-    var writtenThrough: Int64 { state.withLockedValue { $0.position } }
+    var writtenThrough: Int64 { state.withLockedValue { $0.writer == nil ? $0.position : $0.written } }
 
     /// Called by the fetcher when it has handled `count` bytes: reading resumes below half the window.
     func consumed(_ count: Int) {
@@ -143,12 +230,23 @@ final class BodyReceiver: HTTPClientResponseDelegate, Sendable {
     }
 
     func didReceiveError(task: HTTPClient.Task<Void>, _ error: Error) {
+        // What came is written and handed over before the error, so the journal can keep it.
+        if finishWriting(then: { [continuation] _ in continuation.finish(throwing: error) }) { return }
         // What is on disk is reported before the error, so the journal can keep it.
         if let batch = state.withLockedValue({ $0.pacing.takePending() }) { continuation.yield(.body(count: batch.count, offset: batch.offset)) }
         continuation.finish(throwing: error)
     }
 
     func didFinishRequest(task: HTTPClient.Task<Void>) throws {
+        let ended = finishWriting { [continuation] failure in
+            if let failure {
+                continuation.finish(throwing: failure)
+            } else {
+                continuation.yield(.end(collected: nil))
+                continuation.finish()
+            }
+        }
+        if ended { return }
         let (batch, collected) = state.withLockedValue { ($0.pacing.takePending(), $0.collected) }
         if let batch { continuation.yield(.body(count: batch.count, offset: batch.offset)) }
         continuation.yield(.end(collected: collected))
@@ -157,6 +255,7 @@ final class BodyReceiver: HTTPClientResponseDelegate, Sendable {
 
     /// The fetcher is done with this response, or gave up on it: nothing waits any more.
     func close() {
+        state.withLockedValue { $0.writer }?.cancel()
         let promises = state.withLockedValue { state -> [EventLoopPromise<Void>] in
             defer {
                 state.waitingForHead = nil

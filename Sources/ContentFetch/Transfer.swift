@@ -237,7 +237,7 @@ extension ContentFetcher {
             throw FetchError(.refused, "the grant's URL \(url) is not usable: \(error)")
         }
         for (name, value) in headers { request.headers.add(name: name, value: value) }
-        let receiver = BodyReceiver(fd: fd, window: window, limiter: limiter, frontier: frontier)
+        let receiver = BodyReceiver(fd: fd, window: window, limiter: limiter, frontier: frontier, unbuffered: unbuffered)
         // One loop for the channel and the delegate: otherwise every part hops between two threads.
         let task = client.execute(request: request, delegate: receiver, eventLoop: .delegateAndChannel(on: client.eventLoopGroup.next()))
         defer {

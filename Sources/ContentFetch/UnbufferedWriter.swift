@@ -8,7 +8,10 @@ import SystemPackage
 
 /// Writes a body to the partial file around the page cache (`O_DIRECT`, Linux), from a few
 /// reused buffers, on a thread of its own; each piece, once on disk, goes to the fetcher, which
-/// hashes it from the same buffer and hands the buffer back (``Piece/release()``).
+/// hashes it from the same buffer and hands the buffer back (``Piece/release()``). Both body
+/// sources fill the buffers: ``DirectBodyReader`` from the socket on its thread (``acquire()``
+/// waits), ``BodyReceiver`` from NIO's parts on the event loop (``tryAcquire()`` and
+/// ``whenFree(_:)``, which must not wait).
 ///
 /// Why: through the page cache, a one-connection transfer cost the reader 0.6 core-seconds per
 /// GiB beyond reading the socket (the copy into pages the kernel hands out fresh, ext4's per-page
@@ -56,10 +59,13 @@ final class UnbufferedWriter: @unchecked Sendable {
     private let condition = NSCondition()
     private var free: [Int]
     private var jobs: [Job] = []
-    private var busy = false
     private var finished = false
     private var cancelled = false
     private var failure: FetchError?
+    /// The writer's thread has ended.
+    private var exited = false
+    private var whenExited: (@Sendable (FetchError?) -> Void)?
+    private var freeWaiters: [@Sendable () -> Void] = []
 
     /// Opens `path` again for unbuffered writes; nil where the file system has none (tmpfs, for
     /// one), and the body then goes through the page cache. `plain` (the reader's descriptor)
@@ -91,7 +97,7 @@ final class UnbufferedWriter: @unchecked Sendable {
         UnsafeMutableRawBufferPointer(rebasing: memory[(slot * Self.pieceSize)..<((slot + 1) * Self.pieceSize)])
     }
 
-    /// A free buffer to fill, waiting for one; nil once cancelled or a write failed (``failed``).
+    /// A free buffer to fill, waiting for one; nil once cancelled or a write failed.
     func acquire() -> (slot: Int, buffer: UnsafeMutableRawBufferPointer)? {
         condition.lock()
         defer { condition.unlock() }
@@ -101,61 +107,118 @@ final class UnbufferedWriter: @unchecked Sendable {
         return (slot, buffer(slot))
     }
 
+    /// A free buffer if there is one now, for callers that must not wait (an event loop); nil
+    /// otherwise: ``whenFree(_:)`` says when to ask again, ``stopped`` whether to.
+    func tryAcquire() -> (slot: Int, buffer: UnsafeMutableRawBufferPointer)? {
+        condition.lock()
+        defer { condition.unlock() }
+        guard !cancelled, failure == nil, let slot = free.popLast() else { return nil }
+        return (slot, buffer(slot))
+    }
+
+    /// Runs `body` once a buffer is free, or the writer stopped (at once if so already); on
+    /// whichever thread frees it.
+    func whenFree(_ body: @escaping @Sendable () -> Void) {
+        condition.lock()
+        guard free.isEmpty, !cancelled, failure == nil else {
+            condition.unlock()
+            body()
+            return
+        }
+        freeWaiters.append(body)
+        condition.unlock()
+    }
+
+    /// Why the writer stopped taking pieces, if it did: a write's failure, or a cancellation.
+    var stopped: Error? {
+        condition.lock()
+        defer { condition.unlock() }
+        return failure ?? (cancelled ? CancellationError() : nil)
+    }
+
     /// Queues `count` bytes of buffer `slot` to be written at `offset`; an empty piece gives the
     /// buffer back at once.
     func submit(slot: Int, offset: Int64, count: Int) {
+        guard count > 0 else { return release(slot) }
         condition.lock()
-        if count == 0 { free.append(slot) } else { jobs.append(Job(slot: slot, offset: offset, count: count)) }
+        jobs.append(Job(slot: slot, offset: offset, count: count))
         condition.broadcast()
         condition.unlock()
     }
 
-    /// Waits until every queued piece is written (or a write failed, or cancelled), then stops the
-    /// writer's thread. Returns the write's failure, if one failed.
+    /// Waits until every queued piece is written (or a write failed, or cancelled) and the
+    /// writer's thread has ended. Returns the write's failure, if one failed.
     func finish() -> FetchError? {
         condition.lock()
         defer { condition.unlock() }
-        while (!jobs.isEmpty || busy) && !cancelled && failure == nil { condition.wait() }
         finished = true
         condition.broadcast()
+        while !exited { condition.wait() }
         return failure
+    }
+
+    /// ``finish()`` without waiting: `body` runs on the writer's thread once every queued piece
+    /// has been handed over (or at once, if the thread has ended), with the write's failure.
+    func finish(then body: @escaping @Sendable (FetchError?) -> Void) {
+        condition.lock()
+        finished = true
+        guard !exited else {
+            let failure = failure
+            condition.unlock()
+            return body(failure)
+        }
+        whenExited = body
+        condition.broadcast()
+        condition.unlock()
     }
 
     /// Stops at once: waiting callers return, queued pieces are dropped.
     func cancel() {
         condition.lock()
         cancelled = true
+        let waiters = freeWaiters
+        freeWaiters = []
         condition.broadcast()
         condition.unlock()
+        for waiter in waiters { waiter() }
     }
 
     private func release(_ slot: Int) {
         condition.lock()
         free.append(slot)
+        let waiters = freeWaiters
+        freeWaiters = []
         condition.broadcast()
         condition.unlock()
+        for waiter in waiters { waiter() }
     }
 
     private func writeLoop() {
         while true {
             condition.lock()
-            while jobs.isEmpty && !finished && !cancelled { condition.wait() }
-            guard !cancelled, !finished || !jobs.isEmpty, failure == nil else {
+            while jobs.isEmpty && !finished && !cancelled && failure == nil { condition.wait() }
+            guard !cancelled, failure == nil, !jobs.isEmpty else {
+                // Finished with every piece written, cancelled, or a write failed.
+                exited = true
+                let (done, failure, waiters) = (whenExited, failure, freeWaiters)
+                (whenExited, freeWaiters) = (nil, [])
+                condition.broadcast()
                 condition.unlock()
+                for waiter in waiters { waiter() }
+                done?(failure)
                 return
             }
             let job = jobs.removeFirst()
-            busy = true
             condition.unlock()
             let error = write(job)
-            // Handed over before the piece counts as done: `finish` returns only after it, so the
-            // reader's end of the body follows every piece.
+            // Handed over before the next piece is taken, and before the thread ends: the end of
+            // the body, which `finish` lets the caller report, follows every piece.
             if error == nil { written(Piece(owner: self, slot: job.slot, offset: job.offset, count: job.count)) }
-            condition.lock()
-            busy = false
-            if let error { failure = error }
-            condition.broadcast()
-            condition.unlock()
+            if let error {
+                condition.lock()
+                failure = error
+                condition.unlock()
+            }
         }
     }
 

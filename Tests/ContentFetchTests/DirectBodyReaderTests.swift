@@ -1,3 +1,4 @@
+import AsyncHTTPClient
 import Foundation
 import IAPTestSupport
 import NIOHTTP1
@@ -281,5 +282,70 @@ struct DirectBodyReaderTests {
         // stall timeout is a minute: the server sees the connection end.
         await waitUntil(.seconds(20)) { server.closedConnections > 0 }
         #expect(server.closedConnections == 1)
+    }
+}
+
+@Suite("BodyReceiver writing around the page cache (HTTPS, redirects)", .onTestThreads)
+struct BodyReceiverUnbufferedTests {
+    /// Runs one request through AsyncHTTPClient and a receiver writing `[from, to)` of `file`
+    /// around the page cache; pieces are given back four at a time, so that the receiver finds
+    /// no free buffer and must wait for one.
+    func run(_ server: ScriptedServer, file: String, from: Int64, to: Int64) async throws -> (pieces: [(offset: Int64, bytes: [UInt8])], ended: Bool, error: Error?) {
+        let fd = try FileDescriptor.open(file, .readWrite, options: [.create], permissions: .ownerReadWrite)
+        defer { try? fd.close() }
+        let receiver = BodyReceiver(fd: fd, window: 1 << 20, unbuffered: file)
+        let client = HTTPClient(eventLoopGroupProvider: .singleton)
+        let task = client.execute(request: try HTTPClient.Request(url: server.url), delegate: receiver)
+        var pieces: [(offset: Int64, bytes: [UInt8])] = []
+        var held: [UnbufferedWriter.Piece] = []
+        var ended = false
+        var failure: Error?
+        do {
+            for try await event in receiver.events {
+                switch event {
+                case .head: receiver.proceed(.write(from: from, to: to))
+                case .piece(let piece):
+                    pieces.append((piece.offset, Array(piece.bytes)))
+                    held.append(piece)
+                    if held.count == UnbufferedWriter.pieces {
+                        for piece in held { piece.release() }
+                        held = []
+                    }
+                case .body: Issue.record("a body went through the page cache")
+                case .end: ended = true
+                }
+            }
+        } catch {
+            failure = error
+        }
+        for piece in held { piece.release() }
+        receiver.close()
+        _ = try? await task.futureResult.get()
+        try await client.shutdown()
+        return (pieces, ended, failure)
+    }
+
+    @Test("pieces from an unaligned start, in order, each written where it belongs, while the event loop waits for free buffers; a body cut short hands over what came, then fails")
+    func pieces() async throws {
+        let tmp = try TemporaryFolder(onDisk: ())
+        let size = 21_000_000
+        let body = (0..<size).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ $0 >> 11) }
+        let server = try ScriptedServer(
+            answer: Array("HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 1000-\(size + 999)/\(size + 1000)\r\nContent-Length: \(size)\r\n\r\n".utf8) + body)
+        let file = tmp.sub("partial")
+        try Data(repeating: 0xee, count: 1000).write(to: URL(fileURLWithPath: file))
+        let outcome = try await run(server, file: file, from: 1000, to: Int64(size) + 1000)
+        #expect(outcome.ended && outcome.error == nil)
+        let offsets: [Int64] = [1000, 4 << 20, 8 << 20, 12 << 20, 16 << 20, 20 << 20]
+        #expect(outcome.pieces.map(\.offset) == offsets, "six pieces: more than the four buffers")
+        #expect(outcome.pieces.flatMap(\.bytes) == body)
+        let written = try Data(contentsOf: URL(fileURLWithPath: file))
+        #expect(written.count == size + 1000 && written.prefix(1000).allSatisfy { $0 == 0xee } && Array(written[1000...]) == body)
+
+        let short = try ScriptedServer(answer: Array("HTTP/1.1 200 OK\r\nContent-Length: 12000000\r\n\r\n".utf8) + body[0..<10_000_000])
+        let cut = try await run(short, file: tmp.sub("short"), from: 0, to: 12_000_000)
+        #expect(!cut.ended && cut.error != nil)
+        #expect(cut.pieces.flatMap(\.bytes) == Array(body[0..<10_000_000]), "what came is handed over before the error")
+        #expect(try Data(contentsOf: URL(fileURLWithPath: tmp.sub("short"))) == Data(body[0..<10_000_000]))
     }
 }
