@@ -43,7 +43,9 @@ if [ "${TLS:-0}" = 1 ]; then
     location ~ ^/v1/content/[^/]+/(bench\\.fetch-1\\.0\\.zip)\$ { alias $work/www/\$1; }
     location / { proxy_pass $base; proxy_http_version 1.1; proxy_set_header Connection \"\"; }
   }"
-  trap 'kill $(jobs -p) 2>/dev/null; [ -f "$work/nginx.pid" ] && kill "$(cat "$work/nginx.pid")" 2>/dev/null; rm -rf "$work"' EXIT
+  # Under `set -e` a failing command here would turn a finished run's status into 1: nginx may
+  # remove its pid file between the test and the read.
+  trap 'kill $(jobs -p) 2>/dev/null; [ -f "$work/nginx.pid" ] && kill "$(cat "$work/nginx.pid" 2>/dev/null)" 2>/dev/null; rm -rf "$work"; true' EXIT
   base="https://127.0.0.1:$tls_port"
   export CURL_CA_BUNDLE="$tls/ca.pem"
   fetch_extra=(--ca-file "$tls/ca.pem")
