@@ -168,11 +168,7 @@ final class BodyReceiver: HTTPClientResponseDelegate, Sendable {
                     writer.whenFree { [self, part] in eventLoop.execute { self.fill(part, writer: writer, eventLoop: eventLoop).cascade(to: promise) } }
                     return promise.futureResult
                 }
-                // The first piece ends where the file's blocks start, so every later one is aligned.
-                var capacity = Int(min(Int64(buffer.count), max(1, end - position)))
-                let alignment = Int64(UnbufferedWriter.alignment)
-                if position % alignment != 0 { capacity = min(capacity, buffer.count - Int(position % alignment)) }
-                filling = Filling(slot: slot, buffer: buffer, offset: position, capacity: capacity)
+                filling = Filling(slot: slot, buffer: buffer, offset: position, capacity: UnbufferedWriter.capacity(at: position, end: end))
             }
             guard var piece = filling else { break }
             let take = min(part.readableBytes, piece.capacity - piece.count)

@@ -279,15 +279,12 @@ final class DirectBodyReader: Sendable {
             writer.cancel()
             state.withLock { $0.writer = nil }
         }
-        let alignment = Int64(UnbufferedWriter.alignment)
         var position = from
         var leftover = leftover
         var closed = false
         var failure: Error?
         while position < to, !closed, failure == nil, let (slot, piece) = writer.acquire() {
-            // The first piece ends where the file's blocks start, so every later one is aligned.
-            var capacity = Int(min(Int64(piece.count), to - position))
-            if position % alignment != 0 { capacity = min(capacity, piece.count - Int(position % alignment)) }
+            let capacity = UnbufferedWriter.capacity(at: position, end: to)
             var filled = min(leftover.count, capacity)
             if filled > 0 {
                 piece.copyMemory(from: UnsafeRawBufferPointer(rebasing: leftover[0..<filled]))

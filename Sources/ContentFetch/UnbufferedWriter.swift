@@ -52,8 +52,10 @@ final class UnbufferedWriter: @unchecked Sendable {
 
     private let memory: UnsafeMutableRawBufferPointer
     private let direct: Int32
+    /// A duplicate of the caller's descriptor, closed with the writer: the thread may finish a
+    /// write after the caller gave up and closed its own, and must not write into whatever file
+    /// reused that number.
     private let plain: Int32
-    private let path: String
     private let written: @Sendable (Piece) -> Void
     /// Guards everything below.
     private let condition = NSCondition()
@@ -67,21 +69,25 @@ final class UnbufferedWriter: @unchecked Sendable {
     private var whenExited: (@Sendable (FetchError?) -> Void)?
     private var freeWaiters: [@Sendable () -> Void] = []
 
-    /// Opens `path` again for unbuffered writes; nil where the file system has none (tmpfs, for
-    /// one), and the body then goes through the page cache. `plain` (the reader's descriptor)
-    /// writes the unaligned edges. `written` is called on the writer's thread, in order, as each
+    /// Opens `path` again for unbuffered writes; nil where the file system has none, and the body
+    /// then goes through the page cache. `plain` (the caller's descriptor of the same file,
+    /// duplicated) writes the unaligned edges. `written` is called on the writer's thread, in order, as each
     /// piece is on disk.
     init?(path: String, plain: SystemPackage.FileDescriptor, written: @escaping @Sendable (Piece) -> Void) {
         #if os(Linux)
             guard cwriteback_o_direct != 0 else { return nil }
             let fd = open(path, O_WRONLY | cwriteback_o_direct | O_CLOEXEC)
             guard fd >= 0 else { return nil }
+            let ordinary = fcntl(plain.rawValue, F_DUPFD_CLOEXEC, 0)
+            guard ordinary >= 0 else {
+                close(fd)
+                return nil
+            }
             direct = fd
+            self.plain = ordinary
         #else
             return nil
         #endif
-        self.plain = plain.rawValue
-        self.path = path
         self.written = written
         memory = UnsafeMutableRawBufferPointer.allocate(byteCount: Self.pieces * Self.pieceSize, alignment: Self.alignment)
         free = Array(0..<Self.pieces)
@@ -91,6 +97,15 @@ final class UnbufferedWriter: @unchecked Sendable {
     deinit {
         memory.deallocate()
         close(direct)
+        close(plain)
+    }
+
+    /// How many bytes the piece that starts at `position` takes, of a body that ends at `end`: a
+    /// whole buffer, less what is left, and the first of a resumed download ends where the
+    /// file's blocks start, so that every later piece is aligned.
+    static func capacity(at position: Int64, end: Int64) -> Int {
+        let misaligned = Int(position % Int64(alignment))
+        return Int(min(Int64(pieceSize - misaligned), max(1, end - position)))
     }
 
     fileprivate func buffer(_ slot: Int) -> UnsafeMutableRawBufferPointer {
