@@ -18,8 +18,8 @@ import SystemPackage
 /// work, starting write-back and dropping the pages), and the hash read every byte back from
 /// there; on two cores those and SHA-256 set the transfer's time. Read into a buffer, written
 /// unbuffered and hashed from the buffer while it is still in the cache, the same transfer took
-/// 0.89-0.94 s against 1.2-1.4 (docs/performance.md, "Written around the page cache"). The write
-/// runs beside the reading: written in turn, the two added up.
+/// 1.07 s against 1.26 (old and new alternated in pairs; docs/performance.md, "Written around the
+/// page cache"). The write runs beside the reading: written in turn, the two added up.
 ///
 /// Pieces after the first start at a multiple of ``alignment``, as unbuffered writes must; the
 /// first (a resumed download starts anywhere) and the last piece's tail go through the ordinary
@@ -68,6 +68,8 @@ final class UnbufferedWriter: @unchecked Sendable {
     private var exited = false
     private var whenExited: (@Sendable (FetchError?) -> Void)?
     private var freeWaiters: [@Sendable () -> Void] = []
+    /// Touched by the writer's thread only: the file system refused a direct write.
+    private var directRefused = false
 
     /// Opens `path` again for unbuffered writes; nil where the file system has none, and the body
     /// then goes through the page cache. `plain` (the caller's descriptor of the same file,
@@ -242,20 +244,28 @@ final class UnbufferedWriter: @unchecked Sendable {
     private func write(_ job: Job) -> FetchError? {
         let bytes = UnsafeRawBufferPointer(rebasing: buffer(job.slot)[0..<job.count])
         let alignment = Int64(Self.alignment)
-        let aligned = job.offset % alignment == 0 ? Int(Int64(job.count) / alignment * alignment) : 0
-        if aligned > 0, let error = writeAll(direct, UnsafeRawBufferPointer(rebasing: bytes[0..<aligned]), at: job.offset) { return error }
-        if aligned < job.count, let error = writeAll(plain, UnsafeRawBufferPointer(rebasing: bytes[aligned...]), at: job.offset + Int64(aligned)) {
-            return error
+        var done = !directRefused && job.offset % alignment == 0 ? Int(Int64(job.count) / alignment * alignment) : 0
+        if done > 0, let code = writeAll(direct, UnsafeRawBufferPointer(rebasing: bytes[0..<done]), at: job.offset) {
+            // A file system that opens for direct I/O but refuses the write (its block size is
+            // larger, or it only pretends): the rest goes through the page cache.
+            guard code == EINVAL else { return BodyPacing.cannotWrite(String(cString: strerror(code))) }
+            directRefused = true
+            done = 0
+        }
+        if done < job.count, let code = writeAll(plain, UnsafeRawBufferPointer(rebasing: bytes[done...]), at: job.offset + Int64(done)) {
+            return BodyPacing.cannotWrite(String(cString: strerror(code)))
         }
         return nil
     }
 
-    private func writeAll(_ fd: Int32, _ bytes: UnsafeRawBufferPointer, at offset: Int64) -> FetchError? {
+    /// Writes all of `bytes` at `offset`; the error number if a write failed. A short direct
+    /// write leaves the rest unaligned, and its next write then fails as refused.
+    private func writeAll(_ fd: Int32, _ bytes: UnsafeRawBufferPointer, at offset: Int64) -> Int32? {
         var done = 0
         while done < bytes.count {
             let n = pwrite(fd, bytes.baseAddress! + done, bytes.count - done, off_t(offset + Int64(done)))
             if n < 0 && errno == EINTR { continue }
-            guard n > 0 else { return BodyPacing.cannotWrite(String(cString: strerror(n < 0 ? errno : EIO))) }
+            guard n > 0 else { return n < 0 ? errno : EIO }
             done += n
         }
         return nil
