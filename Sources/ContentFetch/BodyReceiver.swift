@@ -84,7 +84,7 @@ final class BodyReceiver: HTTPClientResponseDelegate, Sendable {
     ) {
         self.fd = fd
         self.frontier = frontier
-        self.unbuffered = limiter == nil ? unbuffered : nil
+        self.unbuffered = unbuffered
         self.window = window
         self.limiter = limiter
         state = NIOLockedValueBox(State(pacing: BodyPacing(limiter: limiter)))

@@ -63,15 +63,14 @@ final class DirectBodyReader: Sendable {
 
     /// `frontier`: how far the fetcher has hashed the file, for ``WriteBehind`` (nil: pages are
     /// written back early but kept). `unbuffered`: the partial file's path, to write the body
-    /// around the page cache (``UnbufferedWriter``) where the file system can and no rate limit
-    /// applies; the fetcher then gets ``BodyReceiver/Event/piece(_:)`` events, which it hashes.
+    /// around the page cache (``UnbufferedWriter``) where the file system can; the fetcher then gets ``BodyReceiver/Event/piece(_:)`` events, which it hashes.
     init(
         fd: SystemPackage.FileDescriptor, window: Int, limiter: RateLimiter?, stallTimeout: Duration, frontier: HashFrontier? = nil,
         unbuffered: String? = nil
     ) {
         file = fd
         self.frontier = frontier
-        self.unbuffered = limiter == nil ? unbuffered : nil
+        self.unbuffered = unbuffered
         self.window = window
         self.limiter = limiter
         self.stallTimeout = stallTimeout

@@ -138,8 +138,9 @@ extension ContentFetcher {
             // A delta's ranges are not hashed as one archive: their pages are never dropped.
             let frontier = record.delta == nil ? partial.frontier : nil
             // One connection through the whole archive: every piece arrives where the hash stands,
-            // so it can be hashed from the reader's buffer and written around the page cache.
-            let unbuffered = workers == 1 && whole ? path : nil
+            // so it can be hashed from the reader's buffer and written around the page cache. Not
+            // under a rate limit, which paces reads in small steps that pieces would bunch up.
+            let unbuffered = workers == 1 && whole && limiter == nil ? path : nil
             do {
                 try await withThrowingTaskGroup(of: Void.self) { group in
                     for _ in 0..<workers {
