@@ -51,6 +51,7 @@ final class DirectBodyReader: Sendable {
     private let frontier: HashFrontier?
     /// The partial file's path, when the body is to be written around the page cache.
     private let unbuffered: String?
+    private let pool: PieceBufferPool
     private let state = Mutex(State())
     /// The reader thread sleeps on this while it waits for the fetcher (the head's disposition,
     /// a window below half, the rate limit's next slot); every change it may wait for signals it.
@@ -64,13 +65,15 @@ final class DirectBodyReader: Sendable {
     /// `frontier`: how far the fetcher has hashed the file, for ``WriteBehind`` (nil: pages are
     /// written back early but kept). `unbuffered`: the partial file's path, to write the body
     /// around the page cache (``UnbufferedWriter``) where the file system can; the fetcher then gets ``BodyReceiver/Event/piece(_:)`` events, which it hashes.
+    /// `pool`: where the buffers come from (the process's, shared by the downloads running).
     init(
         fd: SystemPackage.FileDescriptor, window: Int, limiter: RateLimiter?, stallTimeout: Duration, frontier: HashFrontier? = nil,
-        unbuffered: String? = nil
+        unbuffered: String? = nil, pool: PieceBufferPool = .shared
     ) {
         file = fd
         self.frontier = frontier
         self.unbuffered = unbuffered
+        self.pool = pool
         self.window = window
         self.limiter = limiter
         self.stallTimeout = stallTimeout
@@ -253,7 +256,7 @@ final class DirectBodyReader: Sendable {
     /// nil where the file system cannot, or when closed already.
     private func unbufferedWriter(path: String, fd: SystemPackage.FileDescriptor) -> UnbufferedWriter? {
         // Weak: pieces waiting in `events` hold the writer, and through it this closure.
-        let writer = UnbufferedWriter(path: path, plain: fd) { [weak self] piece in
+        let writer = UnbufferedWriter(path: path, plain: fd, pool: pool) { [weak self] piece in
             guard let self else { return }
             // On disk now: the journal may record it.
             state.withLock { $0.position = piece.offset + Int64(piece.count) }

@@ -23,7 +23,8 @@ import SystemPackage
 ///
 /// Pieces after the first start at a multiple of ``alignment``, as unbuffered writes must; the
 /// first (a resumed download starts anywhere) and the last piece's tail go through the ordinary
-/// descriptor. Memory is ``pieces`` x ``pieceSize``, whatever the archive's size.
+/// descriptor. Memory is at most ``pieces`` x ``pieceSize``, whatever the archive's size, from a
+/// ``PieceBufferPool`` that downloads running side by side share.
 final class UnbufferedWriter: @unchecked Sendable {
     static let pieceSize = 4 << 20
     static let pieces = 4
@@ -35,10 +36,11 @@ final class UnbufferedWriter: @unchecked Sendable {
     struct Piece: @unchecked Sendable {
         fileprivate let owner: UnbufferedWriter
         fileprivate let slot: Int
+        fileprivate let buffer: UnsafeMutableRawBufferPointer
         let offset: Int64
         let count: Int
 
-        var bytes: UnsafeRawBufferPointer { UnsafeRawBufferPointer(rebasing: owner.buffer(slot)[0..<count]) }
+        var bytes: UnsafeRawBufferPointer { UnsafeRawBufferPointer(rebasing: buffer[0..<count]) }
 
         /// The fetcher is done with the bytes: the reader may fill the buffer again.
         func release() { owner.release(slot) }
@@ -46,11 +48,13 @@ final class UnbufferedWriter: @unchecked Sendable {
 
     private struct Job {
         let slot: Int
+        let buffer: UnsafeMutableRawBufferPointer
         let offset: Int64
         let count: Int
     }
 
-    private let memory: UnsafeMutableRawBufferPointer
+    private let pool: PieceBufferPool
+    private var member: PieceBufferPool.Member?
     private let direct: Int32
     /// A duplicate of the caller's descriptor, closed with the writer: the thread may finish a
     /// write after the caller gave up and closed its own, and must not write into whatever file
@@ -59,7 +63,8 @@ final class UnbufferedWriter: @unchecked Sendable {
     private let written: @Sendable (Piece) -> Void
     /// Guards everything below.
     private let condition = NSCondition()
-    private var free: [Int]
+    /// The pool's buffer each slot holds while taken: being filled, queued, written or hashed.
+    private var held: [UnsafeMutableRawBufferPointer?] = Array(repeating: nil, count: UnbufferedWriter.pieces)
     private var jobs: [Job] = []
     private var finished = false
     private var cancelled = false
@@ -74,8 +79,8 @@ final class UnbufferedWriter: @unchecked Sendable {
     /// Opens `path` again for unbuffered writes; nil where the file system has none, and the body
     /// then goes through the page cache. `plain` (the caller's descriptor of the same file,
     /// duplicated) writes the unaligned edges. `written` is called on the writer's thread, in order, as each
-    /// piece is on disk.
-    init?(path: String, plain: SystemPackage.FileDescriptor, written: @escaping @Sendable (Piece) -> Void) {
+    /// piece is on disk. The buffers come from `pool`.
+    init?(path: String, plain: SystemPackage.FileDescriptor, pool: PieceBufferPool = .shared, written: @escaping @Sendable (Piece) -> Void) {
         #if os(Linux)
             guard cwriteback_o_direct != 0 else { return nil }
             let fd = open(path, O_WRONLY | cwriteback_o_direct | O_CLOEXEC)
@@ -91,13 +96,15 @@ final class UnbufferedWriter: @unchecked Sendable {
             return nil
         #endif
         self.written = written
-        memory = UnsafeMutableRawBufferPointer.allocate(byteCount: Self.pieces * Self.pieceSize, alignment: Self.alignment)
-        free = Array(0..<Self.pieces)
+        self.pool = pool
+        // Weak: the pool outlives the writer, which leaves it in `deinit`.
+        member = pool.join { [weak self] in self?.bufferFreed() }
         Thread.detachNewThread { [self] in writeLoop() }
     }
 
     deinit {
-        memory.deallocate()
+        // Nothing else can touch the buffers now: pieces and the thread hold the writer.
+        if let member { pool.leave(member, returning: held.compactMap { $0 }) }
         close(direct)
         close(plain)
     }
@@ -110,18 +117,15 @@ final class UnbufferedWriter: @unchecked Sendable {
         return Int(min(Int64(pieceSize - misaligned), max(1, end - position)))
     }
 
-    fileprivate func buffer(_ slot: Int) -> UnsafeMutableRawBufferPointer {
-        UnsafeMutableRawBufferPointer(rebasing: memory[(slot * Self.pieceSize)..<((slot + 1) * Self.pieceSize)])
-    }
-
     /// A free buffer to fill, waiting for one; nil once cancelled or a write failed.
     func acquire() -> (slot: Int, buffer: UnsafeMutableRawBufferPointer)? {
         condition.lock()
         defer { condition.unlock() }
-        while free.isEmpty && !cancelled && failure == nil { condition.wait() }
-        guard !cancelled, failure == nil else { return nil }
-        let slot = free.removeLast()
-        return (slot, buffer(slot))
+        while !cancelled && failure == nil {
+            if let taken = takeLocked() { return taken }
+            condition.wait()
+        }
+        return nil
     }
 
     /// A free buffer if there is one now, for callers that must not wait (an event loop); nil
@@ -129,21 +133,43 @@ final class UnbufferedWriter: @unchecked Sendable {
     func tryAcquire() -> (slot: Int, buffer: UnsafeMutableRawBufferPointer)? {
         condition.lock()
         defer { condition.unlock() }
-        guard !cancelled, failure == nil, let slot = free.popLast() else { return nil }
-        return (slot, buffer(slot))
+        guard !cancelled, failure == nil else { return nil }
+        return takeLocked()
     }
 
-    /// Runs `body` once a buffer is free, or the writer stopped (at once if so already); on
+    /// Runs `body` once a buffer may be free, or the writer stopped (at once if so already); on
     /// whichever thread frees it.
     func whenFree(_ body: @escaping @Sendable () -> Void) {
         condition.lock()
-        guard free.isEmpty, !cancelled, failure == nil else {
+        guard !cancelled, failure == nil, !canTakeLocked() else {
             condition.unlock()
             body()
             return
         }
         freeWaiters.append(body)
         condition.unlock()
+    }
+
+    /// Takes a buffer from the pool into a free slot; the caller holds `condition`.
+    private func takeLocked() -> (slot: Int, buffer: UnsafeMutableRawBufferPointer)? {
+        guard let member, let slot = held.firstIndex(where: { $0 == nil }), let buffer = pool.take(for: member) else { return nil }
+        held[slot] = buffer
+        return (slot, buffer)
+    }
+
+    private func canTakeLocked() -> Bool {
+        guard let member else { return false }
+        return held.contains { $0 == nil } && pool.wouldTake(for: member)
+    }
+
+    /// A buffer came back to the pool (this writer's or another's): waiting fillers ask again.
+    private func bufferFreed() {
+        condition.lock()
+        let waiters = freeWaiters
+        freeWaiters = []
+        condition.broadcast()
+        condition.unlock()
+        for waiter in waiters { waiter() }
     }
 
     /// Why the writer stopped taking pieces, if it did: a write's failure, or a cancellation.
@@ -158,7 +184,11 @@ final class UnbufferedWriter: @unchecked Sendable {
     func submit(slot: Int, offset: Int64, count: Int) {
         guard count > 0 else { return release(slot) }
         condition.lock()
-        jobs.append(Job(slot: slot, offset: offset, count: count))
+        guard let buffer = held[slot] else {
+            condition.unlock()
+            preconditionFailure("submitted a slot that holds no buffer")
+        }
+        jobs.append(Job(slot: slot, buffer: buffer, offset: offset, count: count))
         condition.broadcast()
         condition.unlock()
     }
@@ -202,12 +232,11 @@ final class UnbufferedWriter: @unchecked Sendable {
 
     private func release(_ slot: Int) {
         condition.lock()
-        free.append(slot)
-        let waiters = freeWaiters
-        freeWaiters = []
-        condition.broadcast()
+        let buffer = held[slot]
+        held[slot] = nil
         condition.unlock()
-        for waiter in waiters { waiter() }
+        // The pool tells every member, this one too (``bufferFreed()``).
+        if let buffer, let member { pool.give(buffer, from: member) }
     }
 
     private func writeLoop() {
@@ -230,7 +259,7 @@ final class UnbufferedWriter: @unchecked Sendable {
             let error = write(job)
             // Handed over before the next piece is taken, and before the thread ends: the end of
             // the body, which `finish` lets the caller report, follows every piece.
-            if error == nil { written(Piece(owner: self, slot: job.slot, offset: job.offset, count: job.count)) }
+            if error == nil { written(Piece(owner: self, slot: job.slot, buffer: job.buffer, offset: job.offset, count: job.count)) }
             if let error {
                 condition.lock()
                 failure = error
@@ -242,7 +271,7 @@ final class UnbufferedWriter: @unchecked Sendable {
     /// Writes a piece: its aligned part unbuffered, the rest (an unaligned start or end) through
     /// the page cache.
     private func write(_ job: Job) -> FetchError? {
-        let bytes = UnsafeRawBufferPointer(rebasing: buffer(job.slot)[0..<job.count])
+        let bytes = UnsafeRawBufferPointer(rebasing: job.buffer[0..<job.count])
         let alignment = Int64(Self.alignment)
         var done = !directRefused && job.offset % alignment == 0 ? Int(Int64(job.count) / alignment * alignment) : 0
         if done > 0, let code = writeAll(direct, UnsafeRawBufferPointer(rebasing: bytes[0..<done]), at: job.offset) {

@@ -83,7 +83,7 @@ struct DirectBodyReaderTests {
     ) async -> Outcome {
         guard let fd = try? FileDescriptor.open(file, .readWrite, options: [.create], permissions: .ownerReadWrite) else { return Outcome() }
         defer { if !closeEarly { try? fd.close() } }
-        let reader = DirectBodyReader(fd: fd, window: 1 << 20, limiter: nil, stallTimeout: stall, unbuffered: unbuffered ? file : nil)
+        let reader = DirectBodyReader(fd: fd, window: 1 << 20, limiter: nil, stallTimeout: stall, unbuffered: unbuffered ? file : nil, pool: PieceBufferPool(limit: UnbufferedWriter.pieces))
         reader.start(url: server.url, headers: [("Range", "bytes=\(from)-\(to - 1)")])
         if closeEarly { try? fd.close() }
         defer { reader.close() }
@@ -293,7 +293,8 @@ struct BodyReceiverUnbufferedTests {
     func run(_ server: ScriptedServer, file: String, from: Int64, to: Int64) async throws -> (pieces: [(offset: Int64, bytes: [UInt8])], ended: Bool, error: Error?) {
         let fd = try FileDescriptor.open(file, .readWrite, options: [.create], permissions: .ownerReadWrite)
         defer { try? fd.close() }
-        let receiver = BodyReceiver(fd: fd, window: 1 << 20, unbuffered: file)
+        // A pool of its own: the pieces held back below must not wait on other tests' downloads.
+        let receiver = BodyReceiver(fd: fd, window: 1 << 20, unbuffered: file, pool: PieceBufferPool(limit: UnbufferedWriter.pieces))
         let client = HTTPClient(eventLoopGroupProvider: .singleton)
         let task = client.execute(request: try HTTPClient.Request(url: server.url), delegate: receiver)
         var pieces: [(offset: Int64, bytes: [UInt8])] = []
