@@ -8,10 +8,17 @@ import Foundation
 /// finished), so a test can stop it
 /// exactly where a power cut could. With `IAP_FETCH_STOP_AT=<name>` it stops (SIGSTOP) there
 /// instead, for a test to change something at that point (`delta-sources-chosen`: the installed
-/// files a delta update reuses chosen, none linked yet). Without the variables this does nothing.
+/// files a delta update reuses chosen, none linked yet). With `IAP_FETCH_REFUSE=<name>` an
+/// operation fails there as a kernel this machine does not run could make it fail
+/// (`direct-write`: every write around the page cache after the first refused with `EINVAL`, as
+/// by a file system that opens files for direct I/O but takes no writes of 4096-byte blocks).
+/// Without the variables this does nothing.
 enum Failpoint {
     static let armed = ProcessInfo.processInfo.environment["IAP_FETCH_KILL_AT"]
     static let stopping = ProcessInfo.processInfo.environment["IAP_FETCH_STOP_AT"]
+    static let refusing = ProcessInfo.processInfo.environment["IAP_FETCH_REFUSE"]
+
+    static func refuses(_ name: String) -> Bool { refusing == name }
 
     static func hit(_ name: String) {
         if armed == name { kill(getpid(), SIGKILL) }
