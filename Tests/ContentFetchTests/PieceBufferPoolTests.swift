@@ -116,4 +116,34 @@ struct PieceBufferPoolTests {
         await waitUntil(.seconds(20)) { pool.allocatedCount == 0 }
         #expect(pool.allocatedCount == 0, "the writers left, and with them the buffers")
     }
+
+    @Test("a download closed part-way, its pieces dropped without being given back, returns every buffer to the pool")
+    func closedPartWay() async throws {
+        let tmp = try TemporaryFolder(onDisk: ())
+        let pool = PieceBufferPool(limit: UnbufferedWriter.pieces)
+        // Ten of twenty MiB, then silence: the reader waits on the socket with a buffer it fills.
+        let body = [UInt8](repeating: 0x5a, count: 10 << 20)
+        let server = try ScriptedServer(answer: Array("HTTP/1.1 200 OK\r\nContent-Length: \(20 << 20)\r\n\r\n".utf8) + body, stall: true)
+        let file = tmp.sub("partial")
+        do {
+            let fd = try FileDescriptor.open(file, .readWrite, options: [.create], permissions: .ownerReadWrite)
+            defer { try? fd.close() }
+            let reader = DirectBodyReader(fd: fd, window: 1 << 20, limiter: nil, stallTimeout: .seconds(60), unbuffered: file, pool: pool)
+            reader.start(url: server.url, headers: [])
+            var kept: UnbufferedWriter.Piece?
+            for try await event in reader.events {
+                if case .head = event { reader.proceed(.write(from: 0, to: 20 << 20)) }
+                if case .piece(let piece) = event {
+                    // Held, never released: as when the fetcher gives up with pieces still queued.
+                    kept = piece
+                    break
+                }
+            }
+            #expect(kept?.count == UnbufferedWriter.pieceSize)
+            #expect(pool.allocatedCount >= 2, "the piece held and the one being filled")
+            reader.close()
+        }
+        await waitUntil(.seconds(20)) { pool.allocatedCount == 0 }
+        #expect(pool.allocatedCount == 0, "the writer left the pool with what it held")
+    }
 }
