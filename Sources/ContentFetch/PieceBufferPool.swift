@@ -5,15 +5,17 @@ import Foundation
 /// writer holding four of its own took a restore of three 256 MiB archives from a 40 MiB peak to
 /// 83 MiB. One download alone still gets all of them, as fast as before.
 ///
-/// Each member (a writer) is sure of one buffer: a member holding some gets another only while
-/// that leaves a buffer for every member holding none, and a member that joins while the others
-/// hold every buffer gets the next one given back (within a piece's write and hash: a member's
-/// reader holds at most the one it fills, the rest are on their way back). So the buffers in use
-/// stay at most `max(limit, members)`. A buffer goes back to the pool once its piece is hashed, and is
-/// filled again by whichever member asks next: buffers are reused, not allocated per piece, since
-/// the first touch of fresh memory is slow on some virtual machines (2.7 µs a page on this
-/// project's). Once no member is left, the pool frees them, so a process that embeds the fetcher
-/// does not keep them between downloads.
+/// At most ``limit`` members (writers): a download beyond them writes through the page cache with
+/// write-behind, which needs no buffers of its own, so the buffers stay ``limit`` however many
+/// downloads run (`--parallel` goes up to 8). Each member is sure of one: a member holding some
+/// gets another only while that leaves a buffer for every member holding none, and a member that
+/// joins while the others hold every buffer gets the next one given back (within a piece's write
+/// and hash: a member's reader holds at most the one it fills, the rest are on their way back).
+/// A buffer goes back to the pool once its piece is hashed, and is filled again by whichever
+/// member asks next: buffers are reused, not allocated per piece, since the first touch of fresh
+/// memory is slow on some virtual machines (2.7 µs a page on this project's). Once no member is
+/// left, the pool frees them, so a process that embeds the fetcher does not keep them between
+/// downloads.
 final class PieceBufferPool: @unchecked Sendable {
     /// The pool of the process's downloads.
     static let shared = PieceBufferPool(limit: 4)
@@ -23,7 +25,7 @@ final class PieceBufferPool: @unchecked Sendable {
         fileprivate let id: Int
     }
 
-    /// The most buffers held at once, unless more members than that each hold their one.
+    /// The most buffers held at once, and the most members.
     let limit: Int
     private let lock = NSLock()
     private var free: [UnsafeMutableRawBufferPointer] = []
@@ -38,11 +40,13 @@ final class PieceBufferPool: @unchecked Sendable {
         self.limit = limit
     }
 
-    /// Registers a member; `whenFreed` runs (on the thread that gave a buffer back, with no lock
-    /// held) each time a buffer comes back, so a member waiting for one asks again.
-    func join(whenFreed: @escaping @Sendable () -> Void) -> Member {
+    /// Registers a member; nil when ``limit`` members are in already. `whenFreed` runs (on the
+    /// thread that gave a buffer back, with no lock held) each time a buffer comes back, so a
+    /// member waiting for one asks again.
+    func join(whenFreed: @escaping @Sendable () -> Void) -> Member? {
         lock.lock()
         defer { lock.unlock() }
+        guard members.count < limit else { return nil }
         nextID += 1
         members[nextID] = (0, whenFreed)
         return Member(id: nextID)
@@ -101,15 +105,14 @@ final class PieceBufferPool: @unchecked Sendable {
 
     private func allows(_ held: Int) -> Bool {
         let inUse = allocated - free.count
-        guard held > 0 else { return inUse < max(limit, members.count) }
+        guard held > 0 else { return inUse < limit }
         let waitingForFirst = members.values.filter { $0.held == 0 }.count
         return inUse + waitingForFirst < limit
     }
 
-    /// Frees what no one will ask for: every free buffer once no member is left, and those
-    /// beyond one for each member or the limit (when more members than that each held one).
+    /// Frees every free buffer once no member is left, so none is kept between downloads.
     private func trim() {
-        while !free.isEmpty && (members.isEmpty || allocated > max(limit, members.count)) {
+        while !free.isEmpty && members.isEmpty {
             free.removeLast().deallocate()
             allocated -= 1
         }

@@ -78,8 +78,8 @@ final class UnbufferedWriter: @unchecked Sendable {
     /// Touched by the writer's thread only: direct writes made.
     private var directWrites = 0
 
-    /// Opens `path` again for unbuffered writes; nil where the file system has none, and the body
-    /// then goes through the page cache. `plain` (the caller's descriptor of the same file,
+    /// Opens `path` again for unbuffered writes; nil where the file system has none, or `pool`
+    /// has as many writers as buffers already, and the body then goes through the page cache. `plain` (the caller's descriptor of the same file,
     /// duplicated) writes the unaligned edges. `written` is called on the writer's thread, in order, as each
     /// piece is on disk. The buffers come from `pool`.
     init?(path: String, plain: SystemPackage.FileDescriptor, pool: PieceBufferPool = .shared, written: @escaping @Sendable (Piece) -> Void) {
@@ -101,6 +101,8 @@ final class UnbufferedWriter: @unchecked Sendable {
         self.pool = pool
         // Weak: the pool outlives the writer, which leaves it in `deinit`.
         member = pool.join { [weak self] in self?.bufferFreed() }
+        // `deinit` closes the descriptors.
+        guard member != nil else { return nil }
         Thread.detachNewThread { [self] in writeLoop() }
     }
 
