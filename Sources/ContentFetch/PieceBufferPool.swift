@@ -33,8 +33,8 @@ final class PieceBufferPool: @unchecked Sendable {
     private var allocated = 0
     private var nextID = 0
     private var members: [Int: (held: Int, whenFreed: @Sendable () -> Void)] = [:]
-    /// The most buffers members held at once, for tests of the budget.
-    private(set) var highWater = 0
+    /// The most buffers members held at once (``highWater``).
+    private var peak = 0
 
     init(limit: Int) {
         self.limit = limit
@@ -52,7 +52,8 @@ final class PieceBufferPool: @unchecked Sendable {
         return Member(id: nextID)
     }
 
-    /// Ends a membership, taking back what the member still holds.
+    /// Ends a membership, taking back what the member still holds; the others are told, since a
+    /// member that held none no longer keeps a buffer from them either.
     func leave(_ member: Member, returning buffers: [UnsafeMutableRawBufferPointer]) {
         lock.lock()
         members[member.id] = nil
@@ -60,7 +61,7 @@ final class PieceBufferPool: @unchecked Sendable {
         trim()
         let listeners = members.values.map(\.whenFreed)
         lock.unlock()
-        if !buffers.isEmpty { for listener in listeners { listener() } }
+        for listener in listeners { listener() }
     }
 
     /// A buffer of ``UnbufferedWriter/pieceSize`` bytes, aligned for unbuffered writes; nil when
@@ -71,7 +72,7 @@ final class PieceBufferPool: @unchecked Sendable {
         defer { lock.unlock() }
         guard let entry = members[member.id], allows(entry.held) else { return nil }
         members[member.id]?.held += 1
-        highWater = max(highWater, allocated - free.count + 1)
+        peak = max(peak, allocated - free.count + 1)
         if let buffer = free.popLast() { return buffer }
         allocated += 1
         return UnsafeMutableRawBufferPointer.allocate(byteCount: UnbufferedWriter.pieceSize, alignment: UnbufferedWriter.alignment)
@@ -94,6 +95,13 @@ final class PieceBufferPool: @unchecked Sendable {
         let listeners = members.values.map(\.whenFreed)
         lock.unlock()
         for listener in listeners { listener() }
+    }
+
+    /// The most buffers members held at once, for tests of the budget.
+    var highWater: Int {
+        lock.lock()
+        defer { lock.unlock() }
+        return peak
     }
 
     /// Buffers allocated now, free or held.

@@ -54,6 +54,19 @@ struct PieceBufferPoolTests {
         #expect(pool.take(for: b) != nil && pool.highWater == 4)
     }
 
+    @Test("a member that leaves holding none frees the buffer it was sure of for the others, and they are told")
+    func leavingFreesItsShare() throws {
+        let pool = PieceBufferPool(limit: 2)
+        let told = Mutex(0)
+        let a = try #require(pool.join { told.withLock { $0 += 1 } })
+        let b = try #require(pool.join {})
+        #expect(pool.take(for: a) != nil)
+        #expect(pool.take(for: a) == nil, "the second is b's")
+        pool.leave(b, returning: [])
+        #expect(told.withLock { $0 } == 1)
+        #expect(pool.take(for: a) != nil)
+    }
+
     @Test("no more members than buffers: the one beyond them is refused (its download goes through the page cache), and taken again once one leaves")
     func full() throws {
         let pool = PieceBufferPool(limit: 2)
