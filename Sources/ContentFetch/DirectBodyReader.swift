@@ -64,8 +64,9 @@ final class DirectBodyReader: Sendable {
 
     /// `frontier`: how far the fetcher has hashed the file, for ``WriteBehind`` (nil: pages are
     /// written back early but kept). `unbuffered`: the partial file's path, to write the body
-    /// around the page cache (``UnbufferedWriter``) where the file system can; the fetcher then gets ``BodyReceiver/Event/piece(_:)`` events, which it hashes.
-    /// `pool`: where the buffers come from (the process's, shared by the downloads running).
+    /// around the page cache (``UnbufferedWriter``) where the file system can; the fetcher then
+    /// gets ``BodyReceiver/Event/piece(_:)`` events, which it hashes. `pool`: where the buffers
+    /// come from (the process's, shared by the downloads running).
     init(
         fd: SystemPackage.FileDescriptor, window: Int, limiter: RateLimiter?, stallTimeout: Duration, frontier: HashFrontier? = nil,
         unbuffered: String? = nil, pool: PieceBufferPool = .shared

@@ -10,7 +10,7 @@ import Foundation
 /// instead, for a test to change something at that point (`delta-sources-chosen`: the installed
 /// files a delta update reuses chosen, none linked yet). With `IAP_FETCH_REFUSE=<name>` an
 /// operation fails there as a kernel this machine does not run could make it fail
-/// (`direct-write`: every write around the page cache after the first refused with `EINVAL`, as
+/// (`direct-write`: every write around the page cache but one at the file's start refused with `EINVAL`, as
 /// by a file system that opens files for direct I/O but takes no writes of 4096-byte blocks).
 /// Without the variables this does nothing.
 enum Failpoint {

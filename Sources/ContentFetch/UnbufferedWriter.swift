@@ -75,13 +75,12 @@ final class UnbufferedWriter: @unchecked Sendable {
     private var freeWaiters: [@Sendable () -> Void] = []
     /// Touched by the writer's thread only: the file system refused a direct write.
     private var directRefused = false
-    /// Touched by the writer's thread only: direct writes made.
-    private var directWrites = 0
 
     /// Opens `path` again for unbuffered writes; nil where the file system has none, or `pool`
-    /// has as many writers as buffers already, and the body then goes through the page cache. `plain` (the caller's descriptor of the same file,
-    /// duplicated) writes the unaligned edges. `written` is called on the writer's thread, in order, as each
-    /// piece is on disk. The buffers come from `pool`.
+    /// has as many writers as buffers already, and the body then goes through the page cache.
+    /// `plain` (the caller's descriptor of the same file, duplicated) writes the unaligned edges.
+    /// `written` is called on the writer's thread, in order, as each piece is on disk. The
+    /// buffers come from `pool`.
     init?(path: String, plain: SystemPackage.FileDescriptor, pool: PieceBufferPool = .shared, written: @escaping @Sendable (Piece) -> Void) {
         #if os(Linux)
             guard cwriteback_o_direct != 0 else { return nil }
@@ -278,8 +277,7 @@ final class UnbufferedWriter: @unchecked Sendable {
         let bytes = UnsafeRawBufferPointer(rebasing: job.buffer[0..<job.count])
         let alignment = Int64(Self.alignment)
         var done = !directRefused && job.offset % alignment == 0 ? Int(Int64(job.count) / alignment * alignment) : 0
-        let refused = done > 0 && directWrites > 0 && Failpoint.refuses("direct-write")
-        if done > 0 { directWrites += 1 }
+        let refused = job.offset > 0 && Failpoint.refuses("direct-write")
         if done > 0, let code = refused ? EINVAL : writeAll(direct, UnsafeRawBufferPointer(rebasing: bytes[0..<done]), at: job.offset) {
             // A file system that opens for direct I/O but refuses the write (its block size is
             // larger, or it only pretends): the rest goes through the page cache.
