@@ -9,14 +9,17 @@
 # meaningful where their speeds overlap, not for the uncorked loop at twice nginx's speed).
 # Why: on loopback a download's kernel work is charged to whichever side's context runs it, so the
 # server's share there can move without the server doing more or less work. The two C loops differ
-# in one socket option: across a link (LINK=4gbit) they cost the same, on loopback the uncorked one
-# is charged several times the CPU for a faster download and less work in all
-# (docs/performance.md, twenty-third stop); a faster round is charged more whatever sends it
-# (twenty-fourth stop).
+# in one socket option: across a link (LINK=4gbit) they cost the same; on loopback the uncorked one
+# was charged several times the CPU for a faster download and less work in all on the VM type of
+# the twenty-third stop, and on the later one (kernel 6.18) it is slower and costs more in all
+# (docs/performance.md, twenty-third and thirty-fifth stops); a faster round is charged more
+# whatever sends it (twenty-fourth stop).
 # LOOPS: the C loops to run, each <corked|uncorked>[:<turn KiB>[:level|edge]] (sendloop.c), e.g.
 #   LOOPS="corked corked:8192 corked:2048:edge"; default "corked uncorked".
+# ALSO="<iap-server binary> ...": other builds of iap-server in the same rotation (a change against
+#   the shipped code: copy .build/release/iap-server aside, build the change, name the copy here).
 # LINK=<rate>: curl behind a veth link of that rate, as in tools/bench-serve.sh (needs root).
-# Usage: [ROUNDS=n] [LOOPS=...] [LINK=rate] tools/bench-cork.sh
+# Usage: [ROUNDS=n] [LOOPS=...] [ALSO=...] [LINK=rate] tools/bench-cork.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${ROUNDS:-40}
@@ -37,6 +40,22 @@ size=$(stat -c %s "$archive")
 start_sandbox_server "$work" com.example.bench "$archive"
 declare -A url pids
 url[iap-server]=$(grant_url "$work" bench.archive); pids[iap-server]=$server_pid
+# ALSO: more iap-server builds, each on a copy of the data folder whose archives are hard links (the
+# same file, the same page cache), named by their order: iap-server-2, iap-server-3, ...
+also_names=()
+for other in ${ALSO:-}; do
+  n=$((${#also_names[@]} + 2)); data="$work/data-$n"
+  cp -al "$work/data" "$data"
+  # The catalog is the copy's own (not a link to the first server's files).
+  find "$data" -type f ! -path '*/archives/*' | while read -r f; do cp --remove-destination "$work/data/${f#"$data"/}" "$f"; done
+  LOG_LEVEL=error "$other" serve --data "$data" --bundle-id com.example.bench --trust-root "$work/sandbox/root.cer" --environment sandbox \
+    --port 0 --port-file "$work/port-$n" --token-ttl 86400 ${SERVER_ARGS:-} > "$work/server-$n.log" 2>&1 &
+  pids[iap-server-$n]=$!
+  for _ in $(seq 200); do [ -s "$work/port-$n" ] && break; sleep 0.05; done
+  [ -s "$work/port-$n" ] || { echo "$other did not start: $(cat "$work/server-$n.log")" >&2; exit 1; }
+  url[iap-server-$n]=$(base="http://127.0.0.1:$(cat "$work/port-$n")" grant_url "$work" bench.archive)
+  also_names+=("iap-server-$n")
+done
 # Every server sends the very file iap-server stores (hard links), as in tools/bench-serve.sh.
 stored=$(ls "$work"/data/archives/*.zip | head -1)
 mkdir -p "$work/www"; ln "$stored" "$work/www/archive.zip"; chmod 755 "$work/www"; chmod 644 "$work/www/archive.zip"
@@ -44,7 +63,7 @@ nginx_port=$(free_port)
 start_nginx "$work" "server { listen 127.0.0.1:$nginx_port; ${LINK:+listen 10.231.0.1:$nginx_port;} root $work/www; }"
 url[nginx]="http://127.0.0.1:$nginx_port/archive.zip"
 pids[nginx]="$(cat "$work/nginx.pid") $(pgrep -P "$(cat "$work/nginx.pid")" | tr '\n' ' ')"
-names=(iap-server nginx)
+names=(iap-server nginx ${also_names[@]+"${also_names[@]}"})
 for loop in ${LOOPS:-corked uncorked}; do
   IFS=: read -r mode turn trigger <<< "$loop"
   port=$(free_port)
