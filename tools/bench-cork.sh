@@ -48,12 +48,10 @@ for other in ${ALSO:-}; do
   cp -al "$work/data" "$data"
   # The catalog is the copy's own (not a link to the first server's files).
   find "$data" -type f ! -path '*/archives/*' | while read -r f; do cp --remove-destination "$work/data/${f#"$data"/}" "$f"; done
-  LOG_LEVEL=error "$other" serve --data "$data" --bundle-id com.example.bench --trust-root "$work/sandbox/root.cer" --environment sandbox \
-    --port 0 --port-file "$work/port-$n" --token-ttl 86400 ${SERVER_ARGS:-} > "$work/server-$n.log" 2>&1 &
-  pids[iap-server-$n]=$!
-  for _ in $(seq 200); do [ -s "$work/port-$n" ] && break; sleep 0.05; done
-  [ -s "$work/port-$n" ] || { echo "$other did not start: $(cat "$work/server-$n.log")" >&2; exit 1; }
-  url[iap-server-$n]=$(base="http://127.0.0.1:$(cat "$work/port-$n")" grant_url "$work" bench.archive)
+  first=$base
+  serve_sandbox "$other" "$work" "$data" com.example.bench "-$n"
+  url[iap-server-$n]=$(grant_url "$work" bench.archive); pids[iap-server-$n]=$server_pid
+  base=$first
   also_names+=("iap-server-$n")
 done
 # Every server sends the very file iap-server stores (hard links), as in tools/bench-serve.sh.

@@ -21,12 +21,20 @@ start_sandbox_server() { # work bundle archive...
   local work=$1 bundle=$2; shift 2
   "$bin/iap-sandbox" init --dir "$work/sandbox" --bundle-id "$bundle" >/dev/null
   for archive in "$@"; do "$bin/iap-server" publish --data "$work/data" "$archive" >/dev/null; done
-  LOG_LEVEL=${LOG_LEVEL:-error} "$bin/iap-server" serve --data "$work/data" --bundle-id "$bundle" --trust-root "$work/sandbox/root.cer" \
-    --environment sandbox --port 0 --port-file "$work/port" --token-ttl 86400 ${SERVER_ARGS:-} > "$work/server.log" 2>&1 &
+  serve_sandbox "$bin/iap-server" "$work" "$work/data" "$bundle" ""
+}
+
+# serve_sandbox <iap-server binary> <work> <data> <bundle> <tag>: that build serving <data>, trusting
+# the sandbox of <work>; its port and log are <work>/port<tag> and <work>/server<tag>.log.
+# Sets server_pid and base.
+serve_sandbox() {
+  local server=$1 work=$2 data=$3 bundle=$4 tag=$5
+  LOG_LEVEL=${LOG_LEVEL:-error} "$server" serve --data "$data" --bundle-id "$bundle" --trust-root "$work/sandbox/root.cer" \
+    --environment sandbox --port 0 --port-file "$work/port$tag" --token-ttl 86400 ${SERVER_ARGS:-} > "$work/server$tag.log" 2>&1 &
   server_pid=$!
-  for _ in $(seq 200); do [ -s "$work/port" ] && break; sleep 0.05; done
-  [ -s "$work/port" ] || { echo "iap-server did not start: $(cat "$work/server.log")" >&2; return 1; }
-  base="http://127.0.0.1:$(cat "$work/port")"
+  for _ in $(seq 200); do [ -s "$work/port$tag" ] && break; sleep 0.05; done
+  [ -s "$work/port$tag" ] || { echo "$server did not start: $(cat "$work/server$tag.log")" >&2; return 1; }
+  base="http://127.0.0.1:$(cat "$work/port$tag")"
 }
 
 # Prints the download URL the server grants for the signed transaction in <file>.
