@@ -95,7 +95,9 @@ extension ContentStore {
 
     /// What is wrong with `version`'s files, if anything, and the bytes read to tell. Without
     /// `readingContents`, only what `stat` tells: presence and size (for readiness, and a
-    /// quick check). Without `includingManifest`, the archive alone (what serving needs).
+    /// quick check), and other bytes at the published size that an earlier read in this process
+    /// found in the file as it still is (``recordedDigest(sha256:stamp:)``). Without
+    /// `includingManifest`, the archive alone (what serving needs).
     /// Blocks: call it off the event loops and the concurrency pool.
     public func damage(of version: PublishedVersion, readingContents: Bool, includingManifest: Bool = true) -> (ArchiveDamage?, Int64) {
         let path = archivePath(sha256: version.sha256)
@@ -106,7 +108,9 @@ extension ContentStore {
         guard Int64(info.st_size) == version.size else { return (.wrongSize(onDisk: Int64(info.st_size)), 0) }
         guard access(path, R_OK) == 0 else { return (.unreadable(ioFailureMessage(errno, action: "read", path: path)), 0) }
         let manifest = manifestPath(sha256: version.sha256)
+        let stamp = FileIdentity(info)
         guard readingContents else {
+            if let digest = recordedDigest(sha256: version.sha256, stamp: stamp) { return (.wrongDigest(onDisk: digest), 0) }
             return (includingManifest && version.manifestSHA256 != nil && access(manifest, F_OK) != 0 ? .manifestMissing : nil, 0)
         }
         var read: Int64 = 0
@@ -115,7 +119,18 @@ extension ContentStore {
         case .success(let (size, digest)):
             read += size
             guard size == version.size else { return (.wrongSize(onDisk: size), read) }
-            guard digest == version.sha256 else { return (.wrongDigest(onDisk: digest), read) }
+            // Kept under the file's stamp from before the read: a repair that renamed a new file
+            // over it meanwhile has another, and is not taken for the damaged one.
+            let found = rotten.withLock { rotten in
+                let known = rotten[version.sha256]
+                rotten[version.sha256] = digest == version.sha256 ? nil : (stamp, digest)
+                return known.map { $0.stamp == stamp && $0.digest == digest } ?? false
+            }
+            guard digest == version.sha256 else {
+                // Readiness looks again rather than answering from its last "ready".
+                if !found { forgetReady() }
+                return (.wrongDigest(onDisk: digest), read)
+            }
         }
         guard includingManifest, let published = version.manifestSHA256 else { return (nil, read) }
         guard access(manifest, F_OK) == 0 else { return (.manifestMissing, read) }
@@ -125,6 +140,29 @@ extension ContentStore {
             read += size
             return (digest == published ? nil : .manifestWrongDigest(onDisk: digest), read)
         }
+    }
+}
+
+extension ContentStore {
+    /// Reads `version`'s archive through (off the concurrency pool, its pages dropped after, as
+    /// ``checkArchives(readingContents:found:)`` does) and returns the damage when its bytes are
+    /// not the published ones at the published size and this was not known of the file as it is:
+    /// from then on ``damage(of:readingContents:includingManifest:)`` reports it without reading.
+    /// Nil for an intact archive, one already known damaged, and one missing or of another size
+    /// (what `stat` tells is the readiness check's and the replicas' catch-up's to find).
+    public func findRot(in version: PublishedVersion) async -> ArchiveDamage? {
+        guard let before = FileIdentity.of(archivePath(sha256: version.sha256)) else { return nil }
+        let known = recordedDigest(sha256: version.sha256, stamp: before) != nil
+        let damage = try? await Self.offload { () throws(CatalogError) in self.damage(of: version, readingContents: true, includingManifest: false).0 }
+        guard case .wrongDigest? = damage, !known else { return nil }
+        return damage
+    }
+
+    /// The SHA-256 an earlier read in this process found in archive `sha256` (other than the
+    /// published one) while the file was as `stamp` says; nil when none was found or the file
+    /// has changed since (renamed over, written again in place, its mode changed).
+    public func recordedDigest(sha256: String, stamp: FileIdentity) -> String? {
+        rotten.withLock { $0[sha256] }.flatMap { $0.stamp == stamp ? $0.digest : nil }
     }
 }
 

@@ -256,6 +256,14 @@ public final class ContentStore: Sendable {
     private let lastReady = Mutex<(counter: Int64, at: ContinuousClock.Instant, probe: String?)?>(nil)
     /// The newest catalog read (``noteVersionsRead(_:atCounter:)``), its published versions, and its counter.
     private let lastVersions = Mutex<(counter: Int64, versions: [PublishedVersion])?>(nil)
+    /// Archives a read found with other bytes than published at their published size (bit rot,
+    /// a write in place), by SHA-256, with the file as it was then: `stat` alone cannot tell
+    /// these, so ``damage(of:readingContents:includingManifest:)`` reports them from here until
+    /// the file changes (repaired: renamed over, or written again in place).
+    let rotten = Mutex<[String: (stamp: FileIdentity, digest: String)]>([:])
+
+    /// Forgets the last "ready", so that the next readiness check looks at the archives again.
+    func forgetReady() { lastReady.withLock { $0 = nil } }
     /// How long a "ready" is kept while the catalog does not change: an archive deleted by hand
     /// is seen within this.
     public static let readinessRecheck: Duration = .seconds(10)

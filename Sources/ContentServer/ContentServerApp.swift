@@ -63,7 +63,12 @@ public enum ContentServerApp {
                 // Before the server: stopped after it (see `HandedOffConnections`).
                 .init(service: handedOff),
                 .init(service: listener), .init(service: RevocationRefresher(service: service, interval: configuration.revocationRefresh)),
-                .init(service: NotificationPruner(store: service.store, retention: configuration.notificationRetention, logger: logger)),
+                // These two end at once when turned off (a retention of for ever, no periodic read):
+                // that is not the server failing.
+                .init(
+                    service: NotificationPruner(store: service.store, retention: configuration.notificationRetention, logger: logger),
+                    successTerminationBehavior: .ignore),
+                .init(service: ArchiveChecker(service: service, interval: configuration.archiveCheckInterval), successTerminationBehavior: .ignore),
             ],
             gracefulShutdownSignals: [.sigterm, .sigint], cancellationSignals: [], logger: logger)
         group.maximumGracefulShutdownDuration = configuration.drainTimeout
@@ -111,6 +116,27 @@ struct RevocationRefresher: Service {
                     }
                 }
                 await group.waitForAll()
+            }
+        }
+    }
+}
+
+/// Reads every published archive through every `--archive-check-interval`, to find bytes
+/// damaged on disk at their published size (``ContentService/findRottenArchives()``); the first
+/// pass after the interval or ten minutes, whichever is sooner. A pass in progress stops at the
+/// next archive on shutdown.
+struct ArchiveChecker: Service {
+    let service: ContentService
+    let interval: Duration?
+
+    func run() async throws {
+        guard let interval else { return }
+        await cancelWhenGracefulShutdown {
+            var wait = min(interval, .seconds(600))
+            while !Task.isCancelled {
+                do { try await Task.sleep(for: wait) } catch { return }
+                await service.findRottenArchives()
+                wait = interval
             }
         }
     }

@@ -353,6 +353,11 @@ final class ContentService: ContentResolver, Sendable {
             try? handle.close()
             return .damaged("\(path) is \(info.st_size) bytes, not the \(want) published")
         }
+        // Other bytes at the published size, which the periodic read found in this very file.
+        if !manifest, let digest = store.recordedDigest(sha256: sha256, stamp: FileIdentity(info)) {
+            try? handle.close()
+            return .damaged("\(path) has SHA-256 \(digest), not the published \(sha256) (damaged on disk)")
+        }
         let file = ServedFile(
             handle: handle, size: UInt64(info.st_size), etag: "\"\(etag)\"",
             modified: Date(timeIntervalSince1970: TimeInterval(info.st_mtim.tv_sec)),
@@ -392,6 +397,29 @@ final class ContentService: ContentResolver, Sendable {
             }
         }
         forgetFiles(sha256s: stale)
+    }
+
+    /// One pass of the periodic read (``ServerConfiguration/archiveCheckInterval``): every
+    /// published archive on this replica, one at a time. Each newly found damaged is let go of
+    /// (its kept handles closed, so the next request opens it afresh and is refused), logged with
+    /// the fix and counted; a replica with an archive folder of its own then fetches a good copy
+    /// from the replica that received it. Stops between archives when the task is cancelled.
+    func findRottenArchives() async {
+        guard let versions = try? await store.database.versions(productId: nil) else { return }
+        var found = false
+        for version in versions where version.removedAt == nil {
+            if Task.isCancelled { return }
+            guard let damage = await store.findRot(in: version) else { continue }
+            found = true
+            forgetFiles(sha256s: [version.sha256])
+            metrics.rotFound()
+            let refetched = foreignOrigin(version.sha256).map { "; this replica fetches its copy again from \($0)" } ?? ""
+            Logger(label: "iap-server.store").error(
+                "found an archive damaged on disk: content requests for it are refused (503 archive-damaged) until it is repaired\(refetched): \(damage.message(for: version, in: store))",
+                metadata: ["productId": "\(version.productId)", "contentVersion": "\(version.contentVersion)", "sha256": "\(version.sha256)"])
+        }
+        metrics.archiveCheckPassed()
+        if found { await catchUpArchives(force: true) }
     }
 
     /// Brings this replica's archive folder in line with the catalog: fetches what it lacks

@@ -57,9 +57,9 @@ final class PeerArchives: Sendable {
             if freed > 0 { logger.notice("deleted the archives of removed versions", metadata: ["bytes": "\(freed)"]) }
             removed(gone)
         }
-        // Missing here, or here with another size than published (a copy cut short): this
-        // replica's copy is only a copy, so the origin's replaces it. What stat tells only: a
-        // copy of the right size with other bytes is `iap-server check`'s to find.
+        // Missing here, here with another size than published (a copy cut short), or with other
+        // bytes that the periodic read found (`ContentService.findRottenArchives`): this
+        // replica's copy is only a copy, so the origin's replaces it.
         // Another replica's uploads only, looked at first: with a shared folder there are none,
         // and no file is looked at.
         let missing = versions.filter { version in
@@ -72,11 +72,11 @@ final class PeerArchives: Sendable {
     }
 
     /// Whether this replica lacks the archive or its manifest, or holds an archive of another
-    /// size than published (`archiveOnly`: the archive alone).
+    /// size than published or found with other bytes (`archiveOnly`: the archive alone).
     private func needsFetch(_ version: PublishedVersion, archiveOnly: Bool = false) -> Bool {
         switch store.damage(of: version, readingContents: false, includingManifest: !archiveOnly).0 {
-        case .missing, .wrongSize, .unreadable, .manifestMissing: true
-        case nil, .wrongDigest, .manifestWrongDigest: false
+        case .missing, .wrongSize, .wrongDigest, .unreadable, .manifestMissing: true
+        case nil, .manifestWrongDigest: false
         }
     }
 

@@ -57,6 +57,11 @@ public struct ServerConfiguration: Sendable {
     public var receiptSharedSecret: String?
     /// How often revocations written by other replicas are picked up.
     public var revocationRefresh: Duration = .seconds(2)
+    /// How often every published archive on this replica is read through to find bytes damaged
+    /// on disk at their published size, which `stat` cannot tell (nil: never). The first pass
+    /// starts after this long or ten minutes, whichever is sooner, not at start: replicas
+    /// restarted together by a deploy do not all read their stores at once.
+    public var archiveCheckInterval: Duration? = .seconds(86_400)
     /// How long stored App Store notifications are kept (nil: for ever). They only serve to
     /// apply each once and as a record; what they did to access stays in the revocation ledger.
     /// Never under ``minimumNotificationRetention``.
@@ -97,7 +102,7 @@ public struct ServerConfiguration: Sendable {
         ("IAP_RECEIPT_VERIFICATION", "--receipt-verification"), ("IAP_VERIFY_RECEIPT_URL", "--verify-receipt-url"),
         ("IAP_VERIFY_RECEIPT_SANDBOX_URL", "--verify-receipt-sandbox-url"), ("IAP_RECEIPT_SHARED_SECRET_FILE", "--receipt-shared-secret-file"),
         ("IAP_VERIFY_RECEIPT_TIMEOUT", "--verify-receipt-timeout"), ("IAP_REVOCATION_REFRESH", "--revocation-refresh"),
-        ("IAP_NOTIFICATION_RETENTION", "--notification-retention"),
+        ("IAP_NOTIFICATION_RETENTION", "--notification-retention"), ("IAP_ARCHIVE_CHECK_INTERVAL", "--archive-check-interval"),
         ("IAP_EVENT_LOOPS", "--event-loops"),
     ]
 }

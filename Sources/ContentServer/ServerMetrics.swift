@@ -79,6 +79,22 @@ final class ServerMetrics: ContentObserver, Sendable {
         ).increment()
     }
 
+    /// The periodic read found an archive whose bytes are not the published ones at the
+    /// published size (``ServerConfiguration/archiveCheckInterval``): alert on it.
+    func rotFound() {
+        registry.makeCounter(
+            descriptor: describe(
+                "iap_archives_found_damaged_total", "Archives the periodic read (--archive-check-interval) found with other bytes than published at their published size.")
+        ).increment()
+    }
+
+    /// A pass of the periodic read through every published archive has ended.
+    func archiveCheckPassed() {
+        registry.makeCounter(
+            descriptor: describe("iap_archive_check_passes_total", "Passes of the periodic read (--archive-check-interval) through every published archive.")
+        ).increment()
+    }
+
     func notification(_ type: String, _ outcome: String) {
         registry.makeCounter(
             descriptor: describe("iap_notifications_total", "App Store Server Notifications by type and outcome."),

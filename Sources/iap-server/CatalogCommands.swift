@@ -198,8 +198,8 @@ struct Check: AsyncParsableCommand {
             read that was not cached before, so it can run beside a serving replica. Each damaged version \
             is printed as it is found, with the fix: publish its archive again (iap-server publish, or \
             PUT /v1/admin/archives), which puts the store's copy back. A running server refuses to serve \
-            an archive whose size is not the published one, or that it cannot read (503 archive-damaged), and \
-            /readyz names it. \
+            an archive whose size is not the published one, or that it cannot read, or whose bytes its \
+            periodic read (--archive-check-interval) found damaged (503 archive-damaged), and /readyz names it. \
             Exit codes: 0 every archive intact, 1 some damaged or missing (or no catalog at --data), 3 the catalog cannot be read.
             """)
 

@@ -57,6 +57,12 @@ struct Serve: AsyncParsableCommand {
         help: "Seconds between looks for revocations and catalog changes other replicas wrote (default 2); with --database PostgreSQL announces each one at once anyway.")
     var revocationRefresh: Int?
     @Option(
+        name: .customLong("archive-check-interval"),
+        help:
+            "Seconds between reads of every published archive on this replica, one at a time, to find bytes damaged on disk at their published size (default 86400, a day; 0: never). A damaged archive is then refused (503 archive-damaged) and named by /readyz until it is published again; a replica with its own archive folder fetches a good copy from the replica that received it."
+    )
+    var archiveCheckInterval: Int?
+    @Option(
         name: .customLong("notification-retention"),
         help:
             "Days stored App Store notifications are kept (default 400; at least 181, since reconcile replays 180 days of Apple's history); 0 keeps them for ever. What they did to access stays in the revocation ledger."
@@ -174,6 +180,9 @@ struct Serve: AsyncParsableCommand {
         if let seconds = try timeout(idleTimeout, "IAP_IDLE_TIMEOUT", "--idle-timeout") { configuration.idleTimeout = seconds }
         if let seconds = try timeout(drainTimeout, "IAP_DRAIN_TIMEOUT", "--drain-timeout") { configuration.drainTimeout = seconds }
         if let seconds = try timeout(revocationRefresh, "IAP_REVOCATION_REFRESH", "--revocation-refresh") { configuration.revocationRefresh = seconds }
+        if let seconds = try number(archiveCheckInterval, "IAP_ARCHIVE_CHECK_INTERVAL", "--archive-check-interval", 0...31_536_000, "a number of seconds") {
+            configuration.archiveCheckInterval = seconds == 0 ? nil : .seconds(seconds)
+        }
         if let days = try number(notificationRetention, "IAP_NOTIFICATION_RETENTION", "--notification-retention", 0...36_500, "a number of days") {
             let minimum = Int(ServerConfiguration.minimumNotificationRetention.components.seconds / 86_400)
             guard days == 0 || days >= minimum else {

@@ -7,12 +7,13 @@ import Testing
 
 extension CatalogTests {
     @Test(
-        "check: an archive cut short, one overwritten in place, one missing and a manifest gone are each found (sizes alone: those stat tells); publishing each again puts it back",
+        "check: an archive cut short, one overwritten in place, one missing and a manifest gone are each found (sizes alone: those stat tells, and the bytes a read in the same process found); publishing each again puts it back",
         arguments: Backend.allCases)
     func checkAndRepair(backend: Backend) async throws {
         let sample = try SampleProduct()
         defer { sample.remove() }
-        let store = try await openStore(sample.dir + "/data", databaseURL: try await backend.freshURL())
+        let databaseURL = try await backend.freshURL()
+        let store = try await openStore(sample.dir + "/data", databaseURL: databaseURL)
         let packed = try ["1.0", "1.1", "1.2", "1.3"].map { try sample.pack($0, into: "v" + $0) }
         for p in packed { _ = try await store.publish(archiveAt: p.archivePath, manifest: p.manifest) }
         let intact = try await store.checkArchives()
@@ -37,11 +38,20 @@ extension CatalogTests {
         #expect(found.withLock { $0 } == codes, "each reported as it is found")
         let flipped = try #require(damaged.damaged.first { $0.version.contentVersion == "1.1" })
         #expect(flipped.damage.message(for: flipped.version, in: store).contains("not the published \(packed[1].manifest.archiveSHA256) (damaged on disk): publish"))
-        let quick = try await store.checkArchives(readingContents: false)
+        // Sizes alone, in another process (a store of its own): what stat tells.
+        let other = try await openStore(sample.dir + "/data", databaseURL: databaseURL)
+        let quick = try await other.checkArchives(readingContents: false)
         #expect(Set(quick.damaged.map { "\($0.version.contentVersion) \($0.damage.code)" }) == ["1.0 wrong-size", "1.2 missing", "1.3 manifest-missing"])
         #expect(quick.bytesRead == 0)
-        let ready = await store.readinessProblems()
+        let ready = await other.readinessProblems()
         #expect(ready.count == 1 && ready[0].hasPrefix("2 published version(s) missing or damaged"), "\(ready)")
+        await other.database.close()
+        // In the process whose read found 1.1's bytes changed, the file as it still is stays named.
+        let remembered = try await store.checkArchives(readingContents: false)
+        #expect(Set(remembered.damaged.map { "\($0.version.contentVersion) \($0.damage.code)" }) == Set(codes))
+        #expect(remembered.bytesRead == 0)
+        let known = await store.readinessProblems()
+        #expect(known.count == 1 && known[0].hasPrefix("3 published version(s) missing or damaged"), "\(known)")
 
         for p in packed {
             guard case .repaired = try await store.publish(archiveAt: p.archivePath, manifest: p.manifest) else {

@@ -1,4 +1,5 @@
 import ContentArchive
+import Crypto
 import Foundation
 import IAPTestSupport
 import Testing
@@ -68,6 +69,71 @@ extension ServerTests {
         #expect((report["bytesRead"] as? Int ?? 0) > original.count)
         // Publishing intact bytes again changes nothing.
         #expect(try run(productsDirectory() + "/iap-server", ["publish", "--data", data, packed.archivePath] + storeOptions).stdout.hasPrefix("unchanged: "))
+        #expect(server.stop() == 0)
+    }
+
+    @Test(
+        "bytes damaged on disk at the published size (no stat can tell) are found by the periodic read: refused (503 archive-damaged), named by /readyz, logged and counted once; publishing again repairs it"
+    )
+    func rottenArchiveFoundAndRepaired() async throws {
+        let tmp = try TemporaryFolder()
+        let (store, server, data) = try start(tmp, extra: ["--archive-check-interval", "1"])
+        let packed = try packSample(tmp)
+        #expect(try upload(packed.archivePath, server: server, tmp: tmp).status == 201)
+        let purchase = try store.purchase(productId: product)
+        let download = try #require((try grant(purchase.signedTransaction, server: server, tmp: tmp).json["downloads"] as? [[String: Any]])?.first)
+        let url = try #require(download["url"] as? String)
+        let original = try Data(contentsOf: URL(fileURLWithPath: packed.archivePath))
+        #expect(try curl([url], folder: tmp).body == original)  // the server keeps this file open now
+
+        // One byte flipped in the middle, in place: the same file, the same size.
+        let archive = data + "/archives/\(packed.manifest.archiveSHA256).zip"
+        chmod(archive, 0o644)
+        let file = try #require(FileHandle(forUpdatingAtPath: archive))
+        let middle = UInt64(original.count / 2)
+        try file.seek(toOffset: middle)
+        try file.write(contentsOf: Data([original[Int(middle)] ^ 0x5A]))
+        try file.close()
+        var damaged = original
+        damaged[Int(middle)] ^= 0x5A
+        let digest = SHA256.hash(data: damaged).map { String(format: "%02x", $0) }.joined()
+
+        let problem = "\(archive) has SHA-256 \(digest), not the published \(packed.manifest.archiveSHA256) (damaged on disk)"
+        let refused = await waitUntil(.seconds(20)) {
+            let answer = try? curl([url], folder: tmp)
+            return answer?.status == 503 && answer?.errorCode == "archive-damaged"
+        }
+        #expect(refused != nil, "the damaged archive was still served")
+        let found = await waitUntil(.seconds(10)) {
+            ((try? String(contentsOfFile: server.log, encoding: .utf8)) ?? "").contains("found an archive damaged on disk")
+        }
+        #expect(found != nil, "the find was not logged")
+        let ready = await waitUntil(.seconds(15)) {
+            let answer = try? curl([server.base + "/readyz"], folder: tmp)
+            return answer?.status == 503 && answer?.text.contains("(damaged on disk)") == true
+        }
+        #expect(ready != nil, "/readyz does not name the damaged archive")
+        #expect(try curl(["-r", "0-99", url], folder: tmp).status == 503)
+        // Two later passes find the same file as it was: logged and counted once.
+        func passes() -> Int? {
+            let text = (try? curl([server.base + "/metrics"], folder: tmp))?.text ?? ""
+            return text.split(separator: "\n").first { $0.hasPrefix("iap_archive_check_passes_total ") }.flatMap { Int($0.split(separator: " ")[1]) }
+        }
+        let before = try #require(passes())
+        let later = await waitUntil(.seconds(15)) { (passes() ?? 0) >= before + 2 }
+        #expect(later != nil, "the periodic read stopped")
+        let log = try String(contentsOfFile: server.log, encoding: .utf8)
+        #expect(log.contains(problem))
+        #expect(log.components(separatedBy: "found an archive damaged on disk").count == 2, "logged more than once")
+        #expect(try curl([server.base + "/metrics"], folder: tmp).text.contains("iap_archives_found_damaged_total 1\n"))
+
+        // The operator publishes the archive again: the store's copy is put back, and served.
+        let publish = try run(productsDirectory() + "/iap-server", ["publish", "--data", data, packed.archivePath])
+        #expect(publish.status == 0 && publish.stdout.hasPrefix("repaired: "), "\(publish.stdout) \(publish.stderr)")
+        let served = await waitUntil(.seconds(15)) { (try? curl([url], folder: tmp))?.body == original }
+        #expect(served != nil, "the repaired archive was not served")
+        let readyAgain = await waitUntil(.seconds(15)) { (try? curl([server.base + "/readyz"], folder: tmp))?.status == 200 }
+        #expect(readyAgain != nil)
         #expect(server.stop() == 0)
     }
 }

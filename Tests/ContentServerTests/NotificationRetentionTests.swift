@@ -36,4 +36,15 @@ extension ServerTests {
         let short = try run(binary, ["serve", "--data", tmp.sub("other"), "--bundle-id", bundleId, "--notification-retention", "30"])
         #expect(short.status == 64 && short.stderr.contains("must be 0 (for ever) or at least 181 days, not 30"), "\(short.stderr)")
     }
+
+    @Test("with notifications kept for ever and no periodic read of the archives (both 0), the server runs and stops cleanly: a service turned off is not a failure")
+    func servicesTurnedOff() throws {
+        let tmp = try TemporaryFolder()
+        let (_, server, _) = try start(tmp, extra: ["--notification-retention", "0", "--archive-check-interval", "0"])
+        #expect(try curl([server.base + "/readyz"], folder: tmp).status == 200)
+        #expect(try curl([server.base + "/readyz"], folder: tmp).status == 200)
+        let status = server.stop()
+        let log = (try? String(contentsOfFile: server.log, encoding: .utf8)) ?? ""
+        #expect(status == 0 && !log.contains("finished unexpectedly"), "\(status): \(log)")
+    }
 }

@@ -338,6 +338,53 @@ struct ReplicaTests {
         #expect(a.stop() == 0 && b.stop() == 0)
     }
 
+    @Test(
+        "no shared archive folder: a replica's own copy with bytes damaged at its published size is found by its periodic read and fetched again from the origin, its requests redirected there meanwhile"
+    )
+    func peerCopyRotRepaired() async throws {
+        let tmp = try TemporaryFolder()
+        let url = try await PostgresServer.shared().createDatabase()
+        let sandbox = try ReplicaFixture.sandbox(tmp)
+        let port = try freePort()
+        let a = try ReplicaFixture.replica(
+            tmp, "a", sandbox: sandbox, databaseURL: url, sharedArchives: false, extra: ["--port", String(port), "--advertise-url", "http://127.0.0.1:\(port)"],
+            fixedPort: true)
+        let b = try ReplicaFixture.replica(tmp, "b", sandbox: sandbox, databaseURL: url, sharedArchives: false, extra: ["--archive-check-interval", "1"])
+        let packed = try packSample(tmp)
+        #expect(try upload(packed.archivePath, to: a, tmp).status == 201)
+        let bytes = try Data(contentsOf: URL(fileURLWithPath: packed.archivePath))
+        let onB = try grantURL(try sandbox.purchase(productId: product).signedTransaction, from: b, servedBy: b, tmp)
+        let copy = tmp.sub("b/archives/\(packed.manifest.archiveSHA256).zip")
+        let fetched = await waitUntil(.seconds(20)) { (try? curl([onB], folder: tmp))?.body == bytes }
+        #expect(fetched != nil, "B never served its own copy")
+        let first = try #require(FileManager.default.attributesOfItem(atPath: copy)[.systemFileNumber] as? Int)
+
+        // One byte flipped in place: the same file, the same size.
+        chmod(copy, 0o644)
+        let file = try #require(FileHandle(forUpdatingAtPath: copy))
+        try file.seek(toOffset: UInt64(bytes.count / 3))
+        try file.write(contentsOf: Data([bytes[bytes.count / 3] ^ 0xA5]))
+        try file.close()
+        let replaced = await waitUntil(.seconds(20)) {
+            (try? FileManager.default.attributesOfItem(atPath: copy)[.systemFileNumber] as? Int) != first
+                && (try? Data(contentsOf: URL(fileURLWithPath: copy))) == bytes
+        }
+        #expect(replaced != nil, "B did not fetch its copy again")
+        var log = ""
+        let logged = await waitUntil(.seconds(10)) {
+            log = (try? String(contentsOfFile: b.log, encoding: .utf8)) ?? ""
+            return log.contains("replaced a damaged copy of an archive with its origin's")
+        }
+        #expect(logged != nil && log.contains("found an archive damaged on disk") && log.contains("fetches its copy again from http://127.0.0.1:\(port)"), "\(log)")
+        // Whatever B answered meanwhile, followed, was the published archive; now B serves it itself.
+        let followed = try curl(["-L", onB], folder: tmp)
+        #expect(followed.status == 200 && followed.body == bytes)
+        let served = await waitUntil(.seconds(10)) { (try? curl([onB], folder: tmp)).map { $0.status == 200 && $0.body == bytes } ?? false }
+        #expect(served != nil, "B does not serve its new copy itself")
+        #expect(try curl([b.base + "/readyz"], folder: tmp).status == 200)
+        #expect(a.stop() == 0 && b.stop() == 0)
+    }
+
     @Test("a replica advertised over HTTPS with a private authority: refused by name without --ca-file, fetched (on HTTP/1.1) with it")
     func peerFetchOverHTTPS() async throws {
         let tmp = try TemporaryFolder()

@@ -22,7 +22,7 @@ struct ServerTests {
     }
 
     /// `database`: a PostgreSQL URL for the catalog instead of the data folder's SQLite file.
-    func start(_ tmp: TemporaryFolder, data: String? = nil, database: String? = nil) throws -> (SandboxStore, ServerProcess, String) {
+    func start(_ tmp: TemporaryFolder, data: String? = nil, database: String? = nil, extra: [String] = []) throws -> (SandboxStore, ServerProcess, String) {
         let sandboxDir = tmp.sub("sandbox")
         let store =
             FileManager.default.fileExists(atPath: sandboxDir + "/store.json")
@@ -35,7 +35,7 @@ struct ServerTests {
             arguments: [
                 "--bundle-id", bundleId, "--trust-root", store.rootCertificatePath, "--environment", "sandbox",
                 "--admin-token-file", tmp.sub("admin-token"),
-            ] + (database.map { ["--database", $0] } ?? []), folder: tmp)
+            ] + (database.map { ["--database", $0] } ?? []) + extra, folder: tmp)
         return (store, server, dataDir)
     }
 
