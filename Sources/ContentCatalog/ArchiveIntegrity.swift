@@ -121,16 +121,8 @@ extension ContentStore {
             guard size == version.size else { return (.wrongSize(onDisk: size), read) }
             // Kept under the file's stamp from before the read: a repair that renamed a new file
             // over it meanwhile has another, and is not taken for the damaged one.
-            let found = rotten.withLock { rotten in
-                let known = rotten[version.sha256]
-                rotten[version.sha256] = digest == version.sha256 ? nil : (stamp, digest)
-                return known.map { $0.stamp == stamp && $0.digest == digest } ?? false
-            }
-            guard digest == version.sha256 else {
-                // Readiness looks again rather than answering from its last "ready".
-                if !found { forgetReady() }
-                return (.wrongDigest(onDisk: digest), read)
-            }
+            rotten.withLock { $0[version.sha256] = digest == version.sha256 ? nil : (stamp, digest) }
+            guard digest == version.sha256 else { return (.wrongDigest(onDisk: digest), read) }
         }
         guard includingManifest, let published = version.manifestSHA256 else { return (nil, read) }
         guard access(manifest, F_OK) == 0 else { return (.manifestMissing, read) }
@@ -155,6 +147,8 @@ extension ContentStore {
         let known = recordedDigest(sha256: version.sha256, stamp: before) != nil
         let damage = try? await Self.offload { () throws(CatalogError) in self.damage(of: version, readingContents: true, includingManifest: false).0 }
         guard case .wrongDigest? = damage, !known else { return nil }
+        // Readiness looks again rather than answering from its last "ready".
+        forgetReady()
         return damage
     }
 
