@@ -5,6 +5,23 @@ import IAPTestSupport
 import Testing
 
 extension ServerTests {
+    /// A server started with `extra`, the sample published and downloaded once under a grant
+    /// (so the server keeps the archive open): the server, its data folder, the sample, the
+    /// download URL and the archive's bytes.
+    func servedSample(
+        _ tmp: TemporaryFolder, database: String? = nil, extra: [String] = []
+    ) throws -> (server: ServerProcess, data: String, packed: PackResult, url: String, original: Data) {
+        let (store, server, data) = try start(tmp, database: database, extra: extra)
+        let packed = try packSample(tmp)
+        #expect(try upload(packed.archivePath, server: server, tmp: tmp).status == 201)
+        let purchase = try store.purchase(productId: product)
+        let download = try #require((try grant(purchase.signedTransaction, server: server, tmp: tmp).json["downloads"] as? [[String: Any]])?.first)
+        let url = try #require(download["url"] as? String)
+        let original = try Data(contentsOf: URL(fileURLWithPath: packed.archivePath))
+        #expect(try curl([url], folder: tmp).body == original)
+        return (server, data, packed, url, original)
+    }
+
     @Test(
         "an archive cut short on disk is refused (503 archive-damaged) instead of served under the published ETag, named by /readyz, the log and iap-server check; publishing it again repairs it while the server runs",
         arguments: Backend.allCases)
@@ -12,14 +29,7 @@ extension ServerTests {
         let tmp = try TemporaryFolder()
         let database = backend == .postgres ? try await PostgresServer.shared().createDatabase() : nil
         let storeOptions = database.map { ["--database", $0] } ?? []
-        let (store, server, data) = try start(tmp, database: database)
-        let packed = try packSample(tmp)
-        #expect(try upload(packed.archivePath, server: server, tmp: tmp).status == 201)
-        let purchase = try store.purchase(productId: product)
-        let download = try #require((try grant(purchase.signedTransaction, server: server, tmp: tmp).json["downloads"] as? [[String: Any]])?.first)
-        let url = try #require(download["url"] as? String)
-        let original = try Data(contentsOf: URL(fileURLWithPath: packed.archivePath))
-        #expect(try curl([url], folder: tmp).body == original)  // the server keeps this file open now
+        let (server, data, packed, url, original) = try servedSample(tmp, database: database)
 
         // Cut short in place, as a copy over it that stopped part-way leaves it: the same file
         // the server holds open, now half as long.
@@ -77,14 +87,7 @@ extension ServerTests {
     )
     func rottenArchiveFoundAndRepaired() async throws {
         let tmp = try TemporaryFolder()
-        let (store, server, data) = try start(tmp, extra: ["--archive-check-interval", "1"])
-        let packed = try packSample(tmp)
-        #expect(try upload(packed.archivePath, server: server, tmp: tmp).status == 201)
-        let purchase = try store.purchase(productId: product)
-        let download = try #require((try grant(purchase.signedTransaction, server: server, tmp: tmp).json["downloads"] as? [[String: Any]])?.first)
-        let url = try #require(download["url"] as? String)
-        let original = try Data(contentsOf: URL(fileURLWithPath: packed.archivePath))
-        #expect(try curl([url], folder: tmp).body == original)  // the server keeps this file open now
+        let (server, data, packed, url, original) = try servedSample(tmp, extra: ["--archive-check-interval", "1"])
 
         // One byte flipped in the middle, in place: the same file, the same size.
         let archive = data + "/archives/\(packed.manifest.archiveSHA256).zip"

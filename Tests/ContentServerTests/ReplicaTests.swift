@@ -298,16 +298,19 @@ struct ReplicaTests {
         #expect(tmp.files(in: "b/archives").contains(packed.manifest.archiveSHA256 + ".zip"), "B deleted a live archive")
     }
 
-    @Test("no shared archive folder: a replica's own copy cut short is fetched again from the origin, its requests redirected there meanwhile, never refused")
-    func peerCopyRepaired() async throws {
-        let tmp = try TemporaryFolder()
+    /// Replicas A (the origin, advertised on `port`) and B (started with `bExtra`), each with an
+    /// archive folder of its own on one PostgreSQL catalog; the sample uploaded to A, and B serving
+    /// its own copy: A, B, the archive's bytes, a download URL on B, B's copy, its inode, A's port.
+    func ownFolders(
+        _ tmp: TemporaryFolder, bExtra: [String] = []
+    ) async throws -> (a: ServerProcess, b: ServerProcess, bytes: Data, onB: String, copy: String, inode: Int, port: Int) {
         let url = try await PostgresServer.shared().createDatabase()
         let sandbox = try ReplicaFixture.sandbox(tmp)
         let port = try freePort()
         let a = try ReplicaFixture.replica(
             tmp, "a", sandbox: sandbox, databaseURL: url, sharedArchives: false, extra: ["--port", String(port), "--advertise-url", "http://127.0.0.1:\(port)"],
             fixedPort: true)
-        let b = try ReplicaFixture.replica(tmp, "b", sandbox: sandbox, databaseURL: url, sharedArchives: false)
+        let b = try ReplicaFixture.replica(tmp, "b", sandbox: sandbox, databaseURL: url, sharedArchives: false, extra: bExtra)
         let packed = try packSample(tmp)
         #expect(try upload(packed.archivePath, to: a, tmp).status == 201)
         let bytes = try Data(contentsOf: URL(fileURLWithPath: packed.archivePath))
@@ -315,7 +318,14 @@ struct ReplicaTests {
         let copy = tmp.sub("b/archives/\(packed.manifest.archiveSHA256).zip")
         let fetched = await waitUntil(.seconds(20)) { (try? curl([onB], folder: tmp))?.body == bytes }
         #expect(fetched != nil, "B never served its own copy")
-        let first = try #require(FileManager.default.attributesOfItem(atPath: copy)[.systemFileNumber] as? Int)
+        let inode = try #require(FileManager.default.attributesOfItem(atPath: copy)[.systemFileNumber] as? Int)
+        return (a, b, bytes, onB, copy, inode, port)
+    }
+
+    @Test("no shared archive folder: a replica's own copy cut short is fetched again from the origin, its requests redirected there meanwhile, never refused")
+    func peerCopyRepaired() async throws {
+        let tmp = try TemporaryFolder()
+        let (a, b, bytes, onB, copy, first, _) = try await ownFolders(tmp)
 
         chmod(copy, 0o644)
         #expect(truncate(copy, off_t(bytes.count / 3)) == 0)
@@ -343,21 +353,7 @@ struct ReplicaTests {
     )
     func peerCopyRotRepaired() async throws {
         let tmp = try TemporaryFolder()
-        let url = try await PostgresServer.shared().createDatabase()
-        let sandbox = try ReplicaFixture.sandbox(tmp)
-        let port = try freePort()
-        let a = try ReplicaFixture.replica(
-            tmp, "a", sandbox: sandbox, databaseURL: url, sharedArchives: false, extra: ["--port", String(port), "--advertise-url", "http://127.0.0.1:\(port)"],
-            fixedPort: true)
-        let b = try ReplicaFixture.replica(tmp, "b", sandbox: sandbox, databaseURL: url, sharedArchives: false, extra: ["--archive-check-interval", "1"])
-        let packed = try packSample(tmp)
-        #expect(try upload(packed.archivePath, to: a, tmp).status == 201)
-        let bytes = try Data(contentsOf: URL(fileURLWithPath: packed.archivePath))
-        let onB = try grantURL(try sandbox.purchase(productId: product).signedTransaction, from: b, servedBy: b, tmp)
-        let copy = tmp.sub("b/archives/\(packed.manifest.archiveSHA256).zip")
-        let fetched = await waitUntil(.seconds(20)) { (try? curl([onB], folder: tmp))?.body == bytes }
-        #expect(fetched != nil, "B never served its own copy")
-        let first = try #require(FileManager.default.attributesOfItem(atPath: copy)[.systemFileNumber] as? Int)
+        let (a, b, bytes, onB, copy, first, port) = try await ownFolders(tmp, bExtra: ["--archive-check-interval", "1"])
 
         // One byte flipped in place: the same file, the same size.
         chmod(copy, 0o644)
