@@ -74,6 +74,12 @@ public actor ContentFetcher {
     private var serverUnreachable: FetchError?
     /// Manifests of the downloads in progress, by download id.
     var manifests: [String: LoadedManifest] = [:]
+    /// The SHA-256 of the wrong bytes a download last verified in this run, by download id:
+    /// the same wrong bytes again are the server's copy, not the network (``ServerCopyDamaged``).
+    var wrongDigests: [String: String] = [:]
+    /// The server sent the same wrong bytes twice: its copy of the archive is damaged, and
+    /// fetching it again would only fetch them again. Not retried in this run.
+    struct ServerCopyDamaged: Error { let reason: FetchError }
 
     /// A download's manifest, with its SHA-256 and, for a delta, the entries it fetches by offset
     /// (worked out when first needed).
@@ -517,7 +523,7 @@ public actor ContentFetcher {
                     try await transfer(&download)
                 },
                 retryable: { error in
-                    if error is Stop { return false }
+                    if error is Stop || error is ServerCopyDamaged { return false }
                     if let error = error as? FetchError { return ![.revoked, .noContent, .refused, .busy, .tls].contains(error.code) }
                     return true
                 },
@@ -547,7 +553,7 @@ public actor ContentFetcher {
         } catch let stop as Stop {
             throw stopped(stop, &download)
         } catch {
-            let failure = (error as? Unreachable)?.reason ?? error as? FetchError ?? FetchError(.network, "\(error)")
+            let failure = (error as? Unreachable)?.reason ?? (error as? ServerCopyDamaged)?.reason ?? error as? FetchError ?? FetchError(.network, "\(error)")
             try? apply(.fail(failure), to: &download)
             throw failure
         }

@@ -158,6 +158,42 @@ struct FetchTests {
         #expect(try FileTransactionQueue(folder: w.queue).transaction(purchase.transaction.transactionId!)?.finishedAt == nil)
     }
 
+    @Test(
+        "an archive damaged on the server at its published size (no stat tells): the same wrong bytes twice fail the download at the second, not the fifth, naming the server's copy; the next run asks again"
+    )
+    func sameWrongBytesTwice() throws {
+        let w = try Shop(products: ["com.example.rotten": .random(3 << 20)], level: 1)
+        let purchase = try w.store.purchase(productId: "com.example.rotten")
+        let archives = w.tmp.sub("data/archives")
+        let archive = archives + "/" + (try #require(try FileManager.default.contentsOfDirectory(atPath: archives).first { $0.hasSuffix(".zip") }))
+        chmod(archive, 0o644)
+        let bytes = try Data(contentsOf: URL(fileURLWithPath: archive))
+        let file = try #require(FileHandle(forUpdatingAtPath: archive))
+        try file.seek(toOffset: UInt64(bytes.count / 2))
+        try file.write(contentsOf: Data([bytes[bytes.count / 2] ^ 0x01]))
+        try file.close()
+
+        func integrityUpdates(_ result: ProcessResult) -> [[String: Any]] {
+            events(result.stdout).filter { ($0["error"] as? [String: Any])?["code"] as? String == "integrity" }
+        }
+        let result = try fetch(w)
+        #expect(result.status != 0)
+        let updates = integrityUpdates(result)
+        // One retry after the first wrong bytes, then failed: two transfers, where five were made.
+        #expect(updates.filter { $0["state"] as? String == "waiting" }.count == 1, "\(result.stdout)")
+        let failed = try #require(updates.last { $0["state"] as? String == "failed" }, "\(result.stdout)")
+        let message = (failed["error"] as? [String: Any])?["message"] as? String ?? ""
+        #expect(message.contains("the same wrong bytes twice: the server's copy of the archive is damaged"), "\(message)")
+        #expect(!FileManager.default.fileExists(atPath: w.content + "/com.example.rotten/1.0"))
+        #expect(try FileTransactionQueue(folder: w.queue).transaction(purchase.transaction.transactionId!)?.finishedAt == nil)
+
+        // Repaired on the server: the next run downloads and finishes it.
+        try bytes.write(to: URL(fileURLWithPath: archive))
+        let again = try fetch(w)
+        #expect(again.status == 0, "\(again.stdout.suffix(600)) \(again.stderr)")
+        #expect(try FileTransactionQueue(folder: w.queue).transaction(purchase.transaction.transactionId!)?.finishedAt != nil)
+    }
+
     @Test("content installed but not yet finished (stopped in between) is finished without downloading again")
     func installedNotFinished() throws {
         let w = try world(products: ["com.example.soundkit.drums": repositoryContent("com.example.soundkit.drums")])
