@@ -183,19 +183,7 @@ extension ContentFetcher {
             // Corrupt bytes: with the manifest's chunk hashes, only what follows the first damaged
             // chunk is fetched again; without (or when the damage is outside every entry), all of it.
             let wrong = "the downloaded archive's SHA-256 is \(digest), not the granted \(partial.record.sha256)"
-            // The same wrong bytes twice come from the server's copy, not the network: five
-            // attempts would fetch them (up to 2 GiB) five times. The next run asks again.
-            let repeated = wrongDigests[record.id] == digest
-            wrongDigests[record.id] = digest
-            if repeated {
-                try partial.restart()
-                try journal.save(partial.record)
-                throw ServerCopyDamaged(
-                    reason: FetchError(
-                        .integrity,
-                        "\(wrong), the same wrong bytes twice: the server's copy of the archive is damaged (or something between the server and this device changes the bytes the same way each time), and it is not fetched again in this run; the server's operator finds a damaged copy with `iap-server check` (or the server's daily read) and repairs it by publishing the archive again"
-                    ))
-            }
+            let next: String
             if let sha256 = partial.record.manifestSHA256, let manifest = try? loadManifest(record.id, sha256: sha256),
                 manifest.archiveSHA256 == partial.record.sha256, let damaged = firstDamagedChunk(partial, manifest: manifest)
             {
@@ -205,12 +193,25 @@ extension ContentFetcher {
                     $0.recordedLength = damaged
                     $0.bootId = BootID.current
                 }
-                try journal.save(partial.record)
-                throw FetchError(.integrity, "\(wrong); fetching again from byte \(damaged), where the first damaged chunk starts")
+                next = "fetching again from byte \(damaged), where the first damaged chunk starts"
+            } else {
+                try partial.restart()
+                next = "fetching it again"
             }
-            try partial.restart()
             try journal.save(partial.record)
-            throw FetchError(.integrity, wrong)
+            // The same wrong bytes twice come from the server's copy, not the network: five
+            // attempts would fetch them (up to 2 GiB) five times. The next run asks again, from
+            // where the bytes went wrong.
+            let repeated = wrongDigests[record.id] == digest
+            wrongDigests[record.id] = digest
+            guard !repeated else {
+                throw ServerCopyDamaged(
+                    reason: FetchError(
+                        .integrity,
+                        "\(wrong), the same wrong bytes twice: the server's copy of the archive is damaged (or something between the server and this device changes the bytes the same way each time), and it is not fetched again in this run; the server's operator finds a damaged copy with `iap-server check` (or the server's daily read) and repairs it by publishing the archive again"
+                    ))
+            }
+            throw FetchError(.integrity, "\(wrong); \(next)")
         }
         wrongDigests[record.id] = nil
         // Every byte is here and verified: observers see 100% before the install starts.
