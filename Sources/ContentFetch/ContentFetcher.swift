@@ -74,8 +74,9 @@ public actor ContentFetcher {
     private var serverUnreachable: FetchError?
     /// Manifests of the downloads in progress, by download id.
     var manifests: [String: LoadedManifest] = [:]
-    /// The SHA-256 of the wrong bytes a download last verified in this run, by download id:
-    /// the same wrong bytes again are the server's copy, not the network (``ServerCopyDamaged``).
+    /// The SHA-256 of the wrong bytes a download last verified in its current series of
+    /// attempts (``transferWithRetries(_:granted:transaction:)``), by download id: the same wrong
+    /// bytes again are the server's copy, not the network (``ServerCopyDamaged``).
     var wrongDigests: [String: String] = [:]
     /// The server sent the same wrong bytes twice: its copy of the archive is damaged, and
     /// fetching it again would only fetch them again. Not retried in this run.
@@ -516,6 +517,8 @@ public actor ContentFetcher {
 
     private func transferWithRetries(_ download: inout DownloadStateMachine, granted: GrantedDownload, transaction: QueuedTransaction) async throws {
         let id = download.id
+        // Kept for these attempts only: a later run (or `start()` of a long-lived fetcher) asks again.
+        defer { wrongDigests[id] = nil }
         do {
             try await retry.run(
                 { _ in

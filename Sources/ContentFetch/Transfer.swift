@@ -213,7 +213,6 @@ extension ContentFetcher {
             }
             throw FetchError(.integrity, "\(wrong); \(next)")
         }
-        wrongDigests[record.id] = nil
         // Every byte is here and verified: observers see 100% before the install starts.
         emit(partial.download.update(received: partial.record.expectedLength, rate: partial.rate))
         Failpoint.hit("verified")
