@@ -122,6 +122,7 @@ extension ContentStore {
             // Kept under the file's stamp from before the read: a repair that renamed a new file
             // over it meanwhile has another, and is not taken for the damaged one.
             rotten.withLock { $0[version.sha256] = digest == version.sha256 ? nil : (stamp, digest) }
+            shareFind(sha256: version.sha256, stamp: stamp, digest: digest == version.sha256 ? nil : digest)
             guard digest == version.sha256 else { return (.wrongDigest(onDisk: digest), read) }
         }
         guard includingManifest, let published = version.manifestSHA256 else { return (nil, read) }
@@ -144,7 +145,9 @@ extension ContentStore {
     /// (what `stat` tells is the readiness check's and the replicas' catch-up's to find).
     public func findRot(in version: PublishedVersion) async -> ArchiveDamage? {
         guard let before = FileIdentity.of(archivePath(sha256: version.sha256)) else { return nil }
-        let known = recordedDigest(sha256: version.sha256, stamp: before) != nil
+        // Known to this process: a find another one recorded (`check`, a replica sharing the
+        // folder) is new here, and logged and counted here too.
+        let known = rotten.withLock { $0[version.sha256] }.map { $0.stamp == before } ?? false
         let damage = try? await Self.offload { () throws(CatalogError) in self.damage(of: version, readingContents: true, includingManifest: false).0 }
         guard case .wrongDigest? = damage, !known else { return nil }
         // Readiness looks again rather than answering from its last "ready".
@@ -152,11 +155,58 @@ extension ContentStore {
         return damage
     }
 
-    /// The SHA-256 an earlier read in this process found in archive `sha256` (other than the
-    /// published one) while the file was as `stamp` says; nil when none was found or the file
-    /// has changed since (renamed over, written again in place, its mode changed).
+    /// The SHA-256 an earlier read found in archive `sha256` (other than the published one)
+    /// while the file was as `stamp` says: a read in this process, or one by any process using
+    /// the same archive folder (``damageRecordPath(sha256:)``); nil when none was found or the
+    /// file has changed since (renamed over, written again in place, its mode changed).
     public func recordedDigest(sha256: String, stamp: FileIdentity) -> String? {
-        rotten.withLock { $0[sha256] }.flatMap { $0.stamp == stamp ? $0.digest : nil }
+        if let here = rotten.withLock({ $0[sha256] }), here.stamp == stamp { return here.digest }
+        return sharedFind(sha256: sha256, stamp: stamp)
+    }
+
+    /// Where a read that found archive `sha256` damaged records it, beside the archive: every
+    /// process serving from this folder refuses the file while it is as it was found (`iap-server
+    /// check` run by the shipped timer, replicas sharing one folder, the replica whose periodic
+    /// read found it), where a record in one process's memory left the others serving bytes that
+    /// fail every device's SHA-256. Removed when the file is put back (published or fetched again,
+    /// or removed) or read intact.
+    public func damageRecordPath(sha256: String) -> String { archivesDirectory + "/" + sha256 + ".damaged.json" }
+
+    /// What a damage record holds: the digest found and the file it was found in. Not the
+    /// device number: on a network file system each client mounts with its own.
+    private struct DamageRecord: Codable {
+        var sha256Found: String
+        var inode: UInt64
+        var size: UInt64
+        var modifiedNanoseconds: Int64
+        var changedNanoseconds: Int64
+
+        func describes(_ stamp: FileIdentity) -> Bool {
+            inode == stamp.inode && size == stamp.size && modifiedNanoseconds == stamp.modified && changedNanoseconds == stamp.changed
+        }
+    }
+
+    /// Records (`digest`) or clears (nil) the find of a read of archive `sha256` for the other
+    /// processes. Best effort: a folder this process cannot write (a replica mounting the shared
+    /// folder read-only) keeps the find in its memory alone, as before.
+    private func shareFind(sha256: String, stamp: FileIdentity, digest: String?) {
+        let path = damageRecordPath(sha256: sha256)
+        guard let digest else {
+            unlink(path)
+            return
+        }
+        let record = DamageRecord(
+            sha256Found: digest, inode: stamp.inode, size: stamp.size, modifiedNanoseconds: stamp.modified, changedNanoseconds: stamp.changed)
+        guard let data = try? JSONEncoder().encode(record) else { return }
+        try? AtomicFile.write(data, to: path, permissions: 0o644, durability: .processKill)
+    }
+
+    private func sharedFind(sha256: String, stamp: FileIdentity) -> String? {
+        // Nearly always absent: one failed open.
+        guard let data = FileManager.default.contents(atPath: damageRecordPath(sha256: sha256)),
+            let record = try? JSONDecoder().decode(DamageRecord.self, from: data), record.describes(stamp)
+        else { return nil }
+        return record.sha256Found
     }
 }
 

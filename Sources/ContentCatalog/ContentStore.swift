@@ -444,6 +444,8 @@ public final class ContentStore: Sendable {
             if !move { unlink(source) }
             throw CatalogError(.storage, "cannot move the archive into \(target): \(reason)")
         }
+        // A find recorded against the file this one replaced is of the past.
+        unlink(damageRecordPath(sha256: sha256))
         do { try Directory.sync(archivesDirectory) } catch { throw CatalogError(.storage, error.message) }
     }
 
@@ -568,6 +570,7 @@ public final class ContentStore: Sendable {
         var freed: Int64 = 0
         for sha256 in sha256s {
             for (path, size) in fileSizes(sha256: sha256) where unlink(path) == 0 { freed += size }
+            unlink(damageRecordPath(sha256: sha256))
         }
         if freed > 0 { try? Directory.sync(archivesDirectory) }
         return freed

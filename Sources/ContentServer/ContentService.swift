@@ -380,9 +380,11 @@ final class ContentService: ContentResolver, Sendable {
     }
 
     /// Closes the kept handles whose path now names another file, or none, or one of another
-    /// size than published: an archive repaired (published again, renamed over the damaged
-    /// one), deleted by hand, or cut short in place. The next request opens the path afresh
-    /// and is served, refused or redirected by what is there. A `stat` per kept file, each beat.
+    /// size than published, or one another process found damaged: an archive repaired
+    /// (published again, renamed over the damaged one), deleted by hand, cut short in place, or
+    /// found rotten by `iap-server check` or a replica sharing the folder. The next request opens
+    /// the path afresh and is served, refused or redirected by what is there. A `stat` and a
+    /// look for a damage record per kept file, each beat.
     func checkKeptFiles() {
         let kept = openFiles.withLock { files in files.map { ($0.key, $0.value.identity) } }
         let sizes = published.withLock { $0 }
@@ -392,6 +394,8 @@ final class ContentService: ContentResolver, Sendable {
             let path = key.manifest ? store.manifestPath(sha256: key.sha256) : store.archivePath(sha256: key.sha256)
             if stat(path, &info) != 0 || UInt64(info.st_dev) != identity.device || UInt64(info.st_ino) != identity.inode
                 || (!key.manifest && sizes[key.sha256].map { $0.size != Int64(info.st_size) } ?? false)
+                // Found damaged by another process's read (`check`, a replica sharing the folder).
+                || (!key.manifest && store.recordedDigest(sha256: key.sha256, stamp: FileIdentity(info)) != nil)
             {
                 stale.insert(key.sha256)
             }

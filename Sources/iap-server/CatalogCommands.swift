@@ -199,7 +199,10 @@ struct Check: AsyncParsableCommand {
             is printed as it is found, with the fix: publish its archive again (iap-server publish, or \
             PUT /v1/admin/archives), which puts the store's copy back. A running server refuses to serve \
             an archive whose size is not the published one, or that it cannot read, or whose bytes its \
-            periodic read (--archive-check-interval) found damaged (503 archive-damaged), and /readyz names it. \
+            periodic read (--archive-check-interval) or this check found damaged (503 archive-damaged), \
+            and /readyz names it: a find of other bytes at the published size is recorded beside the \
+            archive (<sha256>.damaged.json), which every server using the folder reads within \
+            --revocation-refresh; publishing again, or a check that finds the file intact, deletes it. \
             Exit codes: 0 every archive intact, 1 some damaged or missing (or no catalog at --data), 3 the catalog cannot be read.
             """)
 

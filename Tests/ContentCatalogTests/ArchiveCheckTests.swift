@@ -7,7 +7,7 @@ import Testing
 
 extension CatalogTests {
     @Test(
-        "check: an archive cut short, one overwritten in place, one missing and a manifest gone are each found (sizes alone: those stat tells, and the bytes a read in the same process found); publishing each again puts it back",
+        "check: an archive cut short, one overwritten in place, one missing and a manifest gone are each found (sizes alone: those stat tells, and the bytes a read found, in any process using the folder); publishing each again puts it back",
         arguments: Backend.allCases)
     func checkAndRepair(backend: Backend) async throws {
         let sample = try SampleProduct()
@@ -38,18 +38,29 @@ extension CatalogTests {
         #expect(found.withLock { $0 } == codes, "each reported as it is found")
         let flipped = try #require(damaged.damaged.first { $0.version.contentVersion == "1.1" })
         #expect(flipped.damage.message(for: flipped.version, in: store).contains("not the published \(packed[1].manifest.archiveSHA256) (damaged on disk): publish"))
-        // Sizes alone, in another process (a store of its own): what stat tells.
+        // Sizes alone, in another process (a store of its own, as `check` beside a server): what
+        // stat tells, and 1.1's bytes, which the first one's read recorded beside the archive.
+        let record = store.damageRecordPath(sha256: packed[1].manifest.archiveSHA256)
+        #expect(FileManager.default.fileExists(atPath: record))
         let other = try await openStore(sample.dir + "/data", databaseURL: databaseURL)
         let quick = try await other.checkArchives(readingContents: false)
-        #expect(Set(quick.damaged.map { "\($0.version.contentVersion) \($0.damage.code)" }) == ["1.0 wrong-size", "1.2 missing", "1.3 manifest-missing"])
+        #expect(Set(quick.damaged.map { "\($0.version.contentVersion) \($0.damage.code)" }) == Set(codes))
         #expect(quick.bytesRead == 0)
         let ready = await other.readinessProblems()
-        #expect(ready.count == 1 && ready[0].hasPrefix("2 published version(s) missing or damaged"), "\(ready)")
-        await other.database.close()
-        // In the process whose read found 1.1's bytes changed, the file as it still is stays named.
+        #expect(ready.count == 1 && ready[0].hasPrefix("3 published version(s) missing or damaged"), "\(ready)")
+        // In the process whose read found them, too.
         let remembered = try await store.checkArchives(readingContents: false)
         #expect(Set(remembered.damaged.map { "\($0.version.contentVersion) \($0.damage.code)" }) == Set(codes))
         #expect(remembered.bytesRead == 0)
+        // A find is of the file as it was: once written again (here with the same bytes), neither
+        // process names it without reading it again.
+        try bytes.write(to: URL(fileURLWithPath: archive(packed[1])))
+        let rewritten = try await other.checkArchives(readingContents: false)
+        #expect(Set(rewritten.damaged.map { "\($0.version.contentVersion) \($0.damage.code)" }) == ["1.0 wrong-size", "1.2 missing", "1.3 manifest-missing"])
+        await other.database.close()
+        #expect(try await store.checkArchives(readingContents: false).damaged.count == 3)
+        // Read again: found again, and recorded again.
+        #expect(try await store.checkArchives().damaged.count == 4)
         let known = await store.readinessProblems()
         #expect(known.count == 1 && known[0].hasPrefix("3 published version(s) missing or damaged"), "\(known)")
 
@@ -61,6 +72,7 @@ extension CatalogTests {
         }
         #expect(try await store.checkArchives().damaged.isEmpty)
         #expect(await store.readinessProblems().isEmpty)
+        #expect(!FileManager.default.fileExists(atPath: record), "the record outlived the repair")
         var info = stat()
         #expect(stat(archive(packed[0]), &info) == 0 && info.st_mode & 0o777 == 0o444, "put back read-only, as published")
         guard case .unchanged = try await store.publish(archiveAt: packed[0].archivePath) else {

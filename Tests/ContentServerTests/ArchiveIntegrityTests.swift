@@ -22,6 +22,20 @@ extension ServerTests {
         return (server, data, packed, url, original)
     }
 
+    /// Flips one byte in the middle of `archive` (whose bytes are `original`) in place: the same
+    /// file, the same size, other bytes. Returns their SHA-256.
+    func flipMiddleByte(_ archive: String, of original: Data) throws -> String {
+        chmod(archive, 0o644)
+        let file = try #require(FileHandle(forUpdatingAtPath: archive))
+        let middle = original.count / 2
+        try file.seek(toOffset: UInt64(middle))
+        try file.write(contentsOf: Data([original[middle] ^ 0x5A]))
+        try file.close()
+        var damaged = original
+        damaged[middle] ^= 0x5A
+        return SHA256.hash(data: damaged).map { String(format: "%02x", $0) }.joined()
+    }
+
     @Test(
         "an archive cut short on disk is refused (503 archive-damaged) instead of served under the published ETag, named by /readyz, the log and iap-server check; publishing it again repairs it while the server runs",
         arguments: Backend.allCases)
@@ -89,17 +103,8 @@ extension ServerTests {
         let tmp = try TemporaryFolder()
         let (server, data, packed, url, original) = try servedSample(tmp, extra: ["--archive-check-interval", "1"])
 
-        // One byte flipped in the middle, in place: the same file, the same size.
         let archive = data + "/archives/\(packed.manifest.archiveSHA256).zip"
-        chmod(archive, 0o644)
-        let file = try #require(FileHandle(forUpdatingAtPath: archive))
-        let middle = UInt64(original.count / 2)
-        try file.seek(toOffset: middle)
-        try file.write(contentsOf: Data([original[Int(middle)] ^ 0x5A]))
-        try file.close()
-        var damaged = original
-        damaged[Int(middle)] ^= 0x5A
-        let digest = SHA256.hash(data: damaged).map { String(format: "%02x", $0) }.joined()
+        let digest = try flipMiddleByte(archive, of: original)
 
         let problem = "\(archive) has SHA-256 \(digest), not the published \(packed.manifest.archiveSHA256) (damaged on disk)"
         let refused = await waitUntil(.seconds(20)) {
@@ -137,6 +142,52 @@ extension ServerTests {
         #expect(served != nil, "the repaired archive was not served")
         let readyAgain = await waitUntil(.seconds(15)) { (try? curl([server.base + "/readyz"], folder: tmp))?.status == 200 }
         #expect(readyAgain != nil)
+        #expect(server.stop() == 0)
+    }
+
+    @Test(
+        "bytes damaged on disk at the published size that iap-server check finds (as the shipped timer runs it) are refused by the running server within a beat, also from the handle it kept, and named by /readyz; publishing again repairs it and clears the record"
+    )
+    func checkFindRefusedByServer() async throws {
+        let tmp = try TemporaryFolder()
+        // No periodic read of its own: what the server learns, it learns from `check`.
+        let (server, data, packed, url, original) = try servedSample(tmp, extra: ["--archive-check-interval", "0"])
+        let sha256 = packed.manifest.archiveSHA256
+        let archive = data + "/archives/\(sha256).zip"
+        let digest = try flipMiddleByte(archive, of: original)
+        let record = data + "/archives/\(sha256).damaged.json"
+        // No stat tells: served as it is, and every device's SHA-256 would fail.
+        let before = try curl([url], folder: tmp)
+        #expect(before.status == 200 && before.body != original)
+        // Every event loop opens it and keeps it open.
+        for _ in 0..<4 { #expect(try curl(["-r", "0-99", url], folder: tmp).status == 206) }
+
+        let problem = "\(archive) has SHA-256 \(digest), not the published \(sha256) (damaged on disk)"
+        let check = try run(productsDirectory() + "/iap-server", ["check", "--data", data])
+        #expect(check.status == 1 && check.stdout.contains(problem), "\(check.stdout) \(check.stderr)")
+        #expect(FileManager.default.fileExists(atPath: record))
+        let refused = await waitUntil(.seconds(15)) {
+            let answer = try? curl([url], folder: tmp)
+            return answer?.status == 503 && answer?.errorCode == "archive-damaged"
+        }
+        #expect(refused != nil, "the server still serves what check found damaged")
+        // Every event loop refuses it, the one that kept the file open from the first download too.
+        for _ in 0..<4 { #expect(try curl(["-r", "0-99", url], folder: tmp).status == 503) }
+        #expect(try String(contentsOfFile: server.log, encoding: .utf8).contains("refusing to serve a damaged file: \(problem)"))
+        let ready = await waitUntil(.seconds(15)) {
+            let answer = try? curl([server.base + "/readyz"], folder: tmp)
+            return answer?.status == 503 && answer?.text.contains(problem) == true
+        }
+        #expect(ready != nil, "/readyz does not name the damaged archive")
+
+        let publish = try run(productsDirectory() + "/iap-server", ["publish", "--data", data, packed.archivePath])
+        #expect(publish.status == 0 && publish.stdout.hasPrefix("repaired: "), "\(publish.stdout) \(publish.stderr)")
+        #expect(!FileManager.default.fileExists(atPath: record), "the record outlived the repair")
+        let served = await waitUntil(.seconds(15)) { (try? curl([url], folder: tmp))?.body == original }
+        #expect(served != nil, "the repaired archive was not served")
+        let readyAgain = await waitUntil(.seconds(15)) { (try? curl([server.base + "/readyz"], folder: tmp))?.status == 200 }
+        #expect(readyAgain != nil)
+        #expect(try run(productsDirectory() + "/iap-server", ["check", "--data", data]).status == 0)
         #expect(server.stop() == 0)
     }
 }
