@@ -202,8 +202,9 @@ extension ContentStore {
     }
 
     private func sharedFind(sha256: String, stamp: FileIdentity) -> String? {
-        // Nearly always absent: one failed open.
-        guard let data = FileManager.default.contents(atPath: damageRecordPath(sha256: sha256)),
+        let path = damageRecordPath(sha256: sha256)
+        // Nearly always absent: one system call (readiness asks this of every published archive).
+        guard access(path, F_OK) == 0, let data = FileManager.default.contents(atPath: path),
             let record = try? JSONDecoder().decode(DamageRecord.self, from: data), record.describes(stamp)
         else { return nil }
         return record.sha256Found
