@@ -45,10 +45,12 @@ rss_mib() { awk '/VmRSS/ {printf "%.0f", $2 / 1024}' "/proc/$1/status"; }
 
 # fill <backend> <data> <revocations> <versions> <archives>: that many revocations (16-digit ids,
 # as Apple's, below the sandbox's, which start at 2000000000000001) and versions of other products,
-# each with an (empty) archive file in <archives>: the catalog's size is what is measured.
+# each with an archive file in <archives> of the size the catalog gives it (1,000 bytes, sparse: the
+# catalog's size is what is measured). Of another size, the server would be unready and /readyz would
+# look at every archive on every call, as it did here from the sixteenth stop to the thirty-sixth.
 fill() {
   local sql=
-  [ "$4" -gt 0 ] && python3 -c 'import sys; [open("%s/%064d.zip" % (sys.argv[1], i), "w").close() for i in range(1, int(sys.argv[2]) + 1)]' "$5" "$4"
+  [ "$4" -gt 0 ] && python3 -c 'import sys; [open("%s/%064d.zip" % (sys.argv[1], i), "w").truncate(1000) for i in range(1, int(sys.argv[2]) + 1)]' "$5" "$4"
   case $1 in
   sqlite)
     [ "$3" -gt 0 ] && sql+="WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < $3)
@@ -100,6 +102,8 @@ for backend in sqlite postgres; do
     sleep "$IDLE"
     idle=$(awk -v t=$(( $(cpu_ticks "$pid") - before )) -v hz="$(getconf CLK_TCK)" 'BEGIN {printf "%.2f", t / hz}')
     rss=$(rss_mib "$pid")
+    ready=$(curl -s -w ' %{http_code}' "$base/readyz")
+    [ "${ready##* }" = 200 ] || { echo "set-up failed: /readyz answered $ready" >&2; exit 1; }
     before=$(cpu_ticks "$pid")
     for _ in $(seq 20); do curl -s -o /dev/null "$base/readyz"; done
     readyz=$(awk -v t=$(( $(cpu_ticks "$pid") - before )) -v hz="$(getconf CLK_TCK)" 'BEGIN {printf "%.1f", t / hz * 1000 / 20}')
