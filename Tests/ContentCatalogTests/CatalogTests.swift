@@ -386,7 +386,9 @@ struct CatalogTests {
         await store.database.close()
     }
 
-    @Test("readiness: a ready verdict is kept while the catalog is unchanged, the newest archive looked at each time; a change checks every archive", arguments: Backend.allCases)
+    @Test(
+        "readiness: a ready verdict is kept while the catalog is unchanged, the newest archive looked at each time; a change checks every archive; a not-ready verdict is kept while the archive it named first is still missing",
+        arguments: Backend.allCases)
     func readinessKept(backend: Backend) async throws {
         let sample = try SampleProduct()
         defer { sample.remove() }
@@ -415,6 +417,21 @@ struct CatalogTests {
         #expect(!downloads.isReady && downloads.problems.first?.contains(v2.manifest.archiveSHA256) == true && downloads.databaseTrouble == nil)
         try FileManager.default.moveItem(atPath: newest + ".away", toPath: newest)
         #expect(await store.readiness(for: .downloads) == .init(problems: [], databaseTrouble: nil))
+
+        // A "not ready" is kept while the archive it named first is still missing, that one
+        // looked at each time: another lost meanwhile is not looked for (a balancer probing a
+        // replica it took out would otherwise have it read the whole catalog each time).
+        try FileManager.default.moveItem(atPath: newest, toPath: newest + ".away")
+        let unready = await store.readinessProblems()
+        #expect(unready.first?.hasPrefix("1 published version(s)") == true && unready.first?.contains(v2.manifest.archiveSHA256) == true, "\(unready)")
+        try FileManager.default.moveItem(atPath: older, toPath: older + ".away")
+        #expect(await store.readinessProblems() == unready)
+        // Once it is back, the next answer looks at every archive; once all are, ready at once.
+        try FileManager.default.moveItem(atPath: newest + ".away", toPath: newest)
+        let next = await store.readinessProblems()
+        #expect(next.first?.hasPrefix("1 published version(s)") == true && next.first?.contains(v1.manifest.archiveSHA256) == true, "\(next)")
+        try FileManager.default.moveItem(atPath: older + ".away", toPath: older)
+        #expect(await store.readinessProblems().isEmpty)
         await store.database.close()
     }
 }
