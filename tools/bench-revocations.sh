@@ -5,7 +5,8 @@
 # For each case, on SQLite and on PostgreSQL, one iap-server is started on a catalog holding that
 # many revocations and versions and left idle for $IDLE seconds with the default
 # --revocation-refresh (2 s); it reports the server's CPU seconds in that window, its resident
-# memory, the CPU one /readyz costs it (mean of 20: balancers ask every few seconds), and how long
+# memory, the CPU one /readyz costs it (mean of 20: balancers ask every few seconds), the same with one
+# archive missing (a replica out of the balancer's set is still probed), and how long
 # a refund posted to it takes to refuse the URL it granted (p50 of $REFUNDS), and its CPU seconds
 # over $IDLE seconds while another writer (a replica, `iap-server reconcile`, notifications Apple
 # retries after an outage) adds one revocation a second: each one moves the ledger's counter.
@@ -62,7 +63,7 @@ fill() {
   postgres)
     [ "$3" -gt 0 ] && sql+="INSERT INTO revocations (transaction_id, revoked_at) SELECT (1000000000000000 + i)::text, now() FROM generate_series(1, $3) i;"
     [ "$4" -gt 0 ] && sql+="INSERT INTO versions (product_id, content_version, sha256, size, content_length, published_at)
-      SELECT 'com.example.p' || i, '1.0', lpad(i::text, 64, '0'), 1000, 1000, now() FROM generate_series(1, $4) i;"
+      SELECT 'com.example.p' || i, '1.0', lpad(i::text, 64, '0'), 1000, 1000, '2026-01-01 00:00:00+00' FROM generate_series(1, $4) i;"
     [ -z "$sql" ] || psql_ -d "$2" -c "$sql" ;;
   esac
 }
@@ -84,7 +85,7 @@ propagation() {
 }
 
 echo "idle ${IDLE}s per measure, --revocation-refresh 2 s; $(nproc) cores" >&2
-printf '%-9s %12s %9s %12s %9s %14s %17s %13s\n' backend revocations versions "idle CPU, s" "RSS, MiB" "readyz CPU, ms" "refund → 403, ms" "storm CPU, s"
+printf '%-9s %12s %9s %12s %9s %14s %16s %17s %13s\n' backend revocations versions "idle CPU, s" "RSS, MiB" "readyz CPU, ms" "unready, ms" "refund → 403, ms" "storm CPU, s"
 n=0
 for backend in sqlite postgres; do
   for case in "${cases[@]}"; do
@@ -107,6 +108,15 @@ for backend in sqlite postgres; do
     before=$(cpu_ticks "$pid")
     for _ in $(seq 20); do curl -s -o /dev/null "$base/readyz"; done
     readyz=$(awk -v t=$(( $(cpu_ticks "$pid") - before )) -v hz="$(getconf CLK_TCK)" 'BEGIN {printf "%.1f", t / hz * 1000 / 20}')
+    # The same while one archive is missing (a replica its balancer took out, probed all the same):
+    # the newest, which a kept "ready" looks at each time.
+    gone="$data/archives/$(sha256sum "$archive" | cut -c1-64).zip"; mv "$gone" "$gone.away"
+    ready=$(curl -s -o /dev/null -w '%{http_code}' "$base/readyz")
+    [ "$ready" = 503 ] || { echo "set-up failed: /readyz answered $ready with an archive missing" >&2; exit 1; }
+    before=$(cpu_ticks "$pid")
+    for _ in $(seq 20); do curl -s -o /dev/null "$base/readyz"; done
+    unready=$(awk -v t=$(( $(cpu_ticks "$pid") - before )) -v hz="$(getconf CLK_TCK)" 'BEGIN {printf "%.1f", t / hz * 1000 / 20}')
+    mv "$gone.away" "$gone"
     p50=$(propagation)
     before=$(cpu_ticks "$pid")
     for i in $(seq "$IDLE"); do
@@ -118,6 +128,6 @@ for backend in sqlite postgres; do
     done
     storm=$(awk -v t=$(( $(cpu_ticks "$pid") - before )) -v hz="$(getconf CLK_TCK)" 'BEGIN {printf "%.2f", t / hz}')
     stop
-    printf '%-9s %12s %9s %12s %9s %14s %17s %13s\n' "$backend" "$revocations" "$versions" "$idle" "$rss" "$readyz" "$p50" "$storm"
+    printf '%-9s %12s %9s %12s %9s %14s %16s %17s %13s\n' "$backend" "$revocations" "$versions" "$idle" "$rss" "$readyz" "$unready" "$p50" "$storm"
   done
 done
