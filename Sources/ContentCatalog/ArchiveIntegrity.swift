@@ -147,7 +147,7 @@ extension ContentStore {
         guard let before = FileIdentity.of(archivePath(sha256: version.sha256)) else { return nil }
         // Known to this process: a find another one recorded (`check`, a replica sharing the
         // folder) is new here, and logged and counted here too.
-        let known = rotten.withLock { $0[version.sha256] }.map { $0.stamp == before } ?? false
+        let known = foundHere(sha256: version.sha256, stamp: before) != nil
         let damage = try? await Self.offload { () throws(CatalogError) in self.damage(of: version, readingContents: true, includingManifest: false).0 }
         guard case .wrongDigest? = damage, !known else { return nil }
         // Readiness looks again rather than answering from its last "ready".
@@ -160,8 +160,12 @@ extension ContentStore {
     /// the same archive folder (``damageRecordPath(sha256:)``); nil when none was found or the
     /// file has changed since (renamed over, written again in place, its mode changed).
     public func recordedDigest(sha256: String, stamp: FileIdentity) -> String? {
-        if let here = rotten.withLock({ $0[sha256] }), here.stamp == stamp { return here.digest }
-        return sharedFind(sha256: sha256, stamp: stamp)
+        foundHere(sha256: sha256, stamp: stamp) ?? sharedFind(sha256: sha256, stamp: stamp)
+    }
+
+    /// What a read in this process found (``rotten``), for the file as `stamp` says.
+    private func foundHere(sha256: String, stamp: FileIdentity) -> String? {
+        rotten.withLock { $0[sha256] }.flatMap { $0.stamp == stamp ? $0.digest : nil }
     }
 
     /// Where a read that found archive `sha256` damaged records it, beside the archive: every
