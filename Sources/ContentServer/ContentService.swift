@@ -353,7 +353,8 @@ final class ContentService: ContentResolver, Sendable {
             try? handle.close()
             return .damaged("\(path) is \(info.st_size) bytes, not the \(want) published")
         }
-        // Other bytes at the published size, which the periodic read found in this very file.
+        // Other bytes at the published size, which a read found in this very file (the periodic
+        // read, or any process using the folder: `check`, a replica sharing it).
         if !manifest, let digest = store.recordedDigest(sha256: sha256, stamp: FileIdentity(info)) {
             try? handle.close()
             return .damaged("\(path) has SHA-256 \(digest), not the published \(sha256) (damaged on disk)")

@@ -58,8 +58,9 @@ final class PeerArchives: Sendable {
             removed(gone)
         }
         // Missing here, here with another size than published (a copy cut short), or with other
-        // bytes that the periodic read found (`ContentService.findRottenArchives`): this
-        // replica's copy is only a copy, so the origin's replaces it.
+        // bytes that a read found (the periodic read, `ContentService.findRottenArchives`, or
+        // `iap-server check` on this folder): this replica's copy is only a copy, so the origin's
+        // replaces it.
         // Another replica's uploads only, looked at first: with a shared folder there are none,
         // and no file is looked at.
         let missing = versions.filter { version in
