@@ -264,7 +264,9 @@ let package = Package(
         .testTarget(name: "IAPProtocolTests", dependencies: ["IAPProtocol"]),
         .testTarget(name: "DurableFilesTests", dependencies: ["DurableFiles"]),
         .testTarget(name: "DownloadGrantsTests", dependencies: ["DownloadGrants", "IAPTestSupport"]),
-        .testTarget(name: "ContentCatalogTests", dependencies: ["CatalogPostgres", "ContentCatalog", "ContentArchive", "IAPTestSupport"]),
+        .testTarget(
+            name: "ContentCatalogTests",
+            dependencies: ["CatalogPostgres", "ContentCatalog", "ContentArchive", "IAPTestSupport", .product(name: "Logging", package: "swift-log")]),
         .testTarget(name: "TransactionQueueTests", dependencies: ["TransactionQueue", "IAPTestSupport"]),
         .testTarget(
             name: "SandboxStoreTests",

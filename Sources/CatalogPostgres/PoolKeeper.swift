@@ -47,19 +47,17 @@ final class PoolKeeper: Sendable {
         probe.options.additionalStartupParameters.append(("application_name", name + " (reconnect probe)"))
         self.probe = probe
         let client = PostgresClient(configuration: configuration, backgroundLogger: poolLogger)
-        state = Mutex(State(client: client, runner: await Self.start(client)))
+        state = Mutex(State(client: client, runner: Self.start(client)))
     }
 
     /// Runs `client` in a task of its own, returning once its `run()` is under way: PostgresNIO
-    /// warns of every lease asked for before that.
-    private static func start(_ client: PostgresClient) async -> Task<Void, Never> {
-        let (started, signal) = AsyncStream.makeStream(of: Void.self)
-        let runner = Task {
-            signal.finish()
-            await client.run()
-        }
-        for await _ in started {}
-        return runner
+    /// warns of every lease asked for before that. The task starts on this thread and runs
+    /// until `run()` first waits (`Task.immediate`), so `run()` has marked the client running
+    /// before this returns; a task that signalled just before calling `run()` let a lease in
+    /// between when its thread was preempted there (one `iap-server publish` in sixteen on a
+    /// busy machine).
+    private static func start(_ client: PostgresClient) -> Task<Void, Never> {
+        Task.immediate { await client.run() }
     }
 
     /// The pool operations use now.
@@ -219,7 +217,7 @@ final class PoolKeeper: Sendable {
     /// at once, and their callers (a grant, the revocation listener) try again on the new one.
     private func replace() async {
         let fresh = PostgresClient(configuration: configuration, backgroundLogger: poolLogger)
-        let runner = await Self.start(fresh)
+        let runner = Self.start(fresh)
         let old = state.withLock { state in
             let old = state.runner
             state.client = fresh
