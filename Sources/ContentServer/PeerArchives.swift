@@ -53,7 +53,7 @@ final class PeerArchives: Sendable {
         let gone = ContentStore.removedArchives(versions)
         if !gone.isEmpty {
             // Deleted first: a request between the two could otherwise open a file about to go.
-            let freed = store.deleteArchives(gone)
+            let freed = await store.deleteArchives(gone)
             if freed > 0 { logger.notice("deleted the archives of removed versions", metadata: ["bytes": "\(freed)"]) }
             removed(gone)
         }

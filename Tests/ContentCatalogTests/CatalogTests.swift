@@ -200,7 +200,7 @@ struct CatalogTests {
         }
         let versions = try await other.database.versions(productId: nil)
         #expect(versions.first { $0.contentVersion == "1.1" }?.removedAt != nil)
-        #expect(other.deleteArchives(ContentStore.removedArchives(versions)) == Int64(v2.manifest.archiveSize))
+        #expect(await other.deleteArchives(ContentStore.removedArchives(versions)) == Int64(v2.manifest.archiveSize))
         #expect(!FileManager.default.fileExists(atPath: other.archivePath(sha256: v2.manifest.archiveSHA256)))
         #expect(FileManager.default.fileExists(atPath: other.archivePath(sha256: v1.manifest.archiveSHA256)))
         #expect(FileManager.default.fileExists(atPath: stranger))
