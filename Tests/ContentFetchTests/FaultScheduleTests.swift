@@ -87,10 +87,17 @@ struct FaultScheduleTests {
         #expect(try finished() == nil, "finished although killed before finishing")
         #expect(FileManager.default.fileExists(atPath: installed + "/ContentInfo.plist"))
         #expect(kills == 10)
+        // A run killed after saving the install but before deleting the partial archive (which
+        // now happens off the fetcher's actor) leaves it behind: the next run deletes it.
+        let journalFolder = content + "/.iap-fetch"
+        let record = try #require(try FileManager.default.contentsOfDirectory(atPath: journalFolder).first { $0.hasSuffix("-com.example.faults.json") })
+        let leftover = journalFolder + "/" + record.dropLast(".json".count) + ".partial"
+        try Data(count: 4096).write(to: URL(fileURLWithPath: leftover))
 
         // The last run finishes it; another changes nothing.
         let last = try run(productsDirectory() + "/iap-fetch", ["run", "--server", server.base, "--queue", queue, "--content-dir", content])
         #expect(last.status == 0, "\(last.stderr)")
+        #expect(!FileManager.default.fileExists(atPath: leftover), "the partial archive of an installed download was left behind")
         #expect(try Data(contentsOf: URL(fileURLWithPath: installed + "/Contents/payload.bin")) == payload)
         #expect(try run("diff", ["-r", source.sub("src"), installed + "/Contents"]).status == 0)
         let finishedAt = try #require(try finished())
