@@ -276,15 +276,25 @@ enum FileDigest {
     private static func dropPages(_ fd: Int32, offset: Int64, count: Int, page: Int64, resident: [UInt8]) {
         let first = Int(offset / page)
         let end = min(resident.count, Int((offset + Int64(count) + page - 1) / page))
-        guard first < end else { return }
+        for run in coldRuns(resident, from: first, to: end) {
+            _ = posix_fadvise(fd, off_t(Int64(run.lowerBound) * page), off_t(Int64(run.count) * page), POSIX_FADV_DONTNEED)
+        }
+    }
+
+    /// The runs of page indices in `first..<end` that `resident` (`mincore`'s bytes: bit 0 set
+    /// for a cached page) says were not cached.
+    static func coldRuns(_ resident: [UInt8], from first: Int, to end: Int) -> [Range<Int>] {
+        guard first < end else { return [] }
+        var runs: [Range<Int>] = []
         var start: Int?
         for index in first...end {
             let cold = index < end && resident[index] & 1 == 0
             if cold, start == nil { start = index }
             if !cold, let from = start {
-                _ = posix_fadvise(fd, off_t(Int64(from) * page), off_t(Int64(index - from) * page), POSIX_FADV_DONTNEED)
+                runs.append(from..<index)
                 start = nil
             }
         }
+        return runs
     }
 }
