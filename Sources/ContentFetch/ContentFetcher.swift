@@ -235,10 +235,14 @@ public actor ContentFetcher {
         wakeSpaceWaiters()
     }
 
-    /// The id of a transaction's download before its grant is known (one product per transaction).
-    static func downloadId(_ transaction: QueuedTransaction) -> String {
-        "\(transaction.transactionId)-\(transaction.productId)"
+    /// The id of a transaction's download of `productId` (by default its own product: before
+    /// its grant is known, one product per transaction).
+    static func downloadId(_ transaction: QueuedTransaction, productId: String? = nil) -> String {
+        downloadIdPrefix(transaction) + (productId ?? transaction.productId)
     }
+
+    /// What the ids of all of a transaction's downloads start with.
+    static func downloadIdPrefix(_ transaction: QueuedTransaction) -> String { "\(transaction.transactionId)-" }
 
     /// Returns once no queue loop runs, such as the one `resume(_:)` starts in the background.
     func idle() async {
@@ -375,10 +379,10 @@ public actor ContentFetcher {
         do {
             try await source.finish(transactionId: transaction.transactionId)
         } catch {
-            await removedInstalledBytes()
+            await removedInstalledBytes(of: transaction)
             throw error
         }
-        await removedInstalledBytes()
+        await removedInstalledBytes(of: transaction)
     }
 
     /// Deletes the partial archive (and manifest) of installed download `id` on a thread of the
@@ -404,10 +408,12 @@ public actor ContentFetcher {
         releaseSpace(of: id)
     }
 
-    /// Waits for the deletions ``removeInstalledBytes(_:)`` started, so that a run ends with
-    /// them done (its process exits having freed the space, a test finds the files gone).
-    private func removedInstalledBytes() async {
-        for removal in removals.values { await removal.task.value }
+    /// Waits for the deletions ``removeInstalledBytes(_:)`` started for `transaction`'s
+    /// downloads, so that its processing ends with them done (a run's process exits having freed
+    /// the space, a test finds the files gone); not for other transactions' running beside it.
+    private func removedInstalledBytes(of transaction: QueuedTransaction) async {
+        let prefix = Self.downloadIdPrefix(transaction)
+        for (id, removal) in removals where id.hasPrefix(prefix) { await removal.task.value }
     }
 
     /// The grants for `transaction`, retried through network errors; a refusal fails the
@@ -469,7 +475,7 @@ public actor ContentFetcher {
     /// transaction's product, which the queue already keeps to one at a time, but it is the
     /// server's answer that says).
     private func deliverWhenProductFree(_ granted: GrantedDownload, transaction: QueuedTransaction) async throws {
-        let id = "\(transaction.transactionId)-\(granted.productId)"
+        let id = Self.downloadId(transaction, productId: granted.productId)
         inFlight.insert(id)
         defer { if id != Self.downloadId(transaction) { inFlight.remove(id) } }
         await acquireProduct(granted.productId)
@@ -480,7 +486,7 @@ public actor ContentFetcher {
     /// Downloads, verifies and installs one granted archive, retrying by ``RetryPolicy``; a grant
     /// that expires mid-download is renewed and the bytes on disk kept.
     private func deliver(_ granted: GrantedDownload, transaction: QueuedTransaction) async throws {
-        let id = "\(transaction.transactionId)-\(granted.productId)"
+        let id = Self.downloadId(transaction, productId: granted.productId)
         var download =
             journal.load(id).map(DownloadStateMachine.init(record:))
             ?? DownloadStateMachine(transactionId: transaction.transactionId, productId: granted.productId)
