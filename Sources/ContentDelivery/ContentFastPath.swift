@@ -30,8 +30,10 @@ public protocol RequestHeadObserver: AnyObject {
 /// Responses leave in request order: they are written as the requests are parsed, and after a
 /// hand-off the decoder's responses queue behind them. A response of one buffer (a small range,
 /// a refusal, a `HEAD`) is written straight to the socket as the event loop's pass ends, when
-/// nothing of the connection's waits in NIO's queue (Linux); anything else goes through NIO,
-/// after whatever was kept for the direct write. While the channel is not writable (a big
+/// nothing of the connection's waits in NIO's queue (Linux); a single range of up to 2 MiB is
+/// sent straight to the socket at once (`sendInline`), what the socket has no room for going on
+/// as below; anything else goes through NIO, or a sending thread for a large body, after
+/// whatever was kept for the direct write. While the channel is not writable (a big
 /// file on its way, or a client that pipelines without reading) it stops parsing and reading.
 public final class ContentFastPath: ChannelDuplexHandler {
     public typealias InboundIn = ByteBuffer
@@ -84,11 +86,11 @@ public final class ContentFastPath: ChannelDuplexHandler {
     @exclusivity(unchecked) private var allocator = ByteBufferAllocator()
 
     /// Bodies of one file region at least this long go through the `FileSender` when there is
-    /// one: below it, the two hops between threads cost more than the sending saves. 1 MiB is
-    /// the slice nginx's edge (`deploy/nginx`) fetches: from the sending threads, 1 MiB ranges at
-    /// 64 connections ran at 1.00-1.13x the rate with 0.64-0.89x the p99 they had through NIO, at
-    /// 16 connections at 0.98-1.07x with 0.86-0.94x (four alternated runs each); 512 KiB and 2 MiB
-    /// ranges went either way (docs/performance.md, twenty-third stop).
+    /// one, once the event loop's own send (up to ``inlineMaximum``) has found the socket full:
+    /// below it, the two hops between threads cost more than the sending saves. From the sending
+    /// threads, 1 MiB ranges at 64 connections ran at 1.00-1.13x the rate with 0.64-0.89x the p99
+    /// they had through NIO (docs/performance.md, twenty-third stop); sent from the event loop
+    /// first, at 1.28-1.36x nginx's rate (thirty-eighth stop).
     public static let elsewhereMinimum = 1 << 20
 
     /// - Parameters:
@@ -296,7 +298,7 @@ public final class ContentFastPath: ChannelDuplexHandler {
             eventLoop: context.eventLoop, allocator: allocator)
         if !response.keepAlive { closing = true }
 
-        let (head, pieces) = response.serialize(http10: request.http10, scratch: &headScratch)
+        var (head, pieces) = response.serialize(http10: request.http10, scratch: &headScratch)
 
         let report = ResponseReport(response, observer: observer)
         // A response that is one buffer (a small range, an error, a HEAD) on a connection that
@@ -324,6 +326,26 @@ public final class ContentFastPath: ChannelDuplexHandler {
         }
         #if os(Linux)
             writeUnsent(context: context)
+        #endif
+        #if os(Linux)
+            if inFlight == 0, !closing, pieces.count == 1, case .fileRegion(var region) = pieces[0], region.readableBytes <= Self.inlineMaximum,
+                directWrites(context), let socket = directSocket?.descriptor, socket >= 0
+            {
+                switch Self.sendInline(&head, &region, socket: socket) {
+                case .sent:
+                    _ = report.finished(.success(()), observer: observer)
+                    heads?.responseSent()
+                    PassEnd.afterFlushes(on: context.eventLoop)
+                    return false
+                case .failed(let error):
+                    _ = report.finished(.failure(error), observer: observer)
+                    context.close(promise: nil)
+                    return false
+                case .unfinished:
+                    // The socket is full: what is left goes the usual way, corked as it would be.
+                    pieces = [.fileRegion(region)]
+                }
+            }
         #endif
         inFlight += 1
         #if os(Linux)
@@ -423,6 +445,66 @@ public final class ContentFastPath: ChannelDuplexHandler {
     #endif
 
     #if os(Linux)
+        /// A single range of at most this many bytes is first sent from the event loop, head and
+        /// body, in two system calls (see `sendInline`).
+        static let inlineMaximum = 2 << 20
+
+        enum InlineSend {
+            /// All of it has left.
+            case sent
+            /// The socket filled: the head and region passed in hold what is left.
+            case unfinished
+            /// The connection is gone, or the file ended before the range did.
+            case failed(any Error)
+        }
+
+        /// Sends `head` then `region` straight to the socket: the head with `MSG_MORE` (held back
+        /// to leave with the body, as under `TCP_CORK`), the body with one `sendfile` of all of it,
+        /// as nginx sends a file of up to its `sendfile_max_chunk` (2m) from its event loop.
+        ///
+        /// Why: a range of 64 KiB to 2 MiB nearly always fits in the socket's buffer at once, and
+        /// through NIO's file region (its pending writes, a promise and a flush) or the sending
+        /// threads (two descriptors duplicated and closed, two epoll changes, a hop to the sending
+        /// thread and one back, cork and uncork) each answer took more than the sending itself:
+        /// 1 MiB ranges at 64 connections ran at 0.97-0.98x nginx's rate with 1.16-1.39x its p99;
+        /// sent here, 1.28-1.36x the rate with 1.00-1.08x the p99, and 256 KiB ranges 1.30x and
+        /// 1.33x with 0.57x and 0.71x at 16 and 64 connections (docs/performance.md, thirty-eighth
+        /// stop). Only what the socket has no room for goes those ways. As with NIO's file
+        /// regions and nginx's `sendfile`, pages not in the page cache are read from the disk
+        /// within the call.
+        ///
+        /// SIGPIPE: NIO ignores it process-wide on Linux once it has made a socket, as its own
+        /// `sendfile` of file regions needs; a reset connection fails with `EPIPE`.
+        static func sendInline(_ head: inout ByteBuffer, _ region: inout FileRegion, socket: CInt) -> InlineSend {
+            while head.readableBytes > 0 {
+                let wrote = head.withUnsafeReadableBytes { send(socket, $0.baseAddress, $0.count, CInt(MSG_DONTWAIT | MSG_NOSIGNAL | MSG_MORE)) }
+                if wrote > 0 {
+                    head.moveReaderIndex(forwardBy: wrote)
+                    continue
+                }
+                if errno == EINTR { continue }
+                if errno == EAGAIN || errno == EWOULDBLOCK { return .unfinished }
+                return .failed(IOError(errnoCode: errno, reason: "send"))
+            }
+            guard let file = try? region.fileHandle.withUnsafeFileDescriptor({ $0 }) else { return .unfinished }
+            while region.readableBytes > 0 {
+                var offset = off_t(region.readerIndex)
+                let sent = sendfile(socket, file, &offset, region.readableBytes)
+                if sent > 0 {
+                    region.moveReaderIndex(forwardBy: sent)
+                    // A short send means the socket is full: the next would find no room.
+                    if region.readableBytes > 0 { return .unfinished }
+                } else if sent == 0 {
+                    return .failed(IOError(errnoCode: EIO, reason: "sendfile: the file ended before the range"))
+                } else if errno == EAGAIN || errno == EWOULDBLOCK {
+                    return .unfinished
+                } else if errno != EINTR {
+                    return .failed(IOError(errnoCode: errno, reason: "sendfile"))
+                }
+            }
+            return .sent
+        }
+
         /// Writes the head through NIO, then hands the body to the sender once the head (and every
         /// response before it) has been written; parsing and reading wait until the body has left.
         /// Returns false, having written nothing, when the connection's socket cannot be had.

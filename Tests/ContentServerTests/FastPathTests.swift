@@ -262,6 +262,51 @@ extension HardeningTests {
         print('\\n'.join(failures) if failures else 'ok')
         """
 
+    /// Ranges of 64 KiB to 2 MiB among small answers: asked for one at a time, each read before
+    /// the next is asked (`fits`: the socket has room for each), or pipelined in one write by a
+    /// client whose receive buffer is 16 KiB and that reads only once every request is written
+    /// (`fills`: the kernel's buffers fill during a body, and the rest of it goes through NIO or
+    /// a sending thread). Prints `ok` or what differed.
+    static let middleRanges = """
+        import socket, sys
+
+        port, path, archive, mode = int(sys.argv[1]), sys.argv[2], open(sys.argv[3], 'rb').read(), sys.argv[4]
+
+        def response(f):
+            status = f.readline().decode().split(' ')[1]
+            length = 0
+            while (line := f.readline().decode()) not in ('\\r\\n', ''):
+                name, _, value = line.partition(':')
+                if name.lower() == 'content-length':
+                    length = int(value)
+            return status, f.read(length)
+
+        if mode == 'fits':
+            ranges = [(0, 9), (0, (1 << 20) - 1), (1000, 301_000), (5, (2 << 20) + 4), (70_000, 70_000 + (64 << 10)), (10, 19)]
+        else:
+            ranges = [(100, (2 << 20) + 99), (7, 7 + (3 << 19)), (0, 9), (3, 400_003), ((1 << 20) + 1, (3 << 20)), (10, 19)]
+        s = socket.socket()
+        if mode == 'fills':
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+        s.connect(('127.0.0.1', port))
+        s.settimeout(20)
+        f = s.makefile('rb')
+        requests = [f'GET {path} HTTP/1.1\\r\\nHost: x\\r\\nRange: bytes={a}-{b}\\r\\n'
+                    + ('Connection: close\\r\\n' if i == len(ranges) - 1 else '') + '\\r\\n' for i, (a, b) in enumerate(ranges)]
+        if mode == 'fills':
+            s.sendall(''.join(requests).encode())
+        failures = []
+        for index, (a, b) in enumerate(ranges):
+            if mode == 'fits':
+                s.sendall(requests[index].encode())
+            code, body = response(f)
+            if (code, body) != ('206', archive[a:b + 1]):
+                failures.append(f'range {index} ({a}-{b}): {code} with {len(body)} bytes, not 206 with {b + 1 - a}')
+        if f.read(1) != b'':
+            failures.append('not closed after Connection: close')
+        print('\\n'.join(failures) if failures else 'ok')
+        """
+
     /// Packs `size` random bytes, stored, as the product's version 1.0, publishes it and buys it:
     /// the archive and its download URL.
     func publishNoise(_ size: Int, server: ServerProcess, store: SandboxStore, tmp: TemporaryFolder) throws -> (PackResult, String) {
@@ -409,6 +454,41 @@ extension HardeningTests {
         #expect(stopped.isRunning, "the stopped readers went away by themselves")
     }
 
+    @Test(
+        "single ranges of 64 KiB to 2 MiB leave from the event loop, in order among pipelined answers, none from the sending threads; when the client's buffers fill during one, the rest goes the usual ways"
+    )
+    func middleRangesFromTheEventLoop() async throws {
+        let tmp = try TemporaryFolder()
+        let (store, server) = try start(tmp)
+        let (archive, url) = try publishNoise(4 << 20, server: server, store: store, tmp: tmp)
+        let path = String(url.dropFirst(server.base.count))
+        let script = try tmp.write("middle.py", Self.middleRanges)
+        let pid = server.process.processIdentifier
+
+        let before = try Self.sendingThreadsWrote(pid)
+        let fits = try run("python3", [script, String(server.port), path, archive.archivePath, "fits"])
+        #expect(fits.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "ok", "\(fits.stdout) \(fits.stderr)")
+        // 1 MiB and 2 MiB: without the event loop's own send they would be the sending threads'.
+        #expect(try Self.sendingThreadsWrote(pid) == before, "the sending threads sent some of the ranges")
+
+        let fills = try run("python3", [script, String(server.port), path, archive.archivePath, "fills"])
+        #expect(fills.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "ok", "\(fills.stdout) \(fills.stderr)")
+        #expect(try curl([server.base + "/healthz"], folder: tmp).status == 200)
+        #expect(server.stop() == 0)
+    }
+
+    /// What the server's sending threads have written (a thread's `wchar` counts what its
+    /// sendfile calls sent).
+    static func sendingThreadsWrote(_ pid: Int32) throws -> Int {
+        let tasks = try FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")
+        var sent = 0
+        for task in tasks where ((try? String(contentsOfFile: "/proc/\(pid)/task/\(task)/comm", encoding: .utf8)) ?? "").hasPrefix("iap-send-") {
+            let io = try String(contentsOfFile: "/proc/\(pid)/task/\(task)/io", encoding: .utf8)
+            sent += io.split(separator: "\n").first { $0.hasPrefix("wchar:") }.flatMap { Int($0.dropFirst(6).trimmingCharacters(in: .whitespaces)) } ?? 0
+        }
+        return sent
+    }
+
     @Test("archive bodies of 1 MiB or more leave from the sending threads: in order among pipelined answers; a client that goes away, or stops reading for --idle-timeout, frees its connection")
     func largeBodiesFromSendingThreads() async throws {
         let tmp = try TemporaryFolder()
@@ -427,13 +507,7 @@ extension HardeningTests {
         let result = try run("python3", [script, String(server.port), String(url.dropFirst(server.base.count)), archive.archivePath])
         #expect(result.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "ok", "\(result.stdout) \(result.stderr)")
 
-        // What the sending threads wrote (a thread's `wchar` counts what its sendfile calls sent).
-        let tasks = try FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")
-        var sent = 0
-        for task in tasks where ((try? String(contentsOfFile: "/proc/\(pid)/task/\(task)/comm", encoding: .utf8)) ?? "").hasPrefix("iap-send-") {
-            let io = try String(contentsOfFile: "/proc/\(pid)/task/\(task)/io", encoding: .utf8)
-            sent += io.split(separator: "\n").first { $0.hasPrefix("wchar:") }.flatMap { Int($0.dropFirst(6).trimmingCharacters(in: .whitespaces)) } ?? 0
-        }
+        let sent = try Self.sendingThreadsWrote(pid)
         let size = try #require(FileManager.default.attributesOfItem(atPath: archive.archivePath)[.size] as? Int)
         #expect(sent >= size + 5 << 20, "the sending threads wrote \(sent) bytes of the \(size + 5 << 20) asked for")
         #expect(sent < 2 * size + 5 << 20, "the sending threads wrote \(sent) bytes")

@@ -1,0 +1,151 @@
+#if os(Linux)
+    import Foundation
+    import IAPTestSupport
+    import NIOCore
+    import NIOPosix
+    import Testing
+
+    @testable import ContentDelivery
+
+    /// `ContentFastPath.sendInline` over a real TCP connection on 127.0.0.1: what it sends, and
+    /// what it leaves for the usual ways when the socket has no room.
+    @Suite struct InlineSendTests {
+        typealias Connection = FileSenderTests.Connection
+
+        /// A served file of `size` pseudo-random bytes.
+        struct Served {
+            let handle: NIOFileHandle
+            let bytes: [UInt8]
+        }
+
+        static func served(_ folder: TemporaryFolder, size: Int) throws -> Served {
+            let bytes = [UInt8](pseudoRandomBytes(size, seed: 5))
+            let path = try folder.write("served.bin", Data(bytes))
+            return Served(handle: try NIOFileHandle(_deprecatedPath: path), bytes: bytes)
+        }
+
+        static func setBuffer(_ descriptor: CInt, _ option: CInt, _ size: Int) {
+            var value = CInt(size)
+            setsockopt(descriptor, SOL_SOCKET, option, &value, socklen_t(MemoryLayout<CInt>.size))
+        }
+
+        static let head = ByteBuffer(string: "HTTP/1.1 206 Partial Content\r\nContent-Length: 1\r\n\r\n")
+
+        /// Closes the sending end and reads what the peer got.
+        static func received(_ connection: Connection) async -> [UInt8] {
+            close(connection.sending)
+            defer { close(connection.receiving) }
+            return await FileSenderTests.readAll(connection.receiving)
+        }
+
+        @Test("a range the socket has room for leaves whole, its head first, in one call")
+        func sendsHeadAndBody() async throws {
+            let folder = try TemporaryFolder()
+            let file = try Self.served(folder, size: 3 << 20)
+            defer { try? file.handle.close() }
+            let connection = try FileSenderTests.connection()
+            // Room for all of it whatever the kernel's autotuning starts from.
+            Self.setBuffer(connection.sending, SO_SNDBUF, 4 << 20)
+            var head = Self.head
+            var region = FileRegion(fileHandle: file.handle, readerIndex: 1_000, endIndex: 1_000 + (2 << 20))
+            let outcome = ContentFastPath.sendInline(&head, &region, socket: connection.sending)
+            guard case .sent = outcome else {
+                Issue.record("not sent whole: \(outcome)")
+                return
+            }
+            let got = await Self.received(connection)
+            #expect(got == Array(Self.head.readableBytesView) + Array(file.bytes[1_000..<(1_000 + (2 << 20))]))
+        }
+
+        @Test("a socket with room for part of the body: what left is the head and the region's start, and the region passed back is the rest")
+        func leavesTheRestWhenTheSocketFills() async throws {
+            let folder = try TemporaryFolder()
+            let file = try Self.served(folder, size: 3 << 20)
+            defer { try? file.handle.close() }
+            let connection = try FileSenderTests.connection()
+            Self.setBuffer(connection.sending, SO_SNDBUF, 64 << 10)
+            var head = Self.head
+            var region = FileRegion(fileHandle: file.handle, readerIndex: 0, endIndex: 2 << 20)
+            let outcome = ContentFastPath.sendInline(&head, &region, socket: connection.sending)
+            guard case .unfinished = outcome else {
+                Issue.record("a 2 MiB body fit in a socket of 64 KiB: \(outcome)")
+                return
+            }
+            #expect(head.readableBytes == 0, "the head left")
+            let left = region.readerIndex
+            #expect(left > 0 && left < 2 << 20 && region.endIndex == 2 << 20, "\(left) of the body's bytes left")
+            let got = await Self.received(connection)
+            #expect(got == Array(Self.head.readableBytesView) + Array(file.bytes[0..<left]))
+        }
+
+        @Test("a socket with no room: nothing is sent, head and region are left whole")
+        func fullSocket() async throws {
+            let folder = try TemporaryFolder()
+            let file = try Self.served(folder, size: 1 << 20)
+            defer { try? file.handle.close() }
+            let connection = try FileSenderTests.connection()
+            defer {
+                close(connection.sending)
+                close(connection.receiving)
+            }
+            Self.setBuffer(connection.sending, SO_SNDBUF, 64 << 10)
+            Self.setBuffer(connection.receiving, SO_RCVBUF, 64 << 10)
+            let filler = [UInt8](repeating: 7, count: 64 << 10)
+            var filled = 0
+            while filler.withUnsafeBytes({ send(connection.sending, $0.baseAddress, $0.count, CInt(MSG_DONTWAIT | MSG_NOSIGNAL)) }) > 0 {
+                filled += 1
+                try #require(filled < 1_000, "the socket never filled")
+            }
+            var head = Self.head
+            var region = FileRegion(fileHandle: file.handle, readerIndex: 10, endIndex: 1 << 20)
+            let outcome = ContentFastPath.sendInline(&head, &region, socket: connection.sending)
+            guard case .unfinished = outcome else {
+                Issue.record("\(outcome)")
+                return
+            }
+            #expect(head.readableBytes == Self.head.readableBytes)
+            #expect(region.readerIndex == 10 && region.endIndex == 1 << 20)
+        }
+
+        @Test("a range that starts past the file's end fails, as does a connection the peer has reset; neither raises SIGPIPE")
+        func failures() async throws {
+            let folder = try TemporaryFolder()
+            let file = try Self.served(folder, size: 100_000)
+            defer { try? file.handle.close() }
+
+            let connection = try FileSenderTests.connection()
+            var head = Self.head
+            var past = FileRegion(fileHandle: file.handle, readerIndex: 150_000, endIndex: 250_000)
+            let ended = ContentFastPath.sendInline(&head, &past, socket: connection.sending)
+            guard case .failed = ended else {
+                Issue.record("a range past the file's end: \(ended)")
+                return
+            }
+            let got = await Self.received(connection)
+            #expect(got == Array(Self.head.readableBytesView), "the head left, then nothing")
+
+            // The peer reads nothing and closes: its close resets the connection, and the next
+            // send fails. On a thread of its own with SIGPIPE blocked, as NIO ignores it in a
+            // server: the test process keeps its default action, which would end it.
+            let reset = try FileSenderTests.connection()
+            defer { close(reset.sending) }
+            var linger = linger(l_onoff: 1, l_linger: 0)
+            setsockopt(reset.receiving, SOL_SOCKET, SO_LINGER, &linger, socklen_t(MemoryLayout<linger>.size))
+            close(reset.receiving)
+            let handle = file.handle
+            let outcome = await withCheckedContinuation { continuation in
+                Thread {
+                    var pipe = sigset_t()
+                    sigemptyset(&pipe)
+                    sigaddset(&pipe, SIGPIPE)
+                    pthread_sigmask(SIG_BLOCK, &pipe, nil)
+                    var head = Self.head
+                    var region = FileRegion(fileHandle: handle, readerIndex: 0, endIndex: 100_000)
+                    let outcome = ContentFastPath.sendInline(&head, &region, socket: reset.sending)
+                    continuation.resume(returning: "\(outcome)")
+                }.start()
+            }
+            #expect(outcome.hasPrefix("failed"), "\(outcome)")
+        }
+    }
+#endif
