@@ -30,10 +30,10 @@ public protocol RequestHeadObserver: AnyObject {
 /// Responses leave in request order: they are written as the requests are parsed, and after a
 /// hand-off the decoder's responses queue behind them. A response of one buffer (a small range,
 /// a refusal, a `HEAD`) is written straight to the socket as the event loop's pass ends, when
-/// nothing of the connection's waits in NIO's queue (Linux); a single range of up to 2 MiB is
-/// sent straight to the socket at once (`sendInline`), what the socket has no room for going on
-/// as below; anything else goes through NIO, or a sending thread for a large body, after
-/// whatever was kept for the direct write. While the channel is not writable (a big
+/// nothing of the connection's waits in NIO's queue (Linux); one with a body from the file of up
+/// to 2 MiB (a range, or a multipart answer's parts) is sent straight to the socket at once
+/// (`sendInline`), what the socket has no room for going on as below; anything else goes through
+/// NIO, or a sending thread for a large body, after whatever was kept for the direct write. While the channel is not writable (a big
 /// file on its way, or a client that pipelines without reading) it stops parsing and reading.
 public final class ContentFastPath: ChannelDuplexHandler {
     public typealias InboundIn = ByteBuffer
@@ -328,10 +328,10 @@ public final class ContentFastPath: ChannelDuplexHandler {
             writeUnsent(context: context)
         #endif
         #if os(Linux)
-            if inFlight == 0, !closing, pieces.count == 1, case .fileRegion(var region) = pieces[0], region.readableBytes <= Self.inlineMaximum,
+            if inFlight == 0, !closing, !pieces.isEmpty, pieces.reduce(0, { $0 + $1.readableBytes }) <= Self.inlineMaximum,
                 directWrites(context), let socket = directSocket?.descriptor, socket >= 0
             {
-                switch Self.sendInline(&head, &region, socket: socket) {
+                switch Self.sendInline(&head, &pieces, socket: socket) {
                 case .sent:
                     _ = report.finished(.success(()), observer: observer)
                     heads?.responseSent()
@@ -342,8 +342,9 @@ public final class ContentFastPath: ChannelDuplexHandler {
                     context.close(promise: nil)
                     return false
                 case .unfinished:
-                    // The socket is full: what is left goes the usual way, corked as it would be.
-                    pieces = [.fileRegion(region)]
+                    // The socket is full: what is left (in `head` and `pieces`) goes the usual
+                    // way, corked as it would be.
+                    break
                 }
             }
         #endif
@@ -445,47 +446,76 @@ public final class ContentFastPath: ChannelDuplexHandler {
     #endif
 
     #if os(Linux)
-        /// A single range of at most this many bytes is first sent from the event loop, head and
-        /// body, in two system calls (see `sendInline`).
+        /// An answer whose body (one range, or the parts of a multipart answer) is at most this
+        /// many bytes is first sent from the event loop, straight to the socket (see `sendInline`).
         static let inlineMaximum = 2 << 20
 
         enum InlineSend {
             /// All of it has left.
             case sent
-            /// The socket filled: the head and region passed in hold what is left.
+            /// The socket filled: the head and pieces passed in hold what is left.
             case unfinished
-            /// The connection is gone, or the file ended before the range did.
+            /// The connection is gone, or the file ended before a range did.
             case failed(any Error)
         }
 
-        /// Sends `head` then `region` straight to the socket: the head with `MSG_MORE` (held back
-        /// to leave with the body, as under `TCP_CORK`), the body with one `sendfile` of all of it,
-        /// as nginx sends a file of up to its `sendfile_max_chunk` (2m) from its event loop.
+        /// Sends `head` then `pieces` (buffers and file regions, in order) straight to the socket,
+        /// as nginx sends an answer of up to its `sendfile_max_chunk` (2m) from its event loop:
+        /// each buffer with `send`, each region with one `sendfile` of all of it. One range: the
+        /// head goes with `MSG_MORE`, held back to leave with the body, as under `TCP_CORK`, and
+        /// the `sendfile` pushes all at its end. Several pieces (a multipart answer): corked
+        /// throughout, so that each part's end does not leave in a short segment of its own.
         ///
-        /// Why: a range of 64 KiB to 2 MiB nearly always fits in the socket's buffer at once, and
-        /// through NIO's file region (its pending writes, a promise and a flush) or the sending
-        /// threads (two descriptors duplicated and closed, two epoll changes, a hop to the sending
-        /// thread and one back, cork and uncork) each answer took more than the sending itself:
-        /// 1 MiB ranges at 64 connections ran at 0.97-0.98x nginx's rate with 1.16-1.39x its p99;
-        /// sent here, 1.28-1.36x the rate with 1.00-1.08x the p99, and 256 KiB ranges 1.30x and
-        /// 1.33x with 0.57x and 0.71x at 16 and 64 connections (docs/performance.md, thirty-eighth
-        /// stop). Only what the socket has no room for goes those ways. As with NIO's file
-        /// regions and nginx's `sendfile`, pages not in the page cache are read from the disk
-        /// within the call.
+        /// Why: an answer of 64 KiB to 2 MiB nearly always fits in the socket's buffer at once,
+        /// and through NIO (its pending writes, a promise and a flush) or the sending threads (two
+        /// descriptors duplicated and closed, two epoll changes, a hop to the sending thread and
+        /// one back, cork and uncork) each answer took more than the sending itself: 1 MiB ranges
+        /// at 64 connections ran at 0.97-0.98x nginx's rate with 1.16-1.39x its p99; sent here,
+        /// 1.28-1.36x the rate with 1.00-1.08x the p99, and 256 KiB ranges 1.30x and 1.33x with
+        /// 0.57x and 0.71x at 16 and 64 connections (docs/performance.md, thirty-eighth stop). Only
+        /// what the socket has no room for goes those ways. As with NIO's file regions and nginx's
+        /// `sendfile`, pages not in the page cache are read from the disk within the call.
         ///
         /// SIGPIPE: NIO ignores it process-wide on Linux once it has made a socket, as its own
         /// `sendfile` of file regions needs; a reset connection fails with `EPIPE`.
-        static func sendInline(_ head: inout ByteBuffer, _ region: inout FileRegion, socket: CInt) -> InlineSend {
-            while head.readableBytes > 0 {
-                let wrote = head.withUnsafeReadableBytes { send(socket, $0.baseAddress, $0.count, CInt(MSG_DONTWAIT | MSG_NOSIGNAL | MSG_MORE)) }
-                if wrote > 0 {
-                    head.moveReaderIndex(forwardBy: wrote)
-                    continue
+        static func sendInline(_ head: inout ByteBuffer, _ pieces: inout [IOData], socket: CInt) -> InlineSend {
+            let corked = pieces.count > 1
+            if corked { ChannelSocket.setCork(socket, true) }
+            var outcome = sendBuffer(&head, more: true, socket: socket)
+            var index = 0
+            while case .sent = outcome, index < pieces.count {
+                switch pieces[index] {
+                case .byteBuffer(var buffer):
+                    outcome = sendBuffer(&buffer, more: index < pieces.count - 1, socket: socket)
+                    pieces[index] = .byteBuffer(buffer)
+                case .fileRegion(var region):
+                    outcome = sendRegion(&region, socket: socket)
+                    pieces[index] = .fileRegion(region)
                 }
-                if errno == EINTR { continue }
-                if errno == EAGAIN || errno == EWOULDBLOCK { return .unfinished }
-                return .failed(IOError(errnoCode: errno, reason: "send"))
+                if case .sent = outcome { index += 1 }
             }
+            pieces.removeFirst(index)
+            // Left corked when unfinished: the rest goes the usual way, which uncorks at its end.
+            if corked, case .sent = outcome { ChannelSocket.setCork(socket, false) }
+            return outcome
+        }
+
+        private static func sendBuffer(_ buffer: inout ByteBuffer, more: Bool, socket: CInt) -> InlineSend {
+            let flags = CInt(MSG_DONTWAIT | MSG_NOSIGNAL) | (more ? CInt(MSG_MORE) : 0)
+            while buffer.readableBytes > 0 {
+                let wrote = buffer.withUnsafeReadableBytes { Glibc.send(socket, $0.baseAddress, $0.count, flags) }
+                if wrote > 0 {
+                    buffer.moveReaderIndex(forwardBy: wrote)
+                } else if errno == EAGAIN || errno == EWOULDBLOCK {
+                    return .unfinished
+                } else if errno != EINTR {
+                    return .failed(IOError(errnoCode: errno, reason: "send"))
+                }
+            }
+            return .sent
+        }
+
+        private static func sendRegion(_ region: inout FileRegion, socket: CInt) -> InlineSend {
             guard let file = try? region.fileHandle.withUnsafeFileDescriptor({ $0 }) else { return .unfinished }
             while region.readableBytes > 0 {
                 var offset = off_t(region.readerIndex)

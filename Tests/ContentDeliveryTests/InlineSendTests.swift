@@ -47,12 +47,13 @@
             // Room for all of it whatever the kernel's autotuning starts from.
             Self.setBuffer(connection.sending, SO_SNDBUF, 4 << 20)
             var head = Self.head
-            var region = FileRegion(fileHandle: file.handle, readerIndex: 1_000, endIndex: 1_000 + (2 << 20))
-            let outcome = ContentFastPath.sendInline(&head, &region, socket: connection.sending)
+            var pieces = [IOData.fileRegion(FileRegion(fileHandle: file.handle, readerIndex: 1_000, endIndex: 1_000 + (2 << 20)))]
+            let outcome = ContentFastPath.sendInline(&head, &pieces, socket: connection.sending)
             guard case .sent = outcome else {
                 Issue.record("not sent whole: \(outcome)")
                 return
             }
+            #expect(pieces.isEmpty)
             let got = await Self.received(connection)
             #expect(got == Array(Self.head.readableBytesView) + Array(file.bytes[1_000..<(1_000 + (2 << 20))]))
         }
@@ -65,10 +66,10 @@
             let connection = try FileSenderTests.connection()
             Self.setBuffer(connection.sending, SO_SNDBUF, 64 << 10)
             var head = Self.head
-            var region = FileRegion(fileHandle: file.handle, readerIndex: 0, endIndex: 2 << 20)
-            let outcome = ContentFastPath.sendInline(&head, &region, socket: connection.sending)
-            guard case .unfinished = outcome else {
-                Issue.record("a 2 MiB body fit in a socket of 64 KiB: \(outcome)")
+            var pieces = [IOData.fileRegion(FileRegion(fileHandle: file.handle, readerIndex: 0, endIndex: 2 << 20))]
+            let outcome = ContentFastPath.sendInline(&head, &pieces, socket: connection.sending)
+            guard case .unfinished = outcome, pieces.count == 1, case .fileRegion(let region) = pieces[0] else {
+                Issue.record("a 2 MiB body fit in a socket of 64 KiB: \(outcome), \(pieces.count) pieces left")
                 return
             }
             #expect(head.readableBytes == 0, "the head left")
@@ -76,6 +77,73 @@
             #expect(left > 0 && left < 2 << 20 && region.endIndex == 2 << 20, "\(left) of the body's bytes left")
             let got = await Self.received(connection)
             #expect(got == Array(Self.head.readableBytesView) + Array(file.bytes[0..<left]))
+        }
+
+        /// A multipart answer's pieces: part heads and tail as buffers, the ranges as regions.
+        static func multipart(_ file: Served, ranges: [Range<Int>]) -> (pieces: [IOData], bytes: [UInt8]) {
+            var pieces: [IOData] = []
+            var bytes: [UInt8] = []
+            for (index, range) in ranges.enumerated() {
+                let part = "\r\n--b\r\nContent-Range: bytes \(range.lowerBound)-\(range.upperBound - 1)/\(file.bytes.count)\r\n\r\n"
+                pieces.append(.byteBuffer(ByteBuffer(string: part)))
+                bytes += Array(part.utf8)
+                pieces.append(.fileRegion(FileRegion(fileHandle: file.handle, readerIndex: range.lowerBound, endIndex: range.upperBound)))
+                bytes += file.bytes[range]
+                if index == ranges.count - 1 {
+                    pieces.append(.byteBuffer(ByteBuffer(string: "\r\n--b--\r\n")))
+                    bytes += Array("\r\n--b--\r\n".utf8)
+                }
+            }
+            return (pieces, bytes)
+        }
+
+        static func corked(_ socket: CInt) -> CInt {
+            var value: CInt = -1
+            var length = socklen_t(MemoryLayout<CInt>.size)
+            getsockopt(socket, CInt(IPPROTO_TCP), ChannelSocket.tcpCork, &value, &length)
+            return value
+        }
+
+        @Test("a multipart answer the socket has room for leaves whole, its pieces in order, and the socket is uncorked after it")
+        func sendsMultipart() async throws {
+            let folder = try TemporaryFolder()
+            let file = try Self.served(folder, size: 3 << 20)
+            defer { try? file.handle.close() }
+            let connection = try FileSenderTests.connection()
+            Self.setBuffer(connection.sending, SO_SNDBUF, 4 << 20)
+            var (pieces, bytes) = Self.multipart(file, ranges: (0..<16).map { $0 * 150_000..<($0 * 150_000 + 65_536) })
+            var head = Self.head
+            let outcome = ContentFastPath.sendInline(&head, &pieces, socket: connection.sending)
+            guard case .sent = outcome else {
+                Issue.record("not sent whole: \(outcome)")
+                return
+            }
+            #expect(pieces.isEmpty)
+            #expect(Self.corked(connection.sending) == 0, "left corked: the answer's end would wait 200 ms")
+            let got = await Self.received(connection)
+            #expect(got == Array(Self.head.readableBytesView) + bytes)
+        }
+
+        @Test("a multipart answer the socket fills during: the pieces passed back are what is left, from where it stopped, and the socket stays corked for the rest")
+        func multipartLeavesTheRest() async throws {
+            let folder = try TemporaryFolder()
+            let file = try Self.served(folder, size: 3 << 20)
+            defer { try? file.handle.close() }
+            let connection = try FileSenderTests.connection()
+            Self.setBuffer(connection.sending, SO_SNDBUF, 64 << 10)
+            var (pieces, bytes) = Self.multipart(file, ranges: (0..<16).map { $0 * 150_000..<($0 * 150_000 + 100_000) })
+            let total = pieces.count
+            var head = Self.head
+            let outcome = ContentFastPath.sendInline(&head, &pieces, socket: connection.sending)
+            guard case .unfinished = outcome else {
+                Issue.record("1.6 MB fit in a socket of 64 KiB: \(outcome)")
+                return
+            }
+            #expect(!pieces.isEmpty && pieces.count < total, "\(pieces.count) of \(total) pieces left")
+            #expect(Self.corked(connection.sending) == 1)
+            let left = pieces.reduce(0) { $0 + $1.readableBytes }
+            let got = await Self.received(connection)
+            #expect(got == Array(Self.head.readableBytesView) + bytes.prefix(bytes.count - left))
         }
 
         @Test("a socket with no room: nothing is sent, head and region are left whole")
@@ -97,10 +165,10 @@
                 try #require(filled < 1_000, "the socket never filled")
             }
             var head = Self.head
-            var region = FileRegion(fileHandle: file.handle, readerIndex: 10, endIndex: 1 << 20)
-            let outcome = ContentFastPath.sendInline(&head, &region, socket: connection.sending)
-            guard case .unfinished = outcome else {
-                Issue.record("\(outcome)")
+            var pieces = [IOData.fileRegion(FileRegion(fileHandle: file.handle, readerIndex: 10, endIndex: 1 << 20))]
+            let outcome = ContentFastPath.sendInline(&head, &pieces, socket: connection.sending)
+            guard case .unfinished = outcome, pieces.count == 1, case .fileRegion(let region) = pieces[0] else {
+                Issue.record("\(outcome), \(pieces.count) pieces left")
                 return
             }
             #expect(head.readableBytes == Self.head.readableBytes)
@@ -115,7 +183,7 @@
 
             let connection = try FileSenderTests.connection()
             var head = Self.head
-            var past = FileRegion(fileHandle: file.handle, readerIndex: 150_000, endIndex: 250_000)
+            var past = [IOData.fileRegion(FileRegion(fileHandle: file.handle, readerIndex: 150_000, endIndex: 250_000))]
             let ended = ContentFastPath.sendInline(&head, &past, socket: connection.sending)
             guard case .failed = ended else {
                 Issue.record("a range past the file's end: \(ended)")
@@ -140,8 +208,8 @@
                     sigaddset(&pipe, SIGPIPE)
                     pthread_sigmask(SIG_BLOCK, &pipe, nil)
                     var head = Self.head
-                    var region = FileRegion(fileHandle: handle, readerIndex: 0, endIndex: 100_000)
-                    let outcome = ContentFastPath.sendInline(&head, &region, socket: reset.sending)
+                    var pieces = [IOData.fileRegion(FileRegion(fileHandle: handle, readerIndex: 0, endIndex: 100_000))]
+                    let outcome = ContentFastPath.sendInline(&head, &pieces, socket: reset.sending)
                     continuation.resume(returning: "\(outcome)")
                 }.start()
             }

@@ -266,7 +266,7 @@ extension HardeningTests {
     /// the next is asked (`fits`: the socket has room for each), or pipelined in one write by a
     /// client whose receive buffer is 16 KiB and that reads only once every request is written
     /// (`fills`: the kernel's buffers fill during a body, and the rest of it goes through NIO or
-    /// a sending thread). Prints `ok` or what differed.
+    /// a sending thread); then a multipart answer of 16 parts. Prints `ok` or what differed.
     static let middleRanges = """
         import socket, sys
 
@@ -304,6 +304,24 @@ extension HardeningTests {
                 failures.append(f'range {index} ({a}-{b}): {code} with {len(body)} bytes, not 206 with {b + 1 - a}')
         if f.read(1) != b'':
             failures.append('not closed after Connection: close')
+
+        # A multipart answer of 16 parts of 64 KiB, whole and in order.
+        s = socket.create_connection(('127.0.0.1', port))
+        s.settimeout(20)
+        f = s.makefile('rb')
+        parts = [(i * 150_000, i * 150_000 + 65_535) for i in range(16)]
+        s.sendall((f'GET {path} HTTP/1.1\\r\\nHost: x\\r\\nRange: bytes=' + ','.join(f'{a}-{b}' for a, b in parts)
+                   + '\\r\\nConnection: close\\r\\n\\r\\n').encode())
+        code, body = response(f)
+        at = 0
+        for a, b in parts:
+            found = body.find(archive[a:b + 1], at)
+            if found < 0:
+                failures.append(f'multipart: part {a}-{b} missing or out of order')
+                break
+            at = found + b + 1 - a
+        if code != '206' or not body.rstrip().endswith(b'--'):
+            failures.append(f'multipart: {code} with {len(body)} bytes')
         print('\\n'.join(failures) if failures else 'ok')
         """
 
@@ -455,7 +473,7 @@ extension HardeningTests {
     }
 
     @Test(
-        "single ranges of 64 KiB to 2 MiB leave from the event loop, in order among pipelined answers, none from the sending threads; when the client's buffers fill during one, the rest goes the usual ways"
+        "answers of 64 KiB to 2 MiB, single ranges or multipart, leave from the event loop, in order among pipelined answers, none from the sending threads; when the client's buffers fill during one, the rest goes the usual ways"
     )
     func middleRangesFromTheEventLoop() async throws {
         let tmp = try TemporaryFolder()
