@@ -12,16 +12,27 @@
     @Suite struct InlineSendTests {
         typealias Connection = FileSenderTests.Connection
 
-        /// A served file of `size` pseudo-random bytes.
-        struct Served {
+        /// A served file of `size` pseudo-random bytes, in a folder of its own; closed and removed
+        /// with this.
+        final class Served {
+            let folder: TemporaryFolder
             let handle: NIOFileHandle
             let bytes: [UInt8]
+
+            init(size: Int) throws {
+                folder = try TemporaryFolder()
+                bytes = [UInt8](pseudoRandomBytes(size, seed: 5))
+                handle = try NIOFileHandle(_deprecatedPath: try folder.write("served.bin", Data(bytes)))
+            }
+
+            deinit { try? handle.close() }
         }
 
-        static func served(_ folder: TemporaryFolder, size: Int) throws -> Served {
-            let bytes = [UInt8](pseudoRandomBytes(size, seed: 5))
-            let path = try folder.write("served.bin", Data(bytes))
-            return Served(handle: try NIOFileHandle(_deprecatedPath: path), bytes: bytes)
+        /// A connected pair whose sending end has a send buffer of `sendBuffer` bytes when given.
+        static func connection(sendBuffer: Int? = nil) throws -> Connection {
+            let connection = try FileSenderTests.connection()
+            if let sendBuffer { setBuffer(connection.sending, SO_SNDBUF, sendBuffer) }
+            return connection
         }
 
         static func setBuffer(_ descriptor: CInt, _ option: CInt, _ size: Int) {
@@ -40,12 +51,9 @@
 
         @Test("a range the socket has room for leaves whole, its head first, in one call")
         func sendsHeadAndBody() async throws {
-            let folder = try TemporaryFolder()
-            let file = try Self.served(folder, size: 3 << 20)
-            defer { try? file.handle.close() }
-            let connection = try FileSenderTests.connection()
+            let file = try Served(size: 3 << 20)
             // Room for all of it whatever the kernel's autotuning starts from.
-            Self.setBuffer(connection.sending, SO_SNDBUF, 4 << 20)
+            let connection = try Self.connection(sendBuffer: 4 << 20)
             var head = Self.head
             var pieces = [IOData.fileRegion(FileRegion(fileHandle: file.handle, readerIndex: 1_000, endIndex: 1_000 + (2 << 20)))]
             let outcome = ContentFastPath.sendInline(&head, &pieces, socket: connection.sending)
@@ -60,11 +68,8 @@
 
         @Test("a socket with room for part of the body: what left is the head and the region's start, and the region passed back is the rest")
         func leavesTheRestWhenTheSocketFills() async throws {
-            let folder = try TemporaryFolder()
-            let file = try Self.served(folder, size: 3 << 20)
-            defer { try? file.handle.close() }
-            let connection = try FileSenderTests.connection()
-            Self.setBuffer(connection.sending, SO_SNDBUF, 64 << 10)
+            let file = try Served(size: 3 << 20)
+            let connection = try Self.connection(sendBuffer: 64 << 10)
             var head = Self.head
             var pieces = [IOData.fileRegion(FileRegion(fileHandle: file.handle, readerIndex: 0, endIndex: 2 << 20))]
             let outcome = ContentFastPath.sendInline(&head, &pieces, socket: connection.sending)
@@ -106,11 +111,8 @@
 
         @Test("a multipart answer the socket has room for leaves whole, its pieces in order, and the socket is uncorked after it")
         func sendsMultipart() async throws {
-            let folder = try TemporaryFolder()
-            let file = try Self.served(folder, size: 3 << 20)
-            defer { try? file.handle.close() }
-            let connection = try FileSenderTests.connection()
-            Self.setBuffer(connection.sending, SO_SNDBUF, 4 << 20)
+            let file = try Served(size: 3 << 20)
+            let connection = try Self.connection(sendBuffer: 4 << 20)
             var (pieces, bytes) = Self.multipart(file, ranges: (0..<16).map { $0 * 150_000..<($0 * 150_000 + 65_536) })
             var head = Self.head
             let outcome = ContentFastPath.sendInline(&head, &pieces, socket: connection.sending)
@@ -126,11 +128,8 @@
 
         @Test("a multipart answer the socket fills during: the pieces passed back are what is left, from where it stopped, and the socket stays corked for the rest")
         func multipartLeavesTheRest() async throws {
-            let folder = try TemporaryFolder()
-            let file = try Self.served(folder, size: 3 << 20)
-            defer { try? file.handle.close() }
-            let connection = try FileSenderTests.connection()
-            Self.setBuffer(connection.sending, SO_SNDBUF, 64 << 10)
+            let file = try Served(size: 3 << 20)
+            let connection = try Self.connection(sendBuffer: 64 << 10)
             var (pieces, bytes) = Self.multipart(file, ranges: (0..<16).map { $0 * 150_000..<($0 * 150_000 + 100_000) })
             let total = pieces.count
             var head = Self.head
@@ -148,10 +147,8 @@
 
         @Test("a socket with no room: nothing is sent, head and region are left whole")
         func fullSocket() async throws {
-            let folder = try TemporaryFolder()
-            let file = try Self.served(folder, size: 1 << 20)
-            defer { try? file.handle.close() }
-            let connection = try FileSenderTests.connection()
+            let file = try Served(size: 1 << 20)
+            let connection = try Self.connection()
             defer {
                 close(connection.sending)
                 close(connection.receiving)
@@ -177,9 +174,7 @@
 
         @Test("a range that starts past the file's end fails, as does a connection the peer has reset; neither raises SIGPIPE")
         func failures() async throws {
-            let folder = try TemporaryFolder()
-            let file = try Self.served(folder, size: 100_000)
-            defer { try? file.handle.close() }
+            let file = try Served(size: 100_000)
 
             let connection = try FileSenderTests.connection()
             var head = Self.head

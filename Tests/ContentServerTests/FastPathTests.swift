@@ -217,12 +217,8 @@ extension HardeningTests {
 }
 
 extension HardeningTests {
-    static let largeBodies = """
-        import socket, sys
-
-        port, path, archive = int(sys.argv[1]), sys.argv[2], open(sys.argv[3], 'rb').read()
-        failures = []
-
+    /// Python: reads one response from file `f`, returns its status and body (by `Content-Length`).
+    static let readResponse = """
         def response(f):
             status = f.readline().decode().split(' ')[1]
             length = 0
@@ -231,6 +227,15 @@ extension HardeningTests {
                 if name.lower() == 'content-length':
                     length = int(value)
             return status, f.read(length)
+        """
+
+    static let largeBodies = """
+        import socket, sys
+
+        port, path, archive = int(sys.argv[1]), sys.argv[2], open(sys.argv[3], 'rb').read()
+        failures = []
+
+        \(Self.readResponse)
 
         # Pipelined in one write: a small answer, the whole archive and a 5 MiB range (each sent
         # from a sending thread), then a small answer that has to wait for them.
@@ -272,14 +277,7 @@ extension HardeningTests {
 
         port, path, archive, mode = int(sys.argv[1]), sys.argv[2], open(sys.argv[3], 'rb').read(), sys.argv[4]
 
-        def response(f):
-            status = f.readline().decode().split(' ')[1]
-            length = 0
-            while (line := f.readline().decode()) not in ('\\r\\n', ''):
-                name, _, value = line.partition(':')
-                if name.lower() == 'content-length':
-                    length = int(value)
-            return status, f.read(length)
+        \(Self.readResponse)
 
         if mode == 'fits':
             ranges = [(0, 9), (0, (1 << 20) - 1), (1000, 301_000), (5, (2 << 20) + 4), (70_000, 70_000 + (64 << 10)), (10, 19)]
