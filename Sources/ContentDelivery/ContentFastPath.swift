@@ -32,9 +32,10 @@ public protocol RequestHeadObserver: AnyObject {
 /// a refusal, a `HEAD`) is written straight to the socket as the event loop's pass ends, when
 /// nothing of the connection's waits in NIO's queue (Linux); one with a body from the file of up
 /// to 2 MiB (a range, or a multipart answer's parts) is sent straight to the socket at once
-/// (`sendInline`), what the socket has no room for going on as below; anything else goes through
-/// NIO, or a sending thread for a large body, after whatever was kept for the direct write. While the channel is not writable (a big
-/// file on its way, or a client that pipelines without reading) it stops parsing and reading.
+/// (`sendInline`); anything else, and what the socket had no room for, goes through NIO, or a
+/// sending thread for a large body, after whatever was kept for the direct write. While the
+/// channel is not writable (a big file on its way, or a client that pipelines without reading)
+/// it stops parsing and reading.
 public final class ContentFastPath: ChannelDuplexHandler {
     public typealias InboundIn = ByteBuffer
     public typealias InboundOut = ByteBuffer
@@ -326,8 +327,6 @@ public final class ContentFastPath: ChannelDuplexHandler {
         }
         #if os(Linux)
             writeUnsent(context: context)
-        #endif
-        #if os(Linux)
             if inFlight == 0, !closing, !pieces.isEmpty, pieces.reduce(0, { $0 + $1.readableBytes }) <= Self.inlineMaximum,
                 directWrites(context), let socket = directSocket?.descriptor, socket >= 0
             {
@@ -521,9 +520,9 @@ public final class ContentFastPath: ChannelDuplexHandler {
                 var offset = off_t(region.readerIndex)
                 let sent = sendfile(socket, file, &offset, region.readableBytes)
                 if sent > 0 {
+                    // A short send: the socket is full (the next finds no room), or the file was
+                    // cut short on disk since it was looked at (the next sends nothing).
                     region.moveReaderIndex(forwardBy: sent)
-                    // A short send means the socket is full: the next would find no room.
-                    if region.readableBytes > 0 { return .unfinished }
                 } else if sent == 0 {
                     return .failed(IOError(errnoCode: EIO, reason: "sendfile: the file ended before the range"))
                 } else if errno == EAGAIN || errno == EWOULDBLOCK {

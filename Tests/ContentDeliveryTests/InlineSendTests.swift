@@ -172,7 +172,7 @@
             #expect(region.readerIndex == 10 && region.endIndex == 1 << 20)
         }
 
-        @Test("a range that starts past the file's end fails, as does a connection the peer has reset; neither raises SIGPIPE")
+        @Test("a range that starts past the file's end, or that the file ends within, fails, as does a connection the peer has reset; none raises SIGPIPE")
         func failures() async throws {
             let file = try Served(size: 100_000)
 
@@ -186,6 +186,19 @@
             }
             let got = await Self.received(connection)
             #expect(got == Array(Self.head.readableBytesView), "the head left, then nothing")
+
+            // Cut short within the range (on disk after it was looked at): what there was leaves,
+            // then it fails rather than leaving the rest to a sender that would find nothing.
+            let short = try Self.connection(sendBuffer: 4 << 20)
+            var shortHead = Self.head
+            var within = [IOData.fileRegion(FileRegion(fileHandle: file.handle, readerIndex: 50_000, endIndex: 150_000))]
+            let cut = ContentFastPath.sendInline(&shortHead, &within, socket: short.sending)
+            guard case .failed = cut else {
+                Issue.record("a range the file ends within: \(cut)")
+                return
+            }
+            let gotShort = await Self.received(short)
+            #expect(gotShort == Array(Self.head.readableBytesView) + Array(file.bytes[50_000..<100_000]))
 
             // The peer reads nothing and closes: its close resets the connection, and the next
             // send fails. On a thread of its own with SIGPIPE blocked, as NIO ignores it in a
