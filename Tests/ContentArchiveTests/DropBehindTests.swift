@@ -31,39 +31,47 @@ struct DropBehindTests {
     #if os(Linux)
         @Test("a written file's pages go two steps behind its write-back once clean; the newest stay; the bytes are intact")
         func writebackDropsBehind() throws {
-            let tmp = try TemporaryFolder(onDisk: ())
-            let path = tmp.sub("written")
-            let fd = try FileDescriptor.open(path, .readWrite, options: [.create], permissions: .ownerReadWrite)
-            defer { try? fd.close() }
             let mib = Int(Self.mib)
             let piece = [UInt8](repeating: 0xa5, count: mib)
-            var writeback = Writeback(step: 4 << 20, dropsBehind: true)
-            var written: UInt64 = 0
-            func write(upTo end: UInt64) throws {
-                while written < end {
-                    _ = try piece.withUnsafeBytes { try fd.writeAll(toAbsoluteOffset: Int64(written), $0) }
-                    written += UInt64(mib)
-                    writeback.wrote(upTo: written, fd: fd)
+            let stayed = try pagesStayed {
+                let tmp = try TemporaryFolder(onDisk: ())
+                let path = tmp.sub("written")
+                let fd = try FileDescriptor.open(path, .readWrite, options: [.create], permissions: .ownerReadWrite)
+                defer { try? fd.close() }
+                var writeback = Writeback(step: 4 << 20, dropsBehind: true)
+                var written: UInt64 = 0
+                func write(upTo end: UInt64) throws {
+                    while written < end {
+                        _ = try piece.withUnsafeBytes { try fd.writeAll(toAbsoluteOffset: Int64(written), $0) }
+                        written += UInt64(mib)
+                        writeback.wrote(upTo: written, fd: fd)
+                    }
                 }
+                try write(upTo: 24 << 20)
+                // Clean now: what the next ranges drop does not depend on the disk's pace.
+                #expect(fsync(fd.rawValue) == 0)
+                try write(upTo: 40 << 20)
+                #expect(cachedBytes(of: path, in: (8 * mib)..<(24 * mib)) == 0, "written back, and two steps behind: dropped")
+                let newest = cachedBytes(of: path, in: (32 * mib)..<(40 * mib))
+                let data = try Data(contentsOf: URL(fileURLWithPath: path))
+                #expect(data.count == 40 * mib && data.allSatisfy { $0 == 0xa5 })
+                return newest == 8 * mib
             }
-            try write(upTo: 24 << 20)
-            // Clean now: what the next ranges drop does not depend on the disk's pace.
-            #expect(fsync(fd.rawValue) == 0)
-            try write(upTo: 40 << 20)
-            #expect(cachedBytes(of: path, in: (8 * mib)..<(24 * mib)) == 0, "written back, and two steps behind: dropped")
-            #expect(cachedBytes(of: path, in: (32 * mib)..<(40 * mib)) == 8 * mib, "the last two steps stay")
-            let data = try Data(contentsOf: URL(fileURLWithPath: path))
-            #expect(data.count == 40 * mib && data.allSatisfy { $0 == 0xa5 })
+            #expect(stayed, "the last two steps stay")
 
-            var keeping = Writeback(step: 4 << 20)
-            let other = try FileDescriptor.open(tmp.sub("kept"), .readWrite, options: [.create], permissions: .ownerReadWrite)
-            defer { try? other.close() }
-            for index in 0..<24 {
-                _ = try piece.withUnsafeBytes { try other.writeAll(toAbsoluteOffset: Int64(index * mib), $0) }
-                keeping.wrote(upTo: UInt64((index + 1) * mib), fd: other)
+            let kept = try pagesStayed {
+                let tmp = try TemporaryFolder(onDisk: ())
+                var keeping = Writeback(step: 4 << 20)
+                let other = try FileDescriptor.open(tmp.sub("kept"), .readWrite, options: [.create], permissions: .ownerReadWrite)
+                defer { try? other.close() }
+                for index in 0..<24 {
+                    _ = try piece.withUnsafeBytes { try other.writeAll(toAbsoluteOffset: Int64(index * mib), $0) }
+                    keeping.wrote(upTo: UInt64((index + 1) * mib), fd: other)
+                }
+                #expect(fsync(other.rawValue) == 0)
+                return cachedBytes(of: tmp.sub("kept"), in: 0..<(24 * mib)) == 24 * mib
             }
-            #expect(fsync(other.rawValue) == 0)
-            #expect(cachedBytes(of: tmp.sub("kept"), in: 0..<(24 * mib)) == 24 * mib, "without dropsBehind every page stays")
+            #expect(kept, "without dropsBehind every page stays")
         }
     #endif
 }

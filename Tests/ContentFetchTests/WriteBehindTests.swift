@@ -35,33 +35,45 @@ import Testing
 
         @Test("pages the hash has read are dropped once written back; the rest stay cached, and the bytes are intact")
         func dropsHashedPages() throws {
-            try withPartialFile { path, fd in
-                let frontier = HashFrontier()
-                var behind = BodyPacing(limiter: nil, behind: WriteBehind(fd: fd.rawValue, from: 0, frontier: frontier))
-                var position: Int64 = 0
-                try write(fd, &behind, from: &position, upTo: 32 << 20)
-                // Clean now: what is dropped next does not depend on the disk's pace.
-                #expect(fsync(fd.rawValue) == 0)
-                #expect(cachedBytes(of: path, in: 0..<(32 * Self.mib)) == 32 * Self.mib, "nothing is hashed yet, so nothing may be dropped")
-                frontier.store(24 << 20)
-                try write(fd, &behind, from: &position, upTo: 40 << 20)
-                #expect(cachedBytes(of: path, in: 0..<(24 * Self.mib)) == 0, "hashed and written back: dropped")
-                #expect(cachedBytes(of: path, in: (24 * Self.mib)..<(40 * Self.mib)) == 16 * Self.mib, "not hashed yet: kept")
-                let data = try Data(contentsOf: URL(fileURLWithPath: path))
-                #expect(data.count == 40 * Self.mib && data.allSatisfy { $0 == 0x5a })
+            let stayed = try pagesStayed {
+                var stayed = false
+                try withPartialFile { path, fd in
+                    let frontier = HashFrontier()
+                    var behind = BodyPacing(limiter: nil, behind: WriteBehind(fd: fd.rawValue, from: 0, frontier: frontier))
+                    var position: Int64 = 0
+                    try write(fd, &behind, from: &position, upTo: 32 << 20)
+                    // Clean now: what is dropped next does not depend on the disk's pace.
+                    #expect(fsync(fd.rawValue) == 0)
+                    let unhashed = cachedBytes(of: path, in: 0..<(32 * Self.mib))
+                    frontier.store(24 << 20)
+                    try write(fd, &behind, from: &position, upTo: 40 << 20)
+                    #expect(cachedBytes(of: path, in: 0..<(24 * Self.mib)) == 0, "hashed and written back: dropped")
+                    let notHashed = cachedBytes(of: path, in: (24 * Self.mib)..<(40 * Self.mib))
+                    let data = try Data(contentsOf: URL(fileURLWithPath: path))
+                    #expect(data.count == 40 * Self.mib && data.allSatisfy { $0 == 0x5a })
+                    stayed = unhashed == 32 * Self.mib && notHashed == 16 * Self.mib
+                }
+                return stayed
             }
+            #expect(stayed, "nothing is dropped before it is hashed, and what is not hashed yet stays cached")
         }
 
         @Test("without a frontier (a delta update) nothing is dropped; a segment's drops stay inside it, behind its writeback")
         func keepsWhatIsNotItsOwn() throws {
-            try withPartialFile { path, fd in
-                var unhashed = BodyPacing(limiter: nil, behind: WriteBehind(fd: fd.rawValue, from: 0, frontier: nil))
-                var position: Int64 = 0
-                try write(fd, &unhashed, from: &position, upTo: 16 << 20)
-                #expect(fsync(fd.rawValue) == 0)
-                try write(fd, &unhashed, from: &position, upTo: 48 << 20)
-                #expect(cachedBytes(of: path, in: 0..<(16 * Self.mib)) == 16 * Self.mib)
-
+            let kept = try pagesStayed {
+                var kept = false
+                try withPartialFile { path, fd in
+                    var unhashed = BodyPacing(limiter: nil, behind: WriteBehind(fd: fd.rawValue, from: 0, frontier: nil))
+                    var position: Int64 = 0
+                    try write(fd, &unhashed, from: &position, upTo: 16 << 20)
+                    #expect(fsync(fd.rawValue) == 0)
+                    try write(fd, &unhashed, from: &position, upTo: 48 << 20)
+                    kept = cachedBytes(of: path, in: 0..<(16 * Self.mib)) == 16 * Self.mib
+                }
+                return kept
+            }
+            #expect(kept, "without a frontier nothing is dropped")
+            try withPartialFile { _, fd in
                 // A segment from 64 MiB with the hash far past it: every drop lies within the
                 // segment and at least `lag` behind where its writeback has started.
                 let frontier = HashFrontier()

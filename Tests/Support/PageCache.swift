@@ -14,4 +14,19 @@
         guard mincore(map, range.count, &pages) == 0 else { return -1 }
         return pages.reduce(0) { $0 + Int($1 & 1) } * page
     }
+
+    /// Runs `scenario` until a run finds the pages it expects to stay in the page cache there
+    /// (it returns whether it did), at most `attempts` times; returns whether one did. The
+    /// scenario asserts what must hold in every run itself (pages dropped, bytes intact), each run
+    /// on files of its own.
+    ///
+    /// Why: this VM type runs DAMON with a `pageout` scheme, which evicts page-cache pages it
+    /// finds cold in regions of physical memory, whoever holds them: pages the code under test
+    /// kept can be gone a moment later (the check's page-cache test failed that way in two loaded
+    /// full runs). Eviction never keeps a page the code dropped, so only a run that fails every
+    /// time is the code's doing.
+    public func pagesStayed(attempts: Int = 3, _ scenario: () throws -> Bool) rethrows -> Bool {
+        for _ in 0..<attempts where try scenario() { return true }
+        return false
+    }
 #endif
