@@ -106,22 +106,22 @@ public final class ContentAcceptor: ChannelInboundHandler {
             let report = ResponseReport(response, observer: observer)
             buffer.moveReaderIndex(forwardBy: length)
             let rest = buffer.readableBytes > 0 && response.keepAlive ? buffer : nil
-            let sent = head.withUnsafeReadableBytes { send(socket, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT | MSG_NOSIGNAL)) }
-            if sent == head.readableBytes {
+            switch ContentFastPath.sendBuffer(&head, more: false, socket: socket) {
+            case .sent:
                 _ = report.finished(.success(()), observer: observer)
                 guard response.keepAlive else {
                     child.close(promise: nil)
                     return true
                 }
                 return rest.map { handOver(child, AcceptedBytes(input: $0), context: context) } ?? false
-            }
-            if sent < 0, errno != EAGAIN, errno != EINTR {
-                _ = report.finished(.failure(IOError(errnoCode: errno, reason: "send")), observer: observer)
+            case .failed(let error):
+                _ = report.finished(.failure(error), observer: observer)
                 child.close(promise: nil)
                 return true
+            case .unfinished:
+                break
             }
-            // The socket took part of the answer: the channel sends the rest, then goes on.
-            head.moveReaderIndex(forwardBy: max(0, sent))
+            // The socket took part of the answer (or none): the channel sends the rest, then goes on.
             let unsent = AcceptedBytes.Unsent(bytes: head, report: report, observer: observer, closeAfter: !response.keepAlive)
             return handOver(child, AcceptedBytes(input: rest, unsent: unsent), context: context)
         }

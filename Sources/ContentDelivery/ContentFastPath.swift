@@ -427,14 +427,16 @@ public final class ContentFastPath: ChannelDuplexHandler {
             guard var bytes = unsent else { return }
             unsent = nil
             guard let socket = directSocket?.descriptor, socket >= 0 else { return }
-            let sent = bytes.withUnsafeReadableBytes { send(socket, $0.baseAddress, $0.count, CInt(MSG_DONTWAIT | MSG_NOSIGNAL)) }
-            if sent == bytes.readableBytes { return }
-            if sent < 0, errno != EAGAIN, errno != EWOULDBLOCK, errno != EINTR {
+            switch Self.sendBuffer(&bytes, more: false, socket: socket) {
+            case .sent:
+                return
+            case .failed:
                 // Reset or gone: as NIO would, on its next write or read.
                 context.close(promise: nil)
                 return
+            case .unfinished:
+                break
             }
-            bytes.moveReaderIndex(forwardBy: max(0, sent))
             inFlight += 1
             let left = context.eventLoop.makePromise(of: Void.self)
             context.writeAndFlush(wrapOutboundOut(.byteBuffer(bytes)), promise: left)
@@ -499,7 +501,11 @@ public final class ContentFastPath: ChannelDuplexHandler {
             return outcome
         }
 
-        private static func sendBuffer(_ buffer: inout ByteBuffer, more: Bool, socket: CInt) -> InlineSend {
+        /// Sends `buffer` straight to the socket until it has all left or the socket is full
+        /// (`buffer` then holds what is left); `more` sets `MSG_MORE`. For every answer written
+        /// outside NIO: ``sendInline(_:_:socket:)``, the pass's kept answers, a new connection's
+        /// first answer (``ContentAcceptor``).
+        static func sendBuffer(_ buffer: inout ByteBuffer, more: Bool, socket: CInt) -> InlineSend {
             let flags = CInt(MSG_DONTWAIT | MSG_NOSIGNAL) | (more ? CInt(MSG_MORE) : 0)
             while buffer.readableBytes > 0 {
                 let wrote = buffer.withUnsafeReadableBytes { Glibc.send(socket, $0.baseAddress, $0.count, flags) }

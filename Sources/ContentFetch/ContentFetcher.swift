@@ -394,8 +394,7 @@ public actor ContentFetcher {
     private func removeInstalledBytes(_ id: String) {
         guard removals[id] == nil else { return }
         let journal = journal
-        var status = stat()
-        let frees = stat(journal.partialPath(id), &status) == 0 ? Int64(status.st_blocks) * 512 : 0
+        let frees = journal.partialAllocatedBytes(id)
         let task = Task {
             try? await NIOThreadPool.singleton.runIfActive { journal.removeBytes(id) }
             self.removed(id)
@@ -669,10 +668,7 @@ public actor ContentFetcher {
         if record.delta == nil {
             // An earlier run reserved the archive's blocks (`PartialArchive.reserve`): the disk's
             // free space already leaves them out.
-            var status = stat()
-            if stat(journal.partialPath(record.id), &status) == 0 {
-                toFetch -= min(toFetch, max(0, Int64(status.st_blocks) * 512 - record.recordedLength))
-            }
+            toFetch -= min(toFetch, max(0, journal.partialAllocatedBytes(record.id) - record.recordedLength))
         }
         let toWrite = record.delta?.bytesToWrite ?? manifest.map { Int64($0.contentLength) } ?? 0
         let needed = toFetch + toWrite

@@ -204,6 +204,13 @@ public struct DownloadJournal: Sendable {
         try save(record)
     }
 
+    /// The bytes the file system has allocated to download `id`'s partial archive (its blocks,
+    /// reserved ahead of the bytes written: `PartialArchive.reserve`), or 0 without one.
+    func partialAllocatedBytes(_ id: String) -> Int64 {
+        var status = stat()
+        return stat(partialPath(id), &status) == 0 ? Int64(status.st_blocks) * 512 : 0
+    }
+
     /// Deletes what download `id` fetched (its partial archive and the manifest kept beside it),
     /// once its record no longer counts on them.
     func removeBytes(_ id: String) {
