@@ -15,7 +15,10 @@
 # (docs/performance.md, twenty-third and thirty-fifth stops); a faster round is charged more
 # whatever sends it (twenty-fourth stop).
 # LOOPS: the C loops to run, each <corked|uncorked>[:<turn KiB>[:level|edge]] (sendloop.c), e.g.
-#   LOOPS="corked corked:8192 corked:2048:edge"; default "corked uncorked".
+#   LOOPS="corked corked:8192 corked:2048:edge"; default "corked uncorked"; LOOPS= runs none.
+# NGINXES=<n>: n nginx servers (default 1), each its own master and workers on the same file; the
+#   second and later, named nginx-2, ..., are read against the first like any other server: how far
+#   apart two runs of the same sender read, in the same rotation (the measure's own noise).
 # ALSO="<iap-server binary> ...": other builds of iap-server in the same rotation (a change against
 #   the shipped code: copy .build/release/iap-server aside, build the change, name the copy here).
 # LINK=<rate>: curl behind a veth link of that rate, as in tools/bench-serve.sh (needs root).
@@ -28,7 +31,7 @@ command -v nginx >/dev/null || { apt-get update -qq; DEBIAN_FRONTEND=noninteract
 . tools/lib.sh
 build_release iap-server iap-pack iap-sandbox
 link_ns=iap-cork-$$
-work=$(mktemp -d); chmod 755 "$work"; trap 'kill $(jobs -p) 2>/dev/null || true; [ -f "$work/nginx.pid" ] && kill "$(cat "$work/nginx.pid" 2>/dev/null)" 2>/dev/null || true; rm -rf "$work"; ip netns del "$link_ns" 2>/dev/null || true' EXIT
+work=$(mktemp -d); chmod 755 "$work"; trap 'kill $(jobs -p) 2>/dev/null || true; for p in "$work"/nginx.pid "$work"/nginx-*/nginx.pid; do [ -f "$p" ] && kill "$(cat "$p" 2>/dev/null)" 2>/dev/null || true; done; rm -rf "$work"; ip netns del "$link_ns" 2>/dev/null || true' EXIT
 address=127.0.0.1
 if [ -n "${LINK:-}" ]; then start_link "$LINK" "$link_ns"; address=0.0.0.0; fi
 # The C compiler Debian's build tools or the Swift toolchain (clang) bring.
@@ -62,7 +65,15 @@ start_nginx "$work" "server { listen 127.0.0.1:$nginx_port; ${LINK:+listen 10.23
 url[nginx]="http://127.0.0.1:$nginx_port/archive.zip"
 pids[nginx]="$(cat "$work/nginx.pid") $(pgrep -P "$(cat "$work/nginx.pid")" | tr '\n' ' ')"
 names=(iap-server nginx ${also_names[@]+"${also_names[@]}"})
-for loop in ${LOOPS:-corked uncorked}; do
+for n in $(seq 2 "${NGINXES:-1}"); do
+  mkdir -p "$work/nginx-$n"; chmod 755 "$work/nginx-$n"
+  port=$(free_port)
+  start_nginx "$work/nginx-$n" "server { listen 127.0.0.1:$port; ${LINK:+listen 10.231.0.1:$port;} root $work/www; }"
+  url[nginx-$n]="http://127.0.0.1:$port/archive.zip"
+  pids[nginx-$n]="$(cat "$work/nginx-$n/nginx.pid") $(pgrep -P "$(cat "$work/nginx-$n/nginx.pid")" | tr '\n' ' ')"
+  names+=("nginx-$n")
+done
+for loop in ${LOOPS-corked uncorked}; do
   IFS=: read -r mode turn trigger <<< "$loop"
   port=$(free_port)
   "$work/sendloop" "$address" "$port" "$work/www/archive.zip" "$mode" ${turn:+"$turn"} ${trigger:+"$trigger"} &
