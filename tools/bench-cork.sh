@@ -60,17 +60,19 @@ done
 # Every server sends the very file iap-server stores (hard links), as in tools/bench-serve.sh.
 stored=$(ls "$work"/data/archives/*.zip | head -1)
 mkdir -p "$work/www"; ln "$stored" "$work/www/archive.zip"; chmod 755 "$work/www"; chmod 644 "$work/www/archive.zip"
-nginx_port=$(free_port)
-start_nginx "$work" "server { listen 127.0.0.1:$nginx_port; ${LINK:+listen 10.231.0.1:$nginx_port;} root $work/www; }"
-url[nginx]="http://127.0.0.1:$nginx_port/archive.zip"
-pids[nginx]="$(cat "$work/nginx.pid") $(pgrep -P "$(cat "$work/nginx.pid")" | tr '\n' ' ')"
+# An nginx named <name> in folder <prefix> (its pid file there), serving the shared file.
+add_nginx() { # name prefix
+  local port
+  port=$(free_port)
+  start_nginx "$2" "server { listen 127.0.0.1:$port; ${LINK:+listen 10.231.0.1:$port;} root $work/www; }"
+  url[$1]="http://127.0.0.1:$port/archive.zip"
+  pids[$1]="$(cat "$2/nginx.pid") $(pgrep -P "$(cat "$2/nginx.pid")" | tr '\n' ' ')"
+}
+add_nginx nginx "$work"
 names=(iap-server nginx ${also_names[@]+"${also_names[@]}"})
 for n in $(seq 2 "${NGINXES:-1}"); do
   mkdir -p "$work/nginx-$n"; chmod 755 "$work/nginx-$n"
-  port=$(free_port)
-  start_nginx "$work/nginx-$n" "server { listen 127.0.0.1:$port; ${LINK:+listen 10.231.0.1:$port;} root $work/www; }"
-  url[nginx-$n]="http://127.0.0.1:$port/archive.zip"
-  pids[nginx-$n]="$(cat "$work/nginx-$n/nginx.pid") $(pgrep -P "$(cat "$work/nginx-$n/nginx.pid")" | tr '\n' ' ')"
+  add_nginx "nginx-$n" "$work/nginx-$n"
   names+=("nginx-$n")
 done
 for loop in ${LOOPS-corked uncorked}; do
