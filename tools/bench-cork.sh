@@ -66,7 +66,7 @@ add_nginx() { # name prefix
   port=$(free_port)
   start_nginx "$2" "server { listen 127.0.0.1:$port; ${LINK:+listen 10.231.0.1:$port;} root $work/www; }"
   url[$1]="http://127.0.0.1:$port/archive.zip"
-  pids[$1]="$(cat "$2/nginx.pid") $(pgrep -P "$(cat "$2/nginx.pid")" | tr '\n' ' ')"
+  pids[$1]=$(nginx_pids "$2")
 }
 add_nginx nginx "$work"
 names=(iap-server nginx ${also_names[@]+"${also_names[@]}"})

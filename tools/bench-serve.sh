@@ -61,14 +61,13 @@ for url in "$ours_url" "$nginx_url"; do
   code=$("${client[@]}" curl -s -o /dev/null -r 0-99 -w '%{http_code}' "$url")
   [ "$code" = 206 ] || { echo "setup failed: $url answered $code to a range request" >&2; exit 1; }
 done
-nginx_pids() { echo "$(cat "$work/nginx.pid") $(pgrep -P "$(cat "$work/nginx.pid")" | tr '\n' ' ')"; }
 echo "archive: $size bytes; $(nproc) cores; iap-server event loops: ${IAP_EVENT_LOOPS:-one per core}, nginx workers: 2; wrk ${secs}s per run, median of $rounds rounds; downloads: median of $download_rounds rounds${LINK:+, across a $LINK veth link from a network namespace}" >&2
 # Runs two measures, the first one first in odd rounds: who goes first flips every round.
 in_turn() { # round first second
   if [ $(($1 % 2)) = 1 ]; then "$2"; "$3"; else "$3"; "$2"; fi
 }
 ours_download() { download "$size" "$ours_url" $ours_pid >> "$work/ours.dl"; }
-nginx_download() { download "$size" "$nginx_url" $(nginx_pids) >> "$work/nginx.dl"; }
+nginx_download() { download "$size" "$nginx_url" $(nginx_pids "$work") >> "$work/nginx.dl"; }
 # Whole downloads alternate too: medians of $download_rounds each.
 : > "$work/ours.dl"; : > "$work/nginx.dl"
 for round in $(seq "$download_rounds"); do

@@ -198,6 +198,8 @@ CONF
   nginx -c "$1/nginx.conf" -p "$1" &
   for _ in $(seq 200); do [ -s "$1/nginx.pid" ] && break; sleep 0.05; done
 }
+# The processes of the nginx started in <prefix> (its master and workers), for download's CPU.
+nginx_pids() { echo "$(cat "$1/nginx.pid") $(pgrep -P "$(cat "$1/nginx.pid")" | tr '\n' ' ')"; }
 
 # A scratch PostgreSQL cluster in $work/pg for the benchmarks that need one: user iap, trust
 # authentication, on 127.0.0.1:$pgport; run as the postgres user when the script runs as root.
