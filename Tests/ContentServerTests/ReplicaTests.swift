@@ -199,10 +199,10 @@ struct ReplicaTests {
             stdout: FileHandle(forWritingAtPath: output)!, stderr: FileHandle(forWritingAtPath: output)!)
         defer { forceStop(fetch) }
         func said() -> String { (try? String(contentsOfFile: output, encoding: .utf8)) ?? "" }
-        let told = try await waitUntil(.seconds(30)) { said().contains("(503) for the grant of transaction") }
+        let told = await waitUntil(.seconds(30)) { said().contains("(503) for the grant of transaction") }
         #expect(told != nil && said().contains("trying again in 5 s, as it asked"), "\(said())")
         try await database.restart()
-        let ended = try await waitUntil(.seconds(60)) { !fetch.isRunning }
+        let ended = await waitUntil(.seconds(60)) { !fetch.isRunning }
         #expect(ended != nil && fetch.terminationStatus == 0, "\(said())")
         let installed = tmp.sub("installed/\(product)/1.0/ContentInfo.plist")
         #expect(FileManager.default.fileExists(atPath: installed), "\(said())")
