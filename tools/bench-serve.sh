@@ -22,8 +22,9 @@
 # where the client is another machine. Needs root (ip netns, tc).
 # MEASURES picks the range measures (default all four: "4k 1m multi fresh"); DOWNLOAD_ROUNDS=0 skips
 # the whole downloads: `DOWNLOAD_ROUNDS=0 MEASURES=4k tools/bench-serve.sh 3 21` looks at small
-# ranges alone over more rounds.
-# Usage: [DOWNLOAD_ROUNDS=n] [MEASURES="4k 1m multi fresh"] [IAP_EVENT_LOOPS=n] [LINK=rate] tools/bench-serve.sh [seconds-per-wrk-run] [rounds]
+# ranges alone over more rounds. CONNECTIONS picks the wrk connection counts (default "16 64"; 1 is
+# one client asking one request at a time, each answer's latency in full).
+# Usage: [DOWNLOAD_ROUNDS=n] [MEASURES="4k 1m multi fresh"] [CONNECTIONS="16 64"] [IAP_EVENT_LOOPS=n] [LINK=rate] tools/bench-serve.sh [seconds-per-wrk-run] [rounds]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-5}
@@ -31,6 +32,9 @@ rounds=${2:-7}
 download_rounds=${DOWNLOAD_ROUNDS:-$((15 * rounds))}
 for name in ${MEASURES:-}; do
   case $name in 4k | 1m | multi | fresh) ;; *) echo "MEASURES: unknown measure '$name'; use any of: 4k 1m multi fresh" >&2; exit 2 ;; esac
+done
+for c in ${CONNECTIONS:-}; do
+  [[ $c =~ ^[1-9][0-9]*$ ]] || { echo "CONNECTIONS: '$c' is not a connection count; use whole numbers, as \"1 16 64\"" >&2; exit 2; }
 done
 tools/install-deps.sh
 command -v nginx >/dev/null && command -v wrk >/dev/null || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light wrk >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx wrk >/dev/null; }
@@ -76,7 +80,7 @@ for round in $(seq "$download_rounds"); do
 done
 
 wrk_run() { # url range connections [fresh] -> "req/s p99ms"; fresh: a new connection for every request
-  wrk -t2 -c"$3" -d"${secs}s" --latency -H "Range: bytes=$2" ${4:+-H "Connection: close"} "$1" 2>/dev/null | awk '
+  wrk -t"$(($3 < 2 ? 1 : 2))" -c"$3" -d"${secs}s" --latency -H "Range: bytes=$2" ${4:+-H "Connection: close"} "$1" 2>/dev/null | awk '
     /Requests\/sec/ { rps = $2 }
     $1 == "99%" { v = $2; if (v ~ /us$/) { sub(/us/, "", v); v /= 1000 } else if (v ~ /ms$/) { sub(/ms/, "", v) } else if (v ~ /s$/) { sub(/s/, "", v); v *= 1000 }; p99 = v }
     END { printf "%s %s", rps, p99 }'
@@ -126,7 +130,7 @@ for name in ${MEASURES:-4k 1m multi fresh}; do
 done
 for measure in "${measures[@]}"; do
   range=${measure#fresh:}; fresh=; [ "$range" = "$measure" ] || fresh=1
-  for c in 16 64; do
+  for c in ${CONNECTIONS:-16 64}; do
     : > "$work/ours.runs"; : > "$work/nginx.runs"
     for round in $(seq "$rounds"); do
       in_turn "$round" ours_wrk nginx_wrk
