@@ -106,7 +106,11 @@ public final class ContentAcceptor: ChannelInboundHandler {
             let report = ResponseReport(response, observer: observer)
             buffer.moveReaderIndex(forwardBy: length)
             let rest = buffer.readableBytes > 0 && response.keepAlive ? buffer : nil
-            switch ContentFastPath.sendBuffer(&head, more: false, socket: socket) {
+            // An answer the connection closes after is held (`MSG_MORE`) for the close to send
+            // with its FIN: one segment, as nginx's corked answers leave, where two cost the
+            // loopback's sending and the client's wake-up twice. The close follows at once; a
+            // rest the socket had no room for goes through the channel, which pushes it all.
+            switch ContentFastPath.sendBuffer(&head, more: !response.keepAlive, socket: socket) {
             case .sent:
                 _ = report.finished(.success(()), observer: observer)
                 guard response.keepAlive else {
