@@ -109,7 +109,9 @@ public final class ContentAcceptor: ChannelInboundHandler {
             // An answer the connection closes after is held (`MSG_MORE`) for the close to send
             // with its FIN: one segment, as nginx's corked answers leave, where two cost the
             // loopback's sending and the client's wake-up twice. The close follows at once; a
-            // rest the socket had no room for goes through the channel, which pushes it all.
+            // rest the socket had no room for goes through the channel, which pushes it all. A
+            // client that sends more after asking to close (RFC 9112 §9.6 forbids it) gets the
+            // kernel's reset for its unread bytes instead of the answer.
             switch ContentFastPath.sendBuffer(&head, more: !response.keepAlive, socket: socket) {
             case .sent:
                 _ = report.finished(.success(()), observer: observer)
