@@ -106,16 +106,18 @@ public final class ContentAcceptor: ChannelInboundHandler {
             let report = ResponseReport(response, observer: observer)
             buffer.moveReaderIndex(forwardBy: length)
             let rest = buffer.readableBytes > 0 && response.keepAlive ? buffer : nil
-            // An answer the connection closes after is held (`MSG_MORE`) for the close to send
-            // with its FIN: one segment, as nginx's corked answers leave, where two cost the
-            // loopback's sending and the client's wake-up twice. The close follows at once; a
-            // rest the socket had no room for goes through the channel, which pushes it all. A
-            // client that sends more after asking to close (RFC 9112 §9.6 forbids it) gets the
-            // kernel's reset for its unread bytes instead of the answer.
+            // An answer the connection closes after is held (`MSG_MORE`) for the FIN to go with
+            // it: one segment, as nginx's corked answers leave, where two cost the loopback's
+            // sending and the client's wake-up twice. A rest the socket had no room for goes
+            // through the channel, which pushes it all.
             switch ContentFastPath.sendBuffer(&head, more: !response.keepAlive, socket: socket) {
             case .sent:
                 _ = report.finished(.success(()), observer: observer)
                 guard response.keepAlive else {
+                    // The write side first: the answer and the FIN leave now. A close alone with
+                    // bytes still unread (a client that sent more after asking to close, which
+                    // RFC 9112 §9.6 forbids) would reset the connection and drop the held answer.
+                    shutdown(socket, CInt(SHUT_WR))
                     child.close(promise: nil)
                     return true
                 }
