@@ -81,6 +81,15 @@ public final class ArchiveReader: Sendable {
     /// directory's, and every entry read is still checked against its size and CRC-32.
     public init(path: String, manifest: ArchiveManifest, limits: ExtractionLimits = .standard) throws(ArchiveError) {
         self.path = path
+        entries = try Self.layout(of: manifest, archive: path, limits: limits)
+        let fd = try openFile(path)
+        self.fd = fd
+        size = manifest.archiveSize
+    }
+
+    /// The entries `manifest` places in its archive (`path`, for messages), in its order, once
+    /// they pass the checks a central directory's do.
+    static func layout(of manifest: ArchiveManifest, archive path: String, limits: ExtractionLimits) throws(ArchiveError) -> [ArchiveEntry] {
         guard manifest.entries.count <= limits.maxEntries else {
             throw .corrupt("the manifest of \(path) lists \(manifest.entries.count) entries, more than the limit of \(limits.maxEntries): refusing it")
         }
@@ -105,10 +114,7 @@ public final class ArchiveReader: Sendable {
                     localHeaderOffset: entry.localHeaderOffset, dataOffset: entry.dataOffset))
         }
         try EntryChecks.refuseOverlaps(entries, path: path)
-        self.entries = entries
-        let fd = try openFile(path)
-        self.fd = fd
-        size = manifest.archiveSize
+        return entries
     }
 
     deinit { try? fd.close() }

@@ -240,7 +240,7 @@ public enum SafeExtractor {
         if let syncs { syncs.sync(fd, path: target) } else { try? fd.close() }
     }
 
-    private static func create(_ target: String) throws(ArchiveError) -> FileDescriptor {
+    static func create(_ target: String) throws(ArchiveError) -> FileDescriptor {
         try systemCall("create", target) {
             try FileDescriptor.open(
                 target, .writeOnly, options: [.create, .exclusiveCreate, .noFollow],
@@ -248,7 +248,7 @@ public enum SafeExtractor {
         }
     }
 
-    private static func makeParents(of path: String, root: String, made: inout Set<String>) throws(ArchiveError) {
+    static func makeParents(of path: String, root: String, made: inout Set<String>) throws(ArchiveError) {
         // At '/' bytes, as the file system splits (``validateEntryPath`` refuses what else could differ).
         let components = Array(path.utf8).split(separator: UInt8(ascii: "/")).dropLast()
         var current = ""

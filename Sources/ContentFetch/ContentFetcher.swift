@@ -524,10 +524,12 @@ public actor ContentFetcher {
         // Once its partial archive is gone (``removeInstalledBytes(_:)``) when installed: a
         // download waiting for space looks at the disk only then.
         defer { if removals[id] == nil { releaseSpace(of: id) } }
+        // The whole archive is extracted as it arrives, when its manifest gives the layout to follow.
+        let extraction = manifest.flatMap { installer.streamingExtraction(of: $0, for: download.record) }
         // A delta update that cannot be installed (an installed file changed meanwhile, a fetched
         // entry that does not match) falls back once to the whole archive.
         for attempt in 0..<2 {
-            try await transferWithRetries(&download, granted: granted, transaction: transaction)
+            try await transferWithRetries(&download, granted: granted, transaction: transaction, extraction: attempt == 0 ? extraction : nil)
             do {
                 // Off this actor: extracting a large archive takes a second or more, and the
                 // other downloads' progress goes through it meanwhile.
@@ -541,7 +543,7 @@ public actor ContentFetcher {
                     }
                 } else {
                     path = try await NIOThreadPool.singleton.runIfActive {
-                        try installer.install(archive: partial, for: record, manifest: manifest)
+                        try installer.install(archive: partial, for: record, manifest: manifest, extracted: extraction)
                     }
                 }
                 manifests[id] = nil
@@ -563,7 +565,9 @@ public actor ContentFetcher {
         }
     }
 
-    private func transferWithRetries(_ download: inout DownloadStateMachine, granted: GrantedDownload, transaction: QueuedTransaction) async throws {
+    private func transferWithRetries(
+        _ download: inout DownloadStateMachine, granted: GrantedDownload, transaction: QueuedTransaction, extraction: StreamingExtractor? = nil
+    ) async throws {
         let id = download.id
         // Kept for these attempts only: a later run (or `start()` of a long-lived fetcher) asks again.
         defer { wrongDigests[id] = nil }
@@ -571,7 +575,7 @@ public actor ContentFetcher {
             try await retry.run(
                 { _ in
                     try checkControl(id)
-                    try await transfer(&download)
+                    try await transfer(&download, extraction: extraction)
                 },
                 retryable: { error in
                     if error is Stop || error is ServerCopyDamaged { return false }

@@ -19,10 +19,26 @@ struct ContentInstaller: Sendable {
         return InstalledContent.isComplete(destination(productId: record.productId, contentVersion: record.contentVersion), as: expected)
     }
 
-    /// Extracts `archive` for `record` and returns the installed folder; with `manifest`, records
-    /// the installed files for the next update.
-    func install(archive: String, for record: DownloadRecord, manifest: ArchiveManifest? = nil) throws(FetchError) -> String {
-        try install(record, manifest: manifest) { (destination, expected) throws(ArchiveError) in
+    /// An extraction of `record`'s whole archive as it downloads, following `manifest`'s layout;
+    /// nil when its version is installed already or the manifest is not for its archive.
+    func streamingExtraction(of manifest: ArchiveManifest, for record: DownloadRecord) -> StreamingExtractor? {
+        guard record.delta == nil, manifest.productId.rawValue == record.productId, manifest.contentVersion.string == record.contentVersion,
+            !isInstalled(record)
+        else { return nil }
+        return try? StreamingExtractor(manifest: manifest, destination: destination(productId: record.productId, contentVersion: record.contentVersion))
+    }
+
+    /// Installs `archive` for `record` and returns the installed folder: puts `extracted` in
+    /// place when it took every byte of the archive and agrees with it, else extracts the archive.
+    /// With `manifest`, records the installed files for the next update.
+    func install(archive: String, for record: DownloadRecord, manifest: ArchiveManifest? = nil, extracted: StreamingExtractor? = nil) throws(FetchError) -> String {
+        try install(record, manifest: manifest, keeping: extracted?.folder) { (destination, expected) throws(ArchiveError) in
+            if let extracted, extracted.isActive, extracted.destination == destination,
+                (try? extracted.finish(archive: archive, expecting: expected)) != nil
+            {
+                return [:]
+            }
+            extracted?.abandon(because: "the archive is extracted instead")
             // The archive is removed once installed: nothing gains from keeping it cached.
             try SafeExtractor.extract(archive: archive, to: destination, expecting: expected, readOnce: true)
             return [:]
@@ -66,14 +82,19 @@ struct ContentInstaller: Sendable {
     /// files when `manifest` is given. `build` returns the identities it saw of the files it
     /// placed, by entry path, which the record then takes as they are.
     private func install(
-        _ record: DownloadRecord, manifest: ArchiveManifest?, build: (String, ContentInfo) throws(ArchiveError) -> [String: FileIdentity]
+        _ record: DownloadRecord, manifest: ArchiveManifest?, keeping active: String? = nil,
+        build: (String, ContentInfo) throws(ArchiveError) -> [String: FileIdentity]
     ) throws(FetchError) -> String {
         let expected = try expectedInfo(record)
         let destination = destination(productId: record.productId, contentVersion: record.contentVersion)
         let parent = contentDirectory + "/" + record.productId
         // What killed runs left: an extraction's temporary folder, an older version half removed.
+        // `active`: this download's own extraction, which is to be put in place.
         for name in (try? FileManager.default.contentsOfDirectory(atPath: parent)) ?? []
-        where name.hasPrefix(".\(record.contentVersion).extracting-") || (name.hasPrefix(".") && name.contains(Self.removingMarker)) {
+        where parent + "/" + name != active
+            && (name.hasPrefix(".\(record.contentVersion).extracting-") || name.hasPrefix(".\(record.contentVersion)\(StreamingExtractor.marker)")
+                || (name.hasPrefix(".") && name.contains(Self.removingMarker)))
+        {
             try? FileManager.default.removeItem(atPath: parent + "/" + name)
         }
         var known: [String: FileIdentity] = [:]

@@ -82,12 +82,22 @@ final class PartialArchive {
     /// A delta update fetches scattered ranges: there is no contiguous archive to hash, and each
     /// fetched entry is checked against the manifest's chunk hashes instead.
     private var sparse: Bool
+    /// Takes every byte as it is hashed, in order: the install is written as the archive arrives.
+    private let extraction: StreamingExtractor?
 
     init(
         fd: SystemPackage.FileDescriptor, path: String, journal: DownloadJournal, download: DownloadStateMachine,
-        segments: [Segment], syncInterval: Int64, recordGap: Duration, durableInterval: Duration
+        segments: [Segment], syncInterval: Int64, recordGap: Duration, durableInterval: Duration,
+        extraction: StreamingExtractor? = nil
     ) throws(FetchError) {
         sparse = download.record.delta != nil
+        // Bytes the extraction took that this attempt fetches again may differ from those it
+        // hashes (only the final hash is checked): such an extraction is given up, and the
+        // install reads the archive instead.
+        if let extraction, let first = segments.first, extraction.position > UInt64(first.start + first.done) {
+            extraction.abandon(because: "the transfer starts again at \(first.start + first.done), before the \(extraction.position) bytes extracted")
+        }
+        self.extraction = sparse ? nil : extraction
         self.fd = fd
         self.path = path
         self.journal = journal
@@ -153,6 +163,7 @@ final class PartialArchive {
                 do throws(ArchiveError) {
                     let mapped = try MappedBytes(fd, range: UInt64(hashed)..<UInt64(end), path: path)
                     hasher.update(bufferPointer: mapped.bytes)
+                    extract(mapped.bytes, at: hashed)
                 } catch {
                     throw FetchError(.install, "cannot read back \(path): \(error.message)")
                 }
@@ -162,6 +173,12 @@ final class PartialArchive {
         }
     }
 
+    /// Hands hashed bytes to the extraction: one that fails has abandoned itself (the install then
+    /// reads the archive), and the transfer goes on.
+    private func extract(_ bytes: UnsafeRawBufferPointer, at offset: Int64) {
+        try? extraction?.consume(bytes, at: UInt64(offset))
+    }
+
     /// Hashes `bytes`, just written at `offset`, from the caller's buffer when they are where the
     /// hash stands (one connection, the prefix on disk hashed already); otherwise does nothing, and
     /// ``wrote(_:segment:writtenThrough:)`` reads them back from the file when their turn comes.
@@ -169,6 +186,7 @@ final class PartialArchive {
     func hash(_ bytes: UnsafeRawBufferPointer, at offset: Int64) {
         guard !sparse, cursor < segments.count, hashed == offset, offset + Int64(bytes.count) <= segments[cursor].end else { return }
         hasher.update(bufferPointer: bytes)
+        extract(bytes, at: offset)
         hashed += Int64(bytes.count)
         frontier.store(hashed)
     }

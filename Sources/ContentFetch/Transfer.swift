@@ -48,7 +48,8 @@ extension ContentFetcher {
     /// One attempt: continues the partial file from what the journal says is on disk, over one or
     /// more connections, with `Range` and `If-Range`, hashing as bytes arrive; ends with the
     /// SHA-256 check.
-    func transfer(_ download: inout DownloadStateMachine) async throws {
+    /// `extraction`, when given, takes the archive's bytes as they are hashed.
+    func transfer(_ download: inout DownloadStateMachine, extraction: StreamingExtractor? = nil) async throws {
         let record = download.record
         let path = journal.partialPath(record.id)
         let fd: SystemPackage.FileDescriptor
@@ -106,7 +107,7 @@ extension ContentFetcher {
             partial = try PartialArchive(
                 fd: fd, path: path, journal: journal, download: download, segments: segments,
                 syncInterval: configuration.journalInterval, recordGap: configuration.journalMinimumGap,
-                durableInterval: configuration.durableInterval)
+                durableInterval: configuration.durableInterval, extraction: extraction)
         } catch {
             // The file is shorter than the journal says: start over rather than trust it.
             download.updateBytes { $0.discardBytes() }

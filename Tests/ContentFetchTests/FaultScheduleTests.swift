@@ -68,10 +68,10 @@ struct FaultScheduleTests {
         kills += 1
         #expect(try finished() == nil && !FileManager.default.fileExists(atPath: installed))
 
-        // During extraction.
+        // While its hidden folder is there (extracted as the archive arrives, here from the disk).
         let extracting = try client(server.base, queue: queue, content: content, limit: false)
         let caught = waitUntil(extracting) {
-            ((try? FileManager.default.contentsOfDirectory(atPath: content + "/com.example.faults")) ?? []).contains { $0.hasPrefix(".1.0.extracting-") }
+            ((try? FileManager.default.contentsOfDirectory(atPath: content + "/com.example.faults")) ?? []).contains { $0.hasPrefix(".1.0.streaming-") || $0.hasPrefix(".1.0.extracting-") }
         }
         kill(extracting.processIdentifier, SIGKILL)
         extracting.waitUntilExit()

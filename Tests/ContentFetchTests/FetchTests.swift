@@ -123,7 +123,8 @@ struct FetchTests {
         let deadline = Date().addingTimeInterval(60)
         while client.isRunning, Date() < deadline {
             let names = (try? FileManager.default.contentsOfDirectory(atPath: product)) ?? []
-            if names.contains(where: { $0.hasPrefix(".1.0.extracting-") }) {
+            // Its hidden folder: extracted as the archive arrives (or, without a manifest, after).
+            if names.contains(where: { $0.hasPrefix(".1.0.streaming-") || $0.hasPrefix(".1.0.extracting-") }) {
                 kill(client.processIdentifier, SIGKILL)
                 caught = true
                 break
@@ -138,6 +139,39 @@ struct FetchTests {
         #expect(result.status == 0, "\(result.stderr)")
         #expect(try run("diff", ["-r", tmp.sub("many"), product + "/1.0/Contents"]).status == 0)
         #expect(try FileManager.default.contentsOfDirectory(atPath: product) == ["1.0"], "leftovers beside the installed version")
+        #expect(try FileTransactionQueue(folder: w.queue).transaction(purchase.transaction.transactionId!)?.finishedAt != nil)
+    }
+
+    @Test("the archive is extracted as it arrives: at the SHA-256 check every file is written in a hidden folder, which the install puts in place")
+    func extractedWhileDownloading() async throws {
+        let tmp = try TemporaryFolder()
+        try tmp.write("src/payload.bin", pseudoRandomBytes(6 << 20, seed: 21))
+        try tmp.write("src/text/story.txt", String(repeating: "Once upon a time, a level was downloaded.\n", count: 20_000))
+        try tmp.write("src/empty.dat", Data())
+        for i in 0..<50 { try tmp.write("src/levels/\(i % 5)/level-\(i).json", "{\"level\": \(i)}\n") }
+        let w = try world(products: ["com.example.stream": tmp.sub("src")])
+        let methods = Set(try #require(w.manifests["com.example.stream"]).entries.filter { $0.kind == .file }.map(\.method))
+        #expect(methods == [.stored, .deflate], "both methods are extracted")
+        let purchase = try w.store.purchase(productId: "com.example.stream")
+        let product = w.content + "/com.example.stream"
+        let (client, _) = try w.startClient([], environment: ["IAP_FETCH_STOP_AT": "verified"])
+        defer { if client.isRunning { kill(client.processIdentifier, SIGKILL) } }
+        let stopped = await waitUntil(.seconds(60)) {
+            ((try? String(contentsOfFile: "/proc/\(client.processIdentifier)/stat", encoding: .utf8)) ?? "").split(separator: " ").dropFirst(2).first == "T"
+        }
+        try #require(stopped != nil, "iap-fetch never reached the SHA-256 check")
+        // Every byte is received and checked, nothing is installed yet: the files are all written.
+        let hidden = try #require(try FileManager.default.contentsOfDirectory(atPath: product).first { $0.hasPrefix(".1.0.streaming-") })
+        #expect(!FileManager.default.fileExists(atPath: product + "/1.0"))
+        #expect(try run("diff", ["-r", tmp.sub("src"), product + "/" + hidden + "/Contents"]).status == 0)
+        let streamed = try #require(try FileManager.default.attributesOfItem(atPath: product + "/" + hidden + "/Contents/payload.bin")[.systemFileNumber] as? Int)
+        kill(client.processIdentifier, SIGCONT)
+        client.waitUntilExit()
+        #expect(client.terminationStatus == 0)
+        #expect(try run("diff", ["-r", tmp.sub("src"), product + "/1.0/Contents"]).status == 0)
+        let installed = try FileManager.default.attributesOfItem(atPath: product + "/1.0/Contents/payload.bin")[.systemFileNumber] as? Int
+        #expect(installed == streamed, "the install put the extracted folder in place instead of extracting the archive again")
+        #expect(try FileManager.default.contentsOfDirectory(atPath: product) == ["1.0"])
         #expect(try FileTransactionQueue(folder: w.queue).transaction(purchase.transaction.transactionId!)?.finishedAt != nil)
     }
 

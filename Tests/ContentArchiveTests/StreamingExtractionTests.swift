@@ -1,0 +1,142 @@
+import Foundation
+import IAPTestSupport
+import Testing
+
+@testable import ContentArchive
+
+@Suite("Extraction while the archive arrives", .onTestThreads)
+struct StreamingExtractionTests {
+    /// Stored and deflated entries, an empty file, nested folders: every path the extraction takes.
+    func packMixed(_ tmp: TemporaryFolder) throws -> PackResult {
+        try tmp.write("src/payload.bin", pseudoRandomBytes(3 << 20, seed: 7))
+        try tmp.write("src/text/log.txt", logText(lines: 40_000, seed: 3))
+        try tmp.write("src/empty.dat", Data())
+        for i in 0..<40 { try tmp.write("src/levels/\(i % 4)/level-\(i).json", "{\"level\": \(i)}\n") }
+        return try ArchivePacker.pack(
+            folder: tmp.sub("src"),
+            options: PackOptions(
+                productId: try ProductIdentifier("com.example.stream"), contentVersion: try ContentVersion("2.1"), outputDirectory: tmp.sub("out")))
+    }
+
+    func expected(_ packed: PackResult) -> ContentInfo {
+        ContentInfo(productIdentifier: packed.manifest.productId, contentVersion: packed.manifest.contentVersion)
+    }
+
+    func siblings(_ folder: String) -> [String] {
+        (try? FileManager.default.contentsOfDirectory(atPath: folder))?.sorted() ?? []
+    }
+
+    @Test("bytes handed over in pieces of every size, some twice, install the same folder the archive extracts to")
+    func sameAsExtraction() throws {
+        let tmp = try TemporaryFolder()
+        let packed = try packMixed(tmp)
+        #expect(Set(packed.manifest.entries.map(\.method)) == [.stored, .deflate], "both methods are exercised")
+        let archive = try Data(contentsOf: URL(fileURLWithPath: packed.archivePath))
+        let extractor = try StreamingExtractor(manifest: packed.manifest, destination: tmp.sub("installed/2.1"))
+        #expect(siblings(tmp.sub("installed")).count == 1 && siblings(tmp.sub("installed"))[0].hasPrefix(".2.1.streaming-"))
+        var generator = SplitMix64(seed: 5)
+        var offset = 0
+        try archive.withUnsafeBytes { (bytes: UnsafeRawBufferPointer) in
+            while offset < bytes.count {
+                let count = min(bytes.count - offset, 1 + Int(generator.next() % UInt64(600_000)))
+                // Now and then a transfer starts again a little before where the last one ended.
+                let back = generator.next() % 4 == 0 ? min(offset, Int(generator.next() % 70_000)) : 0
+                try extractor.consume(UnsafeRawBufferPointer(rebasing: bytes[(offset - back)..<(offset + count)]), at: UInt64(offset - back))
+                offset += count
+            }
+        }
+        #expect(extractor.position == UInt64(archive.count))
+        try extractor.finish(archive: packed.archivePath, expecting: expected(packed))
+        #expect(siblings(tmp.sub("installed")) == ["2.1"], "the hidden folder became the destination")
+        try SafeExtractor.extract(archive: packed.archivePath, to: tmp.sub("reference/2.1"), expecting: expected(packed))
+        let diff = try run("diff", ["-r", tmp.sub("reference/2.1"), tmp.sub("installed/2.1")])
+        #expect(diff.status == 0, "\(diff.stdout)")
+        #expect(try run("diff", ["-r", tmp.sub("src"), tmp.sub("installed/2.1/Contents")]).status == 0)
+    }
+
+    /// Feeds `archive` to a new extraction of `packed` into `destination`, through `change`, which
+    /// may alter each piece (offset, bytes) before it is handed over; returns the extractor.
+    func feed(
+        _ packed: PackResult, into destination: String, pieces: Int = 64 << 10, change: (Int, inout [UInt8]) -> Int = { offset, _ in offset }
+    ) throws -> StreamingExtractor {
+        let archive = [UInt8](try Data(contentsOf: URL(fileURLWithPath: packed.archivePath)))
+        let extractor = try StreamingExtractor(manifest: packed.manifest, destination: destination)
+        var offset = 0
+        while offset < archive.count {
+            var piece = Array(archive[offset..<min(archive.count, offset + pieces)])
+            let at = change(offset, &piece)
+            try? piece.withUnsafeBytes { try extractor.consume($0, at: UInt64(at)) }
+            offset += pieces
+        }
+        return extractor
+    }
+
+    @Test("a gap in the bytes abandons it: its folder goes, and finishing refuses with the reason")
+    func gapAbandons() throws {
+        let tmp = try TemporaryFolder()
+        let packed = try packMixed(tmp)
+        let extractor = try feed(packed, into: tmp.sub("installed/2.1")) { offset, _ in offset == 128 << 10 ? offset + 1 : offset }
+        #expect(!extractor.isActive)
+        #expect(extractor.failure?.message.contains("never reached the extraction") == true)
+        #expect(siblings(tmp.sub("installed")).isEmpty, "nothing left behind")
+        let error = try #require(throws: ArchiveError.self) { try extractor.finish(archive: packed.archivePath, expecting: expected(packed)) }
+        #expect(error.message.contains("never reached"))
+        #expect(siblings(tmp.sub("installed")).isEmpty)
+    }
+
+    @Test("a changed byte in a stored or a deflated entry fails its check and abandons the extraction")
+    func damagedEntryAbandons() throws {
+        let tmp = try TemporaryFolder()
+        let packed = try packMixed(tmp)
+        for path in ["Contents/payload.bin", "Contents/text/log.txt"] {
+            let entry = try #require(packed.manifest.entries.first { $0.path == path })
+            let target = Int(entry.dataOffset + entry.compressedSize / 2)
+            let extractor = try feed(packed, into: tmp.sub("installed/2.1")) { offset, piece in
+                if (offset..<offset + piece.count).contains(target) { piece[target - offset] ^= 0x01 }
+                return offset
+            }
+            #expect(!extractor.isActive, "\(path)")
+            #expect(extractor.failure?.message.contains(path) == true, "\(String(describing: extractor.failure))")
+            #expect(siblings(tmp.sub("installed")).isEmpty)
+        }
+    }
+
+    @Test("a manifest whose layout the archive's central directory does not give, or another product's archive, installs nothing")
+    func finishChecksTheArchive() throws {
+        let tmp = try TemporaryFolder()
+        let packed = try packMixed(tmp)
+        // The bytes follow the manifest's layout, but the archive's own directory says otherwise.
+        var lying = packed.manifest
+        let index = try #require(lying.entries.firstIndex { $0.path == "Contents/empty.dat" })
+        lying.entries[index].localHeaderOffset += 1
+        let bent = PackResult(archivePath: packed.archivePath, manifestPath: packed.manifestPath, manifest: lying)
+        let extractor = try feed(bent, into: tmp.sub("installed/2.1"))
+        #expect(extractor.isActive, "every entry matched the layout it was given")
+        let error = try #require(throws: ArchiveError.self) { try extractor.finish(archive: packed.archivePath, expecting: expected(packed)) }
+        #expect(error.message.contains("central directory does not give the layout of its manifest"))
+        #expect(siblings(tmp.sub("installed")).isEmpty)
+
+        let other = try feed(packed, into: tmp.sub("installed/2.1"))
+        let wrong = ContentInfo(productIdentifier: try ProductIdentifier("com.example.other"), contentVersion: packed.manifest.contentVersion)
+        let refused = try #require(throws: ArchiveError.self) { try other.finish(archive: packed.archivePath, expecting: wrong) }
+        #expect(refused.message.contains("not the expected com.example.other"))
+        #expect(siblings(tmp.sub("installed")).isEmpty)
+    }
+
+    @Test("finishing before the last byte refuses; a destination that exists is refused at the start")
+    func incompleteAndExisting() throws {
+        let tmp = try TemporaryFolder()
+        let packed = try packMixed(tmp)
+        let short = try feed(packed, into: tmp.sub("installed/2.1")) { offset, piece in
+            if offset + piece.count >= Int(packed.manifest.archiveSize) { piece = [] }
+            return offset
+        }
+        let error = try #require(throws: ArchiveError.self) { try short.finish(archive: packed.archivePath, expecting: expected(packed)) }
+        #expect(error.message.contains("of the archive's \(packed.manifest.archiveSize) bytes"))
+        #expect(siblings(tmp.sub("installed")).isEmpty)
+
+        try FileManager.default.createDirectory(atPath: tmp.sub("installed/2.1"), withIntermediateDirectories: true)
+        let exists = try #require(throws: ArchiveError.self) { try StreamingExtractor(manifest: packed.manifest, destination: tmp.sub("installed/2.1")) }
+        #expect(exists.message.contains("already exists"))
+    }
+}
