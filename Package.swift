@@ -301,7 +301,7 @@ let package = Package(
         .testTarget(
             name: "ContentFetchTests",
             dependencies: [
-                "ContentFetch", "SandboxStore", "TransactionQueue", "ContentArchive", "DownloadGrants", "IAPTestSupport",
+                "ContentFetch", "SandboxStore", "TransactionQueue", "ContentArchive", "DownloadGrants", "DurableFiles", "IAPTestSupport",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"), .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
             ]

@@ -88,6 +88,9 @@ public final class StreamingExtractor: @unchecked Sendable {
             output.deallocate()
             throw ioError(code, action: "create folder", path: folder)
         }
+        // Locked while it lives: a sweep (``UnfinishedFiles/removeLeftovers(in:minimumAge:matching:)``)
+        // then tells it from the leftover of a process that died.
+        claim.lock()
         syncs = durable ? BackgroundSync() : nil
         do throws(ArchiveError) {
             for entry in layout {

@@ -512,6 +512,8 @@ public actor ContentFetcher {
             emit(download.update())
             Failpoint.hit("delta-planned")
         }
+        // Before the space is counted: a run killed while extracting left up to an archive's worth.
+        installer.removeLeftoverExtractions(productId: granted.productId)
         do {
             try await reserveSpace(&download, manifest: manifest)
         } catch let stop as Stop {

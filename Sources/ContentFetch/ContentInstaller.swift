@@ -32,7 +32,7 @@ struct ContentInstaller: Sendable {
     /// place when it took every byte of the archive and agrees with it, else extracts the archive.
     /// With `manifest`, records the installed files for the next update.
     func install(archive: String, for record: DownloadRecord, manifest: ArchiveManifest? = nil, extracted: StreamingExtractor? = nil) throws(FetchError) -> String {
-        try install(record, manifest: manifest, keeping: extracted?.folder) { (destination, expected) throws(ArchiveError) in
+        try install(record, manifest: manifest) { (destination, expected) throws(ArchiveError) in
             if let extracted, extracted.isActive, extracted.destination == destination,
                 (try? extracted.finish(archive: archive, expecting: expected)) != nil
             {
@@ -81,8 +81,20 @@ struct ContentInstaller: Sendable {
     /// the product's other versions, only once the new one is complete, and records the new one's
     /// files when `manifest` is given. `build` returns the identities it saw of the files it
     /// placed, by entry path, which the record then takes as they are.
+    /// Removes the folders of extractions that processes no longer running left in `productId`'s
+    /// folder (a run killed while downloading), whatever their version: each holds up to an
+    /// archive's worth of bytes. Live ones are locked by their process and stay.
+    @discardableResult
+    func removeLeftoverExtractions(productId: String) -> [String] {
+        // At any age: one this sweep takes before its process locked it is abandoned by that
+        // process, which then installs from its archive.
+        UnfinishedFiles.removeLeftovers(in: contentDirectory + "/" + productId, minimumAge: 0) {
+            $0.hasPrefix(".") && $0.contains(StreamingExtractor.marker)
+        }
+    }
+
     private func install(
-        _ record: DownloadRecord, manifest: ArchiveManifest?, keeping active: String? = nil,
+        _ record: DownloadRecord, manifest: ArchiveManifest?,
         build: (String, ContentInfo) throws(ArchiveError) -> [String: FileIdentity]
     ) throws(FetchError) -> String {
         let expected = try expectedInfo(record)
@@ -90,11 +102,9 @@ struct ContentInstaller: Sendable {
         let parent = contentDirectory + "/" + record.productId
         // What killed runs left: an extraction's temporary folder, an older version half removed.
         // `active`: this download's own extraction, which is to be put in place.
+        removeLeftoverExtractions(productId: record.productId)
         for name in (try? FileManager.default.contentsOfDirectory(atPath: parent)) ?? []
-        where parent + "/" + name != active
-            && (name.hasPrefix(".\(record.contentVersion).extracting-") || name.hasPrefix(".\(record.contentVersion)\(StreamingExtractor.marker)")
-                || (name.hasPrefix(".") && name.contains(Self.removingMarker)))
-        {
+        where name.hasPrefix(".\(record.contentVersion).extracting-") || (name.hasPrefix(".") && name.contains(Self.removingMarker)) {
             try? FileManager.default.removeItem(atPath: parent + "/" + name)
         }
         var known: [String: FileIdentity] = [:]

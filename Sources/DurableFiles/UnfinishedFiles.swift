@@ -57,23 +57,31 @@ public enum UnfinishedFiles {
         registered.withLock { paths in paths.filter { (try? FileManager.default.removeItem(atPath: $0)) != nil }.count }
     }
 
-    /// Removes, in `directory`, the files whose names `matching` accepts that writers no longer
-    /// running left behind: not locked, and not modified for `minimumAge` seconds (which covers
-    /// the moment between a writer creating its file and locking it). Returns the paths removed.
+    /// Removes, in `directory`, the files (or folders, with all they hold) whose names `matching`
+    /// accepts that writers no longer running left behind: not locked, and not modified for
+    /// `minimumAge` seconds (which covers the moment between a writer creating its file and
+    /// locking it). Returns the paths removed.
     public static func removeLeftovers(in directory: String, minimumAge: TimeInterval = 5, matching: (String) -> Bool) -> [String] {
         guard let listing = try? FileManager.default.contentsOfDirectory(atPath: directory) else { return [] }
         let now = Date().timeIntervalSince1970
         var removed: [String] = []
         for name in listing where matching(name) {
             let path = directory + "/" + name
-            guard let identity = FileIdentity.of(path), now - Double(identity.modified) / 1e9 >= minimumAge else { continue }
             let fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
             guard fd >= 0 else { continue }
             defer { close(fd) }
+            var status = stat()
+            guard fstat(fd, &status) == 0, [S_IFREG, S_IFDIR].contains(status.st_mode & S_IFMT),
+                now - Double(FileIdentity(status).modified) / 1e9 >= minimumAge
+            else { continue }
             // A lock held means a writer is still at work; a file system without locks refuses
             // with another error, and the file is left alone.
             guard (try? FileLock.lock(fd, path: path, wait: false)) != nil else { continue }
-            if unlink(path) == 0 { removed.append(path) }
+            if status.st_mode & S_IFMT == S_IFDIR {
+                if (try? FileManager.default.removeItem(atPath: path)) != nil { removed.append(path) }
+            } else if unlink(path) == 0 {
+                removed.append(path)
+            }
         }
         return removed
     }

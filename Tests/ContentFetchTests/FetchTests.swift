@@ -1,5 +1,6 @@
 import ContentArchive
 import ContentFetch
+import DurableFiles
 import Foundation
 import IAPTestSupport
 import SandboxStore
@@ -154,6 +155,10 @@ struct FetchTests {
         #expect(methods == [.stored, .deflate], "both methods are extracted")
         let purchase = try w.store.purchase(productId: "com.example.stream")
         let product = w.content + "/com.example.stream"
+        // What a run killed while extracting another version left: removed before this one counts its space.
+        let leftover = product + "/.0.9.streaming-1-1"
+        try FileManager.default.createDirectory(atPath: leftover + "/Contents", withIntermediateDirectories: true)
+        #expect(FileManager.default.createFile(atPath: leftover + "/Contents/big.bin", contents: Data(count: 1 << 20)))
         let (client, _) = try w.startClient([], environment: ["IAP_FETCH_STOP_AT": "verified"])
         defer { if client.isRunning { kill(client.processIdentifier, SIGKILL) } }
         let stopped = await waitUntil(.seconds(60)) {
@@ -163,6 +168,9 @@ struct FetchTests {
         // Every byte is received and checked, nothing is installed yet: the files are all written.
         let hidden = try #require(try FileManager.default.contentsOfDirectory(atPath: product).first { $0.hasPrefix(".1.0.streaming-") })
         #expect(!FileManager.default.fileExists(atPath: product + "/1.0"))
+        #expect(!FileManager.default.fileExists(atPath: leftover))
+        // The live one is locked by its process: a sweep (another iap-fetch's) leaves it.
+        #expect(UnfinishedFiles.removeLeftovers(in: product, minimumAge: 0) { $0.contains(".streaming-") }.isEmpty)
         #expect(try run("diff", ["-r", tmp.sub("src"), product + "/" + hidden + "/Contents"]).status == 0)
         let streamed = try #require(try FileManager.default.attributesOfItem(atPath: product + "/" + hidden + "/Contents/payload.bin")[.systemFileNumber] as? Int)
         kill(client.processIdentifier, SIGCONT)

@@ -168,6 +168,24 @@ import Testing
         #expect(throws: DurableFileError.self) { try FileLock(existing: folder + "/missing", wait: false) }
     }
 
+    @Test("a sweep removes a folder a dead writer left, with all it holds, and leaves a live writer's locked folder")
+    func sweepsLeftoverFolders() throws {
+        let dead = folder + "/.1.0.streaming-1-1"
+        try FileManager.default.createDirectory(atPath: dead + "/Contents/levels", withIntermediateDirectories: true)
+        #expect(FileManager.default.createFile(atPath: dead + "/Contents/levels/a.bin", contents: Data(count: 1 << 16)))
+        let live = folder + "/.1.0.streaming-2-2"
+        let claim = UnfinishedFiles.Claim(live)
+        defer { claim.release() }
+        try FileManager.default.createDirectory(atPath: live + "/Contents", withIntermediateDirectories: true)
+        claim.lock()
+        #expect(FileManager.default.createFile(atPath: folder + "/.1.0.other", contents: nil))
+        let removed = UnfinishedFiles.removeLeftovers(in: folder, minimumAge: 0) { $0.contains(".streaming-") }
+        #expect(removed == [dead])
+        #expect(!FileManager.default.fileExists(atPath: dead))
+        #expect(FileManager.default.fileExists(atPath: live + "/Contents"))
+        #expect(FileManager.default.fileExists(atPath: folder + "/.1.0.other"), "a name the sweep does not match stays")
+    }
+
     @Test func aLockInAFolderThatCannotHoldItIsAnError() {
         let error = #expect(throws: DurableFileError.self) { try FileLock(exclusive: folder + "/no/such/folder/.lock") }
         #expect(error?.code == .io)
