@@ -151,7 +151,7 @@ public enum SafeExtractor {
     /// Runs `place` on every file, in lanes (one per core, up to ``maximumLanes``), each taking
     /// the next file while its `cost` so far is the lowest; the first failure stops every lane
     /// before its next file and is thrown.
-    private static func placeInLanes(
+    static func placeInLanes(
         _ files: [ArchiveEntry], cost: (ArchiveEntry) -> UInt64, _ place: @Sendable (ArchiveEntry) throws(ArchiveError) -> Void
     ) throws(ArchiveError) {
         let laneCount = min(maximumLanes, ProcessInfo.processInfo.activeProcessorCount, files.count)
@@ -182,7 +182,7 @@ public enum SafeExtractor {
     }
 
     /// Writes one entry's bytes to a new file at `target`, checking its SHA-256 when given.
-    private static func write(
+    static func write(
         _ entry: ArchiveEntry, from reader: ArchiveReader, to target: String, sha256: String?, syncs: BackgroundSync?, once: Bool = false
     ) throws(ArchiveError) {
         try makeFile(target, syncs: syncs, dropsBehind: once) { (write) throws(ArchiveError) in

@@ -26,13 +26,15 @@ struct StreamingExtractionTests {
         (try? FileManager.default.contentsOfDirectory(atPath: folder))?.sorted() ?? []
     }
 
-    @Test("bytes handed over in pieces of every size, some twice, install the same folder the archive extracts to")
-    func sameAsExtraction() throws {
+    @Test(
+        "bytes handed over in pieces of every size, some twice, install the same folder the archive extracts to (every file as it arrives, or the large ones)",
+        arguments: [0, 1 << 20])
+    func sameAsExtraction(streamingAtLeast: UInt64) throws {
         let tmp = try TemporaryFolder()
         let packed = try packMixed(tmp)
         #expect(Set(packed.manifest.entries.map(\.method)) == [.stored, .deflate], "both methods are exercised")
         let archive = try Data(contentsOf: URL(fileURLWithPath: packed.archivePath))
-        let extractor = try StreamingExtractor(manifest: packed.manifest, destination: tmp.sub("installed/2.1"))
+        let extractor = try StreamingExtractor(manifest: packed.manifest, destination: tmp.sub("installed/2.1"), streamingAtLeast: streamingAtLeast)
         #expect(siblings(tmp.sub("installed")).count == 1 && siblings(tmp.sub("installed"))[0].hasPrefix(".2.1.streaming-"))
         var generator = SplitMix64(seed: 5)
         var offset = 0
@@ -46,6 +48,9 @@ struct StreamingExtractionTests {
             }
         }
         #expect(extractor.position == UInt64(archive.count))
+        // Written as they arrived: the large ones, or all; the others are placed by `finish`.
+        let written = try run("find", [extractor.folder, "-type", "f"]).stdout.split(separator: "\n").count
+        #expect(written == (streamingAtLeast == 0 ? 44 : 2), "ContentInfo.plist, 40 levels, an empty file, the payload and the log")
         try extractor.finish(archive: packed.archivePath, expecting: expected(packed))
         #expect(siblings(tmp.sub("installed")) == ["2.1"], "the hidden folder became the destination")
         try SafeExtractor.extract(archive: packed.archivePath, to: tmp.sub("reference/2.1"), expecting: expected(packed))
@@ -60,7 +65,8 @@ struct StreamingExtractionTests {
         _ packed: PackResult, into destination: String, pieces: Int = 64 << 10, change: (Int, inout [UInt8]) -> Int = { offset, _ in offset }
     ) throws -> StreamingExtractor {
         let archive = [UInt8](try Data(contentsOf: URL(fileURLWithPath: packed.archivePath)))
-        let extractor = try StreamingExtractor(manifest: packed.manifest, destination: destination)
+        // Every file as it arrives: each is checked then.
+        let extractor = try StreamingExtractor(manifest: packed.manifest, destination: destination, streamingAtLeast: 0)
         var offset = 0
         while offset < archive.count {
             var piece = Array(archive[offset..<min(archive.count, offset + pieces)])
