@@ -29,7 +29,7 @@ final class BufferedFileWriter {
     /// The same file opened with O_DIRECT, when direct writes are wanted and possible.
     private var directFD: FileDescriptor?
     private static let alignment = 4096
-    private let capacity = 8 << 20
+    private let capacity: Int
     private var buffer: UnsafeMutableRawPointer
     /// The buffer a direct write is leaving from, or will next (allocated with the first).
     private var spare: UnsafeMutableRawPointer?
@@ -48,10 +48,12 @@ final class BufferedFileWriter {
     private let durable: Bool
 
     /// Creates `path`, which must not exist yet. Without `durable`, nothing is synced: the bytes
-    /// reach the disk when the kernel writes them back.
-    init(creating path: String, direct: Bool = false, durable: Bool = true) throws(ArchiveError) {
+    /// reach the disk when the kernel writes them back. Memory: two buffers of `capacity` bytes (a
+    /// multiple of 4096) when writing directly, one otherwise.
+    init(creating path: String, direct: Bool = false, durable: Bool = true, capacity: Int = 8 << 20) throws(ArchiveError) {
         self.path = path
         self.durable = durable
+        self.capacity = capacity
         fd = try systemCall("create", path) {
             try FileDescriptor.open(
                 path, .writeOnly, options: [.create, .exclusiveCreate, .truncate],

@@ -61,10 +61,9 @@ public final class StreamingExtractor: @unchecked Sendable {
 
     /// The file of the entry whose bytes are arriving.
     private struct OpenEntry {
-        let fd: FileDescriptor
+        let writer: BufferedFileWriter
         let path: String
         let inflater: Inflater?
-        var writeback: Writeback
         var crc: UInt32 = 0
         var produced: UInt64 = 0
     }
@@ -178,17 +177,14 @@ public final class StreamingExtractor: @unchecked Sendable {
 
     private func open(_ entry: ArchiveEntry) throws(ArchiveError) {
         let path = folder + "/" + entry.path
-        let fd = try SafeExtractor.create(path)
-        let inflater: Inflater?
-        do throws(ArchiveError) {
-            inflater = entry.method == .deflate ? try Inflater() : nil
-        } catch {
-            try? fd.close()
-            throw error
-        }
-        // The archive is removed once installed, and these files are not read soon: the page
-        // cache lets go of their pages once written back, as an install from the archive does.
-        current = OpenEntry(fd: fd, path: path, inflater: inflater, writeback: Writeback(step: 4 << 20, dropsBehind: true))
+        let inflater = entry.method == .deflate ? try Inflater() : nil
+        // Around the page cache (`O_DIRECT`, where the file system takes it), from two 2 MiB
+        // buffers, the disk writing one while the other fills: the files are not read soon,
+        // and through the page cache the copy into fresh pages, on the thread that also hashes
+        // the download, made a 1 GiB transfer take 1.01 s against 0.65 without the extraction.
+        // Created `O_EXCL` in a folder this extraction made: nothing in the way is followed.
+        let writer = try BufferedFileWriter(creating: path, direct: true, durable: false, capacity: 2 << 20)
+        current = OpenEntry(writer: writer, path: path, inflater: inflater)
     }
 
     private func write(_ bytes: UnsafeRawBufferPointer, of entry: ArchiveEntry) throws(ArchiveError) {
@@ -201,9 +197,7 @@ public final class StreamingExtractor: @unchecked Sendable {
                 throw .corrupt("entry '\(entry.path)' inflates to more than its declared \(declared) bytes (a zip bomb or a damaged archive): refusing it")
             }
             file.crc = crc32(file.crc, piece)
-            let fd = file.fd
-            _ = try systemCall("write", file.path) { try fd.writeAll(piece) }
-            file.writeback.wrote(upTo: file.produced, fd: fd)
+            try file.writer.write(piece)
         }
         if let inflater = file.inflater {
             // Bytes after the end of the deflate stream are ignored, as ``ArchiveReader`` does.
@@ -228,11 +222,16 @@ public final class StreamingExtractor: @unchecked Sendable {
             guard file.crc == entry.crc32 else {
                 throw .corrupt("entry '\(entry.path)' fails its CRC-32 check: the archive is damaged")
             }
+            try file.writer.finish()
         } catch {
-            try? file.fd.close()
+            file.writer.abandon()
             throw error
         }
-        if let syncs { syncs.sync(file.fd, path: file.path) } else { try? file.fd.close() }
+        // Synced with the others: the direct writes are on the disk, the file's size and blocks
+        // and its unaligned tail are not yet.
+        guard let syncs else { return }
+        let fd = try systemCall("open", file.path) { try FileDescriptor.open(file.path, .readOnly, options: [.noFollow]) }
+        syncs.sync(fd, path: file.path)
     }
 
     /// Puts the content in place, once every byte of `archive` (the finished, checked download)
@@ -283,7 +282,7 @@ public final class StreamingExtractor: @unchecked Sendable {
     func abandon(_ reason: ArchiveError) {
         guard isActive else { return }
         failure = reason
-        if let file = current { try? file.fd.close() }
+        current?.writer.abandon()
         current = nil
         syncs?.waitForAll()
         try? FileManager.default.removeItem(atPath: folder)
