@@ -85,10 +85,69 @@ enum FuzzTarget: String, CaseIterable {
             _ = try? reader.contentInfo()
         }
         try? FileManager.default.removeItem(atPath: destination)
-        if (try? SafeExtractor.extract(archive: path, to: destination, limits: limits, durable: false)) != nil {
-            checkConfined(destination)
-        }
+        let extracted = (try? SafeExtractor.extract(archive: path, to: destination, limits: limits, durable: false)) != nil
+        if extracted { checkConfined(destination) }
+        streamed(bytes, archive: path, extracted: extracted ? destination : nil)
         try? FileManager.default.removeItem(atPath: destination)
+    }
+
+    /// The same bytes extracted as they arrive, in pieces whose sizes the input sets, following the
+    /// layout the archive's own directory gives (as a manifest honest about it would): the folder
+    /// must be put in place exactly when `SafeExtractor` installed one (`extracted`), and the same.
+    static func streamed(_ bytes: UnsafeRawBufferPointer, archive path: String, extracted: String?) {
+        let destination = "\(scratch)/streamed"
+        try? FileManager.default.removeItem(atPath: destination)
+        defer { try? FileManager.default.removeItem(atPath: destination) }
+        guard let reader = try? ArchiveReader(path: path, limits: limits), let info = try? reader.contentInfo() else {
+            if extracted != nil { fatalError("SafeExtractor installed an archive whose directory or plist the reader refuses") }
+            return
+        }
+        let entries = reader.entries.map {
+            ArchiveManifest.Entry(
+                path: $0.path, kind: $0.isDirectory ? .directory : .file, method: $0.method, uncompressedSize: $0.uncompressedSize,
+                compressedSize: $0.compressedSize, crc32: $0.crc32, sha256: "", localHeaderOffset: $0.localHeaderOffset, dataOffset: $0.dataOffset)
+        }
+        let manifest = ArchiveManifest(
+            productId: info.productIdentifier, contentVersion: info.contentVersion, archiveName: path, archiveSize: reader.size,
+            archiveSHA256: "", contentLength: 0, createdAt: "", entries: entries)
+        // Every file as it arrives, or only those of 64 bytes and more (the rest placed at the end).
+        let threshold: UInt64 = bytes.count % 2 == 0 ? 0 : 64
+        guard let extractor = try? StreamingExtractor(manifest: manifest, destination: destination, streamingAtLeast: threshold, limits: limits, durable: false)
+        else {
+            if extracted != nil { fatalError("the layout of an archive SafeExtractor installed was refused") }
+            return
+        }
+        var offset = 0
+        var step = 1 + Int(bytes.first ?? 0) * 37
+        while offset < bytes.count {
+            let count = min(step, bytes.count - offset)
+            try? extractor.consume(UnsafeRawBufferPointer(rebasing: bytes[offset..<offset + count]), at: UInt64(offset))
+            offset += count
+            step = 1 + (step * 7 + 13) % 4099
+        }
+        let finished = (try? extractor.finish(archive: path, expecting: info)) != nil
+        switch (extracted, finished) {
+        case (nil, true): fatalError("streamed extraction installed an archive SafeExtractor refused: \(destination)")
+        case (.some, false): fatalError("streamed extraction refused an archive SafeExtractor installed: \(String(describing: extractor.failure))")
+        case (.some(let folder), true):
+            // Compared here: Foundation's `Process` leaks under LeakSanitizer.
+            func listing(_ root: String) -> [String: Data?] {
+                var all: [String: Data?] = [:]
+                for case let name as String in FileManager.default.enumerator(atPath: root) ?? FileManager.DirectoryEnumerator() {
+                    var isFolder: ObjCBool = false
+                    _ = FileManager.default.fileExists(atPath: root + "/" + name, isDirectory: &isFolder)
+                    // A folder is there with no contents (`updateValue`: assigning nil would drop the key).
+                    all.updateValue(isFolder.boolValue ? nil : FileManager.default.contents(atPath: root + "/" + name), forKey: name)
+                }
+                return all
+            }
+            if listing(folder) != listing(destination) { fatalError("streamed and extracted folders differ") }
+        case (nil, false):
+            if FileManager.default.fileExists(atPath: destination) { fatalError("a refused streamed extraction left its destination") }
+        }
+        if let leftover = (try? FileManager.default.contentsOfDirectory(atPath: scratch))?.first(where: { $0.contains(StreamingExtractor.marker) }) {
+            fatalError("a streamed extraction left \(leftover)")
+        }
     }
 
     /// Everything an accepted archive extracted must be a plain file or folder inside `folder`.
