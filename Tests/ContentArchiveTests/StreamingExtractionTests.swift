@@ -26,6 +26,16 @@ struct StreamingExtractionTests {
         (try? FileManager.default.contentsOfDirectory(atPath: folder))?.sorted() ?? []
     }
 
+    /// `finish` refuses `packed` (as `expecting`, or its own product) with a message holding
+    /// `text`, and nothing is left where the content would go.
+    func expectRefused(
+        _ extractor: StreamingExtractor, _ packed: PackResult, expecting info: ContentInfo? = nil, saying text: String, in tmp: TemporaryFolder
+    ) throws {
+        let error = try #require(throws: ArchiveError.self) { try extractor.finish(archive: packed.archivePath, expecting: info ?? expected(packed)) }
+        #expect(error.message.contains(text), "\(error.message)")
+        #expect(siblings(tmp.sub("installed")).isEmpty)
+    }
+
     @Test(
         "bytes handed over in pieces of every size, some twice, install the same folder the archive extracts to (every file as it arrives, or the large ones)",
         arguments: [0, 1 << 20])
@@ -85,9 +95,7 @@ struct StreamingExtractionTests {
         #expect(!extractor.isActive)
         #expect(extractor.failure?.message.contains("never reached the extraction") == true)
         #expect(siblings(tmp.sub("installed")).isEmpty, "nothing left behind")
-        let error = try #require(throws: ArchiveError.self) { try extractor.finish(archive: packed.archivePath, expecting: expected(packed)) }
-        #expect(error.message.contains("never reached"))
-        #expect(siblings(tmp.sub("installed")).isEmpty)
+        try expectRefused(extractor, packed, saying: "never reached", in: tmp)
     }
 
     @Test("a changed byte in a stored or a deflated entry fails its check and abandons the extraction")
@@ -118,15 +126,11 @@ struct StreamingExtractionTests {
         let bent = PackResult(archivePath: packed.archivePath, manifestPath: packed.manifestPath, manifest: lying)
         let extractor = try feed(bent, into: tmp.sub("installed/2.1"))
         #expect(extractor.isActive, "every entry matched the layout it was given")
-        let error = try #require(throws: ArchiveError.self) { try extractor.finish(archive: packed.archivePath, expecting: expected(packed)) }
-        #expect(error.message.contains("central directory does not give the layout of its manifest"))
-        #expect(siblings(tmp.sub("installed")).isEmpty)
+        try expectRefused(extractor, packed, saying: "central directory does not give the layout of its manifest", in: tmp)
 
         let other = try feed(packed, into: tmp.sub("installed/2.1"))
         let wrong = ContentInfo(productIdentifier: try ProductIdentifier("com.example.other"), contentVersion: packed.manifest.contentVersion)
-        let refused = try #require(throws: ArchiveError.self) { try other.finish(archive: packed.archivePath, expecting: wrong) }
-        #expect(refused.message.contains("not the expected com.example.other"))
-        #expect(siblings(tmp.sub("installed")).isEmpty)
+        try expectRefused(other, packed, expecting: wrong, saying: "not the expected com.example.other", in: tmp)
     }
 
     @Test("finishing before the last byte refuses; a destination that exists is refused at the start")
@@ -137,9 +141,7 @@ struct StreamingExtractionTests {
             if offset + piece.count >= Int(packed.manifest.archiveSize) { piece = [] }
             return offset
         }
-        let error = try #require(throws: ArchiveError.self) { try short.finish(archive: packed.archivePath, expecting: expected(packed)) }
-        #expect(error.message.contains("of the archive's \(packed.manifest.archiveSize) bytes"))
-        #expect(siblings(tmp.sub("installed")).isEmpty)
+        try expectRefused(short, packed, saying: "of the archive's \(packed.manifest.archiveSize) bytes", in: tmp)
 
         try FileManager.default.createDirectory(atPath: tmp.sub("installed/2.1"), withIntermediateDirectories: true)
         let exists = try #require(throws: ArchiveError.self) { try StreamingExtractor(manifest: packed.manifest, destination: tmp.sub("installed/2.1")) }
