@@ -131,17 +131,23 @@ public enum SafeExtractor {
                 try place(file, temp + "/" + file.path, syncs)
             }
             try check(temp)
-            if let syncs {
-                for folder in made.sorted(by: >) { syncs.sync(directory: temp + "/" + folder) }
-                syncs.sync(directory: temp)
-                try syncs.finish()
-            }
-            guard rename(temp, destination) == 0 else { throw ioError(errno, action: "rename into", path: destination) }
-            if durable { try syncDirectory(parent) }
+            try moveIntoPlace(temp, folders: made, to: destination, syncs: syncs)
         } catch {
             try? FileManager.default.removeItem(atPath: temp)
             throw error
         }
+    }
+
+    /// Renames `temp`, which holds `folders` (relative paths), to `destination`; with `syncs`, once
+    /// every file handed to it and every folder is synced, and then the parent is synced too.
+    static func moveIntoPlace(_ temp: String, folders: Set<String>, to destination: String, syncs: BackgroundSync?) throws(ArchiveError) {
+        if let syncs {
+            for folder in folders.sorted(by: >) { syncs.sync(directory: temp + "/" + folder) }
+            syncs.sync(directory: temp)
+            try syncs.finish()
+        }
+        guard rename(temp, destination) == 0 else { throw ioError(errno, action: "rename into", path: destination) }
+        if syncs != nil { try syncDirectory(URL(fileURLWithPath: destination).deletingLastPathComponent().path) }
     }
 
     /// At most this many files are placed at once: beyond it the disk, not the processor, sets
@@ -240,7 +246,7 @@ public enum SafeExtractor {
         if let syncs { syncs.sync(fd, path: target) } else { try? fd.close() }
     }
 
-    static func create(_ target: String) throws(ArchiveError) -> FileDescriptor {
+    private static func create(_ target: String) throws(ArchiveError) -> FileDescriptor {
         try systemCall("create", target) {
             try FileDescriptor.open(
                 target, .writeOnly, options: [.create, .exclusiveCreate, .noFollow],

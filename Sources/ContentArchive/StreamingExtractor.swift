@@ -261,16 +261,9 @@ public final class StreamingExtractor: @unchecked Sendable {
                 try SafeExtractor.write(file, from: reader, to: folder + "/" + file.path, sha256: nil, syncs: syncs, once: true)
             }
             try SafeExtractor.placeInLanes(smallFiles, cost: { $0.uncompressedSize }, place)
-            if let syncs {
-                syncs.waitForAll()
-                try syncs.finish()
-                for path in folders.sorted(by: >) { try syncDirectory(folder + "/" + path) }
-                try syncDirectory(folder)
-            }
-            guard rename(folder, destination) == 0 else { throw ioError(errno, action: "rename into", path: destination) }
+            try SafeExtractor.moveIntoPlace(folder, folders: folders, to: destination, syncs: syncs)
             done = true
             claim.release()
-            if syncs != nil { try syncDirectory(URL(fileURLWithPath: destination).deletingLastPathComponent().path) }
         } catch {
             if !done { abandon(error) }
             throw error

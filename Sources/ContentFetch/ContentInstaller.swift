@@ -19,12 +19,10 @@ struct ContentInstaller: Sendable {
         return InstalledContent.isComplete(destination(productId: record.productId, contentVersion: record.contentVersion), as: expected)
     }
 
-    /// An extraction of `record`'s whole archive as it downloads, following `manifest`'s layout;
-    /// nil when its version is installed already or the manifest is not for its archive.
+    /// An extraction of `record`'s whole archive as it downloads, following `manifest`'s layout
+    /// (the grant's, checked when fetched); nil for a delta or a version installed already.
     func streamingExtraction(of manifest: ArchiveManifest, for record: DownloadRecord) -> StreamingExtractor? {
-        guard record.delta == nil, manifest.productId.rawValue == record.productId, manifest.contentVersion.string == record.contentVersion,
-            !isInstalled(record)
-        else { return nil }
+        guard record.delta == nil, !isInstalled(record) else { return nil }
         return try? StreamingExtractor(manifest: manifest, destination: destination(productId: record.productId, contentVersion: record.contentVersion))
     }
 
