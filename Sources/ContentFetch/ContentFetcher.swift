@@ -526,12 +526,12 @@ public actor ContentFetcher {
         // Once its partial archive is gone (``removeInstalledBytes(_:)``) when installed: a
         // download waiting for space looks at the disk only then.
         defer { if removals[id] == nil { releaseSpace(of: id) } }
-        // The whole archive is extracted as it arrives, when its manifest gives the layout to follow.
-        let extraction = manifest.flatMap { installer.streamingExtraction(of: $0, for: download.record) }
         // A delta update that cannot be installed (an installed file changed meanwhile, a fetched
         // entry that does not match) falls back once to the whole archive.
         for attempt in 0..<2 {
-            try await transferWithRetries(&download, granted: granted, transaction: transaction, extraction: attempt == 0 ? extraction : nil)
+            // A whole archive (a delta that fell back too) is extracted as it arrives, following its manifest's layout.
+            let extraction = manifest.flatMap { installer.streamingExtraction(of: $0, for: download.record) }
+            try await transferWithRetries(&download, granted: granted, transaction: transaction, extraction: extraction)
             do {
                 // Off this actor: extracting a large archive takes a second or more, and the
                 // other downloads' progress goes through it meanwhile.
