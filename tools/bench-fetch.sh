@@ -47,7 +47,7 @@ if [ "${TLS:-0}" = 1 ]; then
   }"
   # Under `set -e` a failing command here would turn a finished run's status into 1: nginx may
   # remove its pid file between the test and the read.
-  trap 'kill $(jobs -p) 2>/dev/null; [ -f "$work/nginx.pid" ] && kill "$(cat "$work/nginx.pid" 2>/dev/null)" 2>/dev/null; rm -rf "$work"; true' EXIT
+  trap 'kill $(jobs -p) 2>/dev/null || true; if [ -f "$work/nginx.pid" ]; then kill "$(cat "$work/nginx.pid" 2>/dev/null)" 2>/dev/null || true; fi; rm -rf "$work"; true' EXIT
   base="https://127.0.0.1:$tls_port"
   export CURL_CA_BUNDLE="$tls/ca.pem"
   fetch_extra=(--ca-file "$tls/ca.pem")
