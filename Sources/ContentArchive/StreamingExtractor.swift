@@ -55,7 +55,7 @@ public final class StreamingExtractor: @unchecked Sendable {
     private let smallFiles: [ArchiveEntry]
     private var index = 0
     private var current: OpenEntry?
-    private var syncs: BackgroundSync?
+    private let syncs: BackgroundSync?
     private var folders: Set<String> = []
     private let claim: UnfinishedFiles.Claim
     private var done = false

@@ -31,9 +31,8 @@ struct ContentInstaller: Sendable {
     /// With `manifest`, records the installed files for the next update.
     func install(archive: String, for record: DownloadRecord, manifest: ArchiveManifest? = nil, extracted: StreamingExtractor? = nil) throws(FetchError) -> String {
         try install(record, manifest: manifest) { (destination, expected) throws(ArchiveError) in
-            if let extracted, extracted.isActive, extracted.destination == destination,
-                (try? extracted.finish(archive: archive, expecting: expected)) != nil
-            {
+            // `finish` refuses, having given up, an extraction that did not take every byte or was abandoned.
+            if let extracted, extracted.destination == destination, (try? extracted.finish(archive: archive, expecting: expected)) != nil {
                 return [:]
             }
             extracted?.abandon(because: "the archive is extracted instead")
@@ -75,22 +74,21 @@ struct ContentInstaller: Sendable {
         }
     }
 
-    /// Puts `record`'s version in place with `build` (unless an earlier run did), then removes
-    /// the product's other versions, only once the new one is complete, and records the new one's
-    /// files when `manifest` is given. `build` returns the identities it saw of the files it
-    /// placed, by entry path, which the record then takes as they are.
     /// Removes the folders of extractions that processes no longer running left in `productId`'s
     /// folder (a run killed while downloading), whatever their version: each holds up to an
     /// archive's worth of bytes. Live ones are locked by their process and stay.
-    @discardableResult
-    func removeLeftoverExtractions(productId: String) -> [String] {
+    func removeLeftoverExtractions(productId: String) {
         // At any age: one this sweep takes before its process locked it is abandoned by that
         // process, which then installs from its archive.
-        UnfinishedFiles.removeLeftovers(in: contentDirectory + "/" + productId, minimumAge: 0) {
+        _ = UnfinishedFiles.removeLeftovers(in: contentDirectory + "/" + productId, minimumAge: 0) {
             $0.hasPrefix(".") && $0.contains(StreamingExtractor.marker)
         }
     }
 
+    /// Puts `record`'s version in place with `build` (unless an earlier run did), then removes
+    /// the product's other versions, only once the new one is complete, and records the new one's
+    /// files when `manifest` is given. `build` returns the identities it saw of the files it
+    /// placed, by entry path, which the record then takes as they are.
     private func install(
         _ record: DownloadRecord, manifest: ArchiveManifest?,
         build: (String, ContentInfo) throws(ArchiveError) -> [String: FileIdentity]
@@ -99,8 +97,7 @@ struct ContentInstaller: Sendable {
         let destination = destination(productId: record.productId, contentVersion: record.contentVersion)
         let parent = contentDirectory + "/" + record.productId
         // What killed runs left: an extraction's temporary folder, an older version half removed.
-        // `active`: this download's own extraction, which is to be put in place.
-        removeLeftoverExtractions(productId: record.productId)
+        // (Streamed extractions' folders are swept when the download starts: ``removeLeftoverExtractions(productId:)``.)
         for name in (try? FileManager.default.contentsOfDirectory(atPath: parent)) ?? []
         where name.hasPrefix(".\(record.contentVersion).extracting-") || (name.hasPrefix(".") && name.contains(Self.removingMarker)) {
             try? FileManager.default.removeItem(atPath: parent + "/" + name)

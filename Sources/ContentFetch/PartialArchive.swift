@@ -97,7 +97,7 @@ final class PartialArchive {
         if let extraction, let first = segments.first, extraction.position > UInt64(first.start + first.done) {
             extraction.abandon(because: "the transfer starts again at \(first.start + first.done), before the \(extraction.position) bytes extracted")
         }
-        self.extraction = sparse ? nil : extraction
+        self.extraction = extraction
         self.fd = fd
         self.path = path
         self.journal = journal
