@@ -44,6 +44,11 @@ public final class StreamingExtractor: @unchecked Sendable {
     public private(set) var position: UInt64 = 0
     /// Why the extraction was abandoned, once it was.
     public private(set) var failure: ArchiveError?
+    /// After an abandon that copied the stored files' bytes back into the partial archive
+    /// (``copyBack(into:)``): the first archive byte it could not put back, if any.
+    public private(set) var notCopiedBack: UInt64?
+    /// The partial archive whose copy of the stored files' bytes this extraction holds instead.
+    private var archiveLeavingOut: String?
 
     private let limits: ExtractionLimits
     private let archiveSize: UInt64
@@ -85,7 +90,7 @@ public final class StreamingExtractor: @unchecked Sendable {
         self.limits = limits
         archiveSize = manifest.archiveSize
         layout = try ArchiveReader.layout(of: manifest, archive: manifest.archiveName, limits: limits).sorted { $0.localHeaderOffset < $1.localHeaderOffset }
-        files = layout.filter { !$0.isDirectory && $0.uncompressedSize >= streamingAtLeast }.sorted { $0.dataOffset < $1.dataOffset }
+        files = Self.streamed(layout, atLeast: streamingAtLeast)
         smallFiles = layout.filter { !$0.isDirectory && $0.uncompressedSize < streamingAtLeast }
         let url = URL(fileURLWithPath: destination)
         let parent = url.deletingLastPathComponent().path
@@ -122,6 +127,86 @@ public final class StreamingExtractor: @unchecked Sendable {
 
     /// In the name of the hidden folder, after the destination's: `.<name>.streaming-<pid>-<random>`.
     public static let marker = ".streaming-"
+
+    /// The files written as they arrive, in the order of their data in the archive.
+    private static func streamed(_ layout: [ArchiveEntry], atLeast: UInt64) -> [ArchiveEntry] {
+        layout.filter { !$0.isDirectory && $0.uncompressedSize >= atLeast }.sorted { $0.dataOffset < $1.dataOffset }
+    }
+
+    /// The archive ranges whose bytes this extraction writes unchanged into its files (the data of
+    /// the stored entries it writes as they arrive), in order. A download may leave them out of its
+    /// partial archive once it has called ``copyBack(into:)``.
+    public var storedRanges: [Range<UInt64>] {
+        files.filter { $0.method == .stored }.map { $0.dataOffset..<($0.dataOffset + $0.compressedSize) }
+    }
+
+    /// Tells the extraction that `archive`, the partial archive being downloaded, leaves out the
+    /// bytes of ``storedRanges`` that this extraction takes: an abandon first copies them back
+    /// there from the files (up to where it stands), and ``notCopiedBack`` says where that fell
+    /// short. A finished extraction needs none of them: the archive is deleted once installed.
+    public func copyBack(into archive: String) {
+        archiveLeavingOut = archive
+    }
+
+    /// Copies back into `archive` the bytes below `through` of the stored entries that a killed
+    /// process's extraction had written into `folder` (as ``copyBack(into:)`` would have before its
+    /// folder went): the extraction of `manifest` with the same `streamingAtLeast`. Returns the
+    /// first archive byte below `through` it could not put back, if any (a file short by what its
+    /// writer still held, or missing).
+    public static func copyBack(
+        manifest: ArchiveManifest, folder: String, into archive: String, through: UInt64, streamingAtLeast: UInt64 = 1 << 20,
+        limits: ExtractionLimits = .standard
+    ) -> UInt64? {
+        let files: [ArchiveEntry]
+        do {
+            files = streamed(try ArchiveReader.layout(of: manifest, archive: manifest.archiveName, limits: limits), atLeast: streamingAtLeast)
+        } catch {
+            // A manifest that gives no layout never had an extraction: nothing was left out.
+            return nil
+        }
+        return copyBack(files, from: folder, into: archive, through: through)
+    }
+
+    /// Copies each stored file's bytes below `through` from `folder` to its place in `archive`;
+    /// the first byte it could not, if any.
+    private static func copyBack(_ files: [ArchiveEntry], from folder: String, into archive: String, through: UInt64) -> UInt64? {
+        let stored = files.filter { $0.method == .stored && $0.dataOffset < through && $0.compressedSize > 0 }
+        guard let first = stored.first else { return nil }
+        let out = openDescriptor(archive, O_WRONLY | O_CLOEXEC | O_NOFOLLOW)
+        guard out >= 0 else { return first.dataOffset }
+        defer { closeDescriptor(out) }
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 1 << 20, alignment: 16)
+        defer { buffer.deallocate() }
+        for entry in stored {
+            let needed = min(entry.dataOffset + entry.compressedSize, through) - entry.dataOffset
+            let copied = copy(folder + "/" + entry.path, count: needed, into: out, at: entry.dataOffset, buffer: buffer)
+            if copied < needed { return entry.dataOffset + copied }
+        }
+        return nil
+    }
+
+    /// Copies up to `count` bytes from the start of the file at `path` to `offset` of `out`;
+    /// returns how many it copied.
+    private static func copy(_ path: String, count: UInt64, into out: CInt, at offset: UInt64, buffer: UnsafeMutableRawBufferPointer) -> UInt64 {
+        let input = openDescriptor(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
+        guard input >= 0 else { return 0 }
+        defer { closeDescriptor(input) }
+        var done: UInt64 = 0
+        while done < count {
+            let n = pread(input, buffer.baseAddress, Int(min(UInt64(buffer.count), count - done)), off_t(done))
+            if n < 0 && errno == EINTR { continue }
+            guard n > 0 else { break }
+            var written = 0
+            while written < n {
+                let w = pwrite(out, buffer.baseAddress! + written, n - written, off_t(offset + done) + off_t(written))
+                if w < 0 && errno == EINTR { continue }
+                guard w > 0 else { return done }
+                written += w
+            }
+            done += UInt64(n)
+        }
+        return done
+    }
 
     /// Whether the extraction still goes on (nothing has abandoned it, it has not finished).
     public var isActive: Bool { failure == nil && !done }
@@ -214,22 +299,19 @@ public final class StreamingExtractor: @unchecked Sendable {
     /// over to be synced (or closes it).
     private func close(_ entry: ArchiveEntry) throws(ArchiveError) {
         guard let file = current else { return }
-        current = nil
-        do throws(ArchiveError) {
-            if let inflater = file.inflater, !inflater.isFinished, entry.uncompressedSize > 0 || entry.compressedSize > 0 {
-                throw .corrupt("entry '\(entry.path)' ends before its compressed data does: the archive is truncated or damaged")
-            }
-            guard file.produced == entry.uncompressedSize else {
-                throw .corrupt("entry '\(entry.path)' holds \(file.produced) bytes but declares \(entry.uncompressedSize): the archive is damaged or forged")
-            }
-            guard file.crc == entry.crc32 else {
-                throw .corrupt("entry '\(entry.path)' fails its CRC-32 check: the archive is damaged")
-            }
-            try file.writer.finish()
-        } catch {
-            file.writer.abandon()
-            throw error
+        // On a failure the file stays `current`: the abandon that follows (every caller's) copies
+        // its bytes back first when asked to (``copyBack(into:)``), then removes it.
+        if let inflater = file.inflater, !inflater.isFinished, entry.uncompressedSize > 0 || entry.compressedSize > 0 {
+            throw .corrupt("entry '\(entry.path)' ends before its compressed data does: the archive is truncated or damaged")
         }
+        guard file.produced == entry.uncompressedSize else {
+            throw .corrupt("entry '\(entry.path)' holds \(file.produced) bytes but declares \(entry.uncompressedSize): the archive is damaged or forged")
+        }
+        guard file.crc == entry.crc32 else {
+            throw .corrupt("entry '\(entry.path)' fails its CRC-32 check: the archive is damaged")
+        }
+        try file.writer.finish()
+        current = nil
         // Synced with the others: the direct writes are on the disk, the file's size and blocks
         // and its unaligned tail are not yet.
         guard let syncs else { return }
@@ -285,14 +367,21 @@ public final class StreamingExtractor: @unchecked Sendable {
         deinit { Self.open.subtract(1, ordering: .relaxed) }
     }
 
-    /// Stops the extraction and removes its folder; `reason` is kept as ``failure``.
-    public func abandon(because reason: String) {
-        abandon(.io(reason))
+    /// Stops the extraction and removes its folder; `reason` is kept as ``failure``. After
+    /// ``copyBack(into:)``, the bytes of the stored files below `limit` are copied back first.
+    public func abandon(because reason: String, copyingBackBelow limit: UInt64 = .max) {
+        abandon(.io(reason), copyingBackBelow: limit)
     }
 
-    func abandon(_ reason: ArchiveError) {
+    func abandon(_ reason: ArchiveError, copyingBackBelow limit: UInt64 = .max) {
         guard isActive else { return }
         failure = reason
+        if let archive = archiveLeavingOut {
+            // Before the files go: the partial archive's copy of their bytes is theirs. What the
+            // open file's writer still holds goes to the file first (nothing, if writing is what failed).
+            try? current?.writer.flush()
+            notCopiedBack = Self.copyBack(files, from: folder, into: archive, through: min(position, limit))
+        }
         current?.writer.abandon()
         current = nil
         syncs?.waitForAll()
@@ -300,3 +389,7 @@ public final class StreamingExtractor: @unchecked Sendable {
         claim.release()
     }
 }
+
+// At file scope: inside the extractor, `open` and `close` name its own methods.
+private func openDescriptor(_ path: String, _ flags: CInt) -> CInt { open(path, flags) }
+private func closeDescriptor(_ fd: CInt) { _ = close(fd) }

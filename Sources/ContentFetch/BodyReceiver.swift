@@ -71,6 +71,8 @@ final class BodyReceiver: HTTPClientResponseDelegate, Sendable {
     private let limiter: RateLimiter?
     private let frontier: HashFrontier?
     private let unbuffered: String?
+    /// What the writer leaves out of the partial file, with `unbuffered`.
+    private let leaving: LeftOutRanges?
     private let pool: PieceBufferPool
     private let state: NIOLockedValueBox<State>
 
@@ -78,14 +80,16 @@ final class BodyReceiver: HTTPClientResponseDelegate, Sendable {
     /// it, so that TCP slows the sender down.
     /// `frontier`: how far the fetcher has hashed the file, for ``WriteBehind`` (nil: pages are
     /// written back early but kept). `unbuffered`: the partial file's path, to write the body
-    /// around the page cache as ``DirectBodyReader`` does (see there), with buffers from `pool`.
+    /// around the page cache as ``DirectBodyReader`` does (see there), with buffers from `pool`,
+    /// leaving out the blocks `leaving` names.
     init(
         fd: SystemPackage.FileDescriptor, window: Int = 8 << 20, limiter: RateLimiter? = nil, frontier: HashFrontier? = nil,
-        unbuffered: String? = nil, pool: PieceBufferPool = .shared
+        unbuffered: String? = nil, leaving: LeftOutRanges? = nil, pool: PieceBufferPool = .shared
     ) {
         self.fd = fd
         self.frontier = frontier
         self.unbuffered = unbuffered
+        self.leaving = leaving
         self.pool = pool
         self.window = window
         self.limiter = limiter
@@ -110,7 +114,7 @@ final class BodyReceiver: HTTPClientResponseDelegate, Sendable {
                 state.pacing = BodyPacing(limiter: limiter, behind: WriteBehind(fd: fd.rawValue, from: from, frontier: frontier))
                 if let path = unbuffered {
                     // Weak: pieces waiting in `events` hold the writer, and through it this closure.
-                    state.writer = UnbufferedWriter(path: path, plain: fd, pool: pool) { [weak self] piece in self?.handOver(piece) }
+                    state.writer = UnbufferedWriter(path: path, plain: fd, pool: pool, leaving: leaving) { [weak self] piece in self?.handOver(piece) }
                     state.written = from
                 }
             }

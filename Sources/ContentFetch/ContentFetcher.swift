@@ -512,6 +512,9 @@ public actor ContentFetcher {
             emit(download.update())
             Failpoint.hit("delta-planned")
         }
+        // A run killed while its partial archive left the stored files' bytes to its extraction:
+        // they go back before that folder is swept.
+        if let folder = download.record.streamedInto { try copyBackLeftOut(&download, folder: folder, manifest: manifest) }
         // Before the space is counted: a run killed while extracting left up to an archive's worth.
         installer.removeLeftoverExtractions(productId: granted.productId)
         do {
@@ -565,6 +568,35 @@ public actor ContentFetcher {
                 throw failure
             }
         }
+    }
+
+    /// Copies back into the partial archive the stored files' bytes it left out
+    /// (``LeftOutRanges``) from the extraction folder a killed run left, before the folder is
+    /// swept; bytes not there (what the extraction's writer still held) are fetched again. A
+    /// folder gone was copied back already (a pause), or removed by hand: the final SHA-256 and
+    /// the manifest's chunk hashes then find the missing bytes. One still locked belongs to a
+    /// process downloading this very archive, which this run then finds busy.
+    private func copyBackLeftOut(_ download: inout DownloadStateMachine, folder name: String, manifest: ArchiveManifest?) throws {
+        let record = download.record
+        let folder = configuration.contentDirectory + "/" + record.productId + "/" + name
+        var lost: UInt64?
+        // Only a folder of the product's own that an extraction names so is read.
+        let fd = name.contains("/") || !name.contains(StreamingExtractor.marker) ? -1 : open(folder, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_DIRECTORY)
+        if fd >= 0 {
+            defer { close(fd) }
+            guard (try? FileLock.lock(fd, path: folder, wait: false)) != nil else { return }
+            let through = max(record.recordedLength, record.durable?.reduce(0) { $0 + $1.done } ?? 0)
+            // Without the manifest there is no layout to copy by: everything is fetched again.
+            lost =
+                manifest.map {
+                    StreamingExtractor.copyBack(manifest: $0, folder: folder, into: journal.partialPath(record.id), through: UInt64(max(0, through)))
+                } ?? 0
+        }
+        download.updateBytes { record in
+            if let lost { record.keepBytes(below: Int64(lost)) }
+            record.streamedInto = nil
+        }
+        try journal.save(download.record)
     }
 
     private func transferWithRetries(

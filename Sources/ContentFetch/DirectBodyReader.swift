@@ -51,6 +51,8 @@ final class DirectBodyReader: Sendable {
     private let frontier: HashFrontier?
     /// The partial file's path, when the body is to be written around the page cache.
     private let unbuffered: String?
+    /// What the writer leaves out of the partial file, with `unbuffered`.
+    private let leaving: LeftOutRanges?
     private let pool: PieceBufferPool
     private let state = Mutex(State())
     /// The reader thread sleeps on this while it waits for the fetcher (the head's disposition,
@@ -65,15 +67,17 @@ final class DirectBodyReader: Sendable {
     /// `frontier`: how far the fetcher has hashed the file, for ``WriteBehind`` (nil: pages are
     /// written back early but kept). `unbuffered`: the partial file's path, to write the body
     /// around the page cache (``UnbufferedWriter``) where the file system can; the fetcher then
-    /// gets ``BodyReceiver/Event/piece(_:)`` events, which it hashes. `pool`: where the buffers
+    /// gets ``BodyReceiver/Event/piece(_:)`` events, which it hashes; `leaving`: the blocks it then
+    /// leaves out of the file (``LeftOutRanges``). `pool`: where the buffers
     /// come from (the process's, shared by the downloads running).
     init(
         fd: SystemPackage.FileDescriptor, window: Int, limiter: RateLimiter?, stallTimeout: Duration, frontier: HashFrontier? = nil,
-        unbuffered: String? = nil, pool: PieceBufferPool = .shared
+        unbuffered: String? = nil, leaving: LeftOutRanges? = nil, pool: PieceBufferPool = .shared
     ) {
         file = fd
         self.frontier = frontier
         self.unbuffered = unbuffered
+        self.leaving = leaving
         self.pool = pool
         self.window = window
         self.limiter = limiter
@@ -257,7 +261,7 @@ final class DirectBodyReader: Sendable {
     /// nil where the file system cannot, or when closed already.
     private func unbufferedWriter(path: String, fd: SystemPackage.FileDescriptor) -> UnbufferedWriter? {
         // Weak: pieces waiting in `events` hold the writer, and through it this closure.
-        let writer = UnbufferedWriter(path: path, plain: fd, pool: pool) { [weak self] piece in
+        let writer = UnbufferedWriter(path: path, plain: fd, pool: pool, leaving: leaving) { [weak self] piece in
             guard let self else { return }
             // On disk now: the journal may record it.
             state.withLock { $0.position = piece.offset + Int64(piece.count) }

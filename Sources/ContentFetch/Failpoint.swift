@@ -2,7 +2,8 @@ import Foundation
 
 /// Crash points for tests: with `IAP_FETCH_KILL_AT=<name>` in the environment the process kills
 /// itself with SIGKILL when it reaches that point (`delta-planned`: a delta update's plan saved,
-/// nothing fetched; `range-done`: a requested range received in full; `verified`: after the
+/// nothing fetched; `range-done`: a requested range received in full; `half-recorded`: half the
+/// archive or more received and recorded in the journal; `verified`: after the
 /// SHA-256 check, before install; `old-version-hidden`: the new version in place, the older one
 /// renamed out of sight, not yet removed; `installed`: after install, before the transaction is
 /// finished), so a test can stop it
@@ -19,6 +20,9 @@ enum Failpoint {
     static let refusing = ProcessInfo.processInfo.environment["IAP_FETCH_REFUSE"]
 
     static func refuses(_ name: String) -> Bool { refusing == name }
+
+    /// Whether the process kills or stops itself at `name`: for a point that needs work done first.
+    static func isSet(_ name: String) -> Bool { armed == name || stopping == name }
 
     static func hit(_ name: String) {
         if armed == name { kill(getpid(), SIGKILL) }

@@ -63,6 +63,9 @@ public struct DownloadRecord: Codable, Sendable, Equatable {
     var bootId: String? = nil
     /// The segments as of the last fsync of the partial file.
     var durable: [Segment]? = nil
+    /// The folder (in the product's) of the extraction that holds the bytes of the stored files
+    /// the partial file left out (``LeftOutRanges``): after a kill, the next run copies them back.
+    public internal(set) var streamedInto: String? = nil
     public var state: DownloadState
     public var error: FetchError?
     public var updatedAt: Date
@@ -107,6 +110,21 @@ extension DownloadRecord {
         durable = nil
         etag = nil
         delta = nil
+        streamedInto = nil
+    }
+
+    /// Keeps only the bytes below `offset` as written: the partial file lacks those after it.
+    mutating func keepBytes(below offset: Int64) {
+        func clamp(_ segments: [Segment]?) -> [Segment]? {
+            segments?.map { segment in
+                var segment = segment
+                segment.done = min(segment.done, max(0, offset - segment.start))
+                return segment
+            }
+        }
+        segments = clamp(segments)
+        durable = clamp(durable)
+        recordedLength = segments.map { $0.reduce(0) { $0 + $1.done } } ?? min(recordedLength, offset)
     }
 }
 

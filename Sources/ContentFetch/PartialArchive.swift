@@ -83,7 +83,12 @@ final class PartialArchive {
     /// fetched entry is checked against the manifest's chunk hashes instead.
     private var sparse: Bool
     /// Takes every byte as it is hashed, in order: the install is written as the archive arrives.
-    private let extraction: StreamingExtractor?
+    let extraction: StreamingExtractor?
+    /// The blocks the body's writer leaves out of the file, which the extraction writes instead.
+    var leaving: LeftOutRanges?
+    /// Where the file's bytes stop being whole: set when the extraction was given up and could not
+    /// put back every byte it held (``StreamingExtractor/notCopiedBack``).
+    private var brokenFrom: Int64?
 
     init(
         fd: SystemPackage.FileDescriptor, path: String, journal: DownloadJournal, download: DownloadStateMachine,
@@ -91,11 +96,16 @@ final class PartialArchive {
         extraction: StreamingExtractor? = nil
     ) throws(FetchError) {
         sparse = download.record.delta != nil
+        var segments = segments
         // Bytes the extraction took that this attempt fetches again may differ from those it
         // hashes (only the final hash is checked): such an extraction is given up, and the
-        // install reads the archive instead.
+        // install reads the archive instead. The bytes it holds that the file left out and this
+        // attempt keeps go back into the file; any it could not put back are fetched again.
         if let extraction, let first = segments.first, extraction.position > UInt64(first.start + first.done) {
-            extraction.abandon(because: "the transfer starts again at \(first.start + first.done), before the \(extraction.position) bytes extracted")
+            let kept = first.start + first.done
+            extraction.abandon(
+                because: "the transfer starts again at \(kept), before the \(extraction.position) bytes extracted", copyingBackBelow: UInt64(kept))
+            if let lost = extraction.notCopiedBack, Int64(lost) < kept { segments[0].done = max(0, Int64(lost) - first.start) }
         }
         self.extraction = extraction
         self.fd = fd
@@ -128,8 +138,12 @@ final class PartialArchive {
     /// Records `count` bytes that segment `index` has just written after its earlier ones; its
     /// receiver has written up to `writtenThrough` by now.
     func wrote(_ count: Int, segment index: Int, writtenThrough: Int64? = nil) throws(FetchError) {
+        if let broken = brokenFrom { try forget(from: broken) }
         written[index] += Int64(count)
-        ahead[index] = max(ahead[index], written[index], (writtenThrough ?? 0) - segments[index].start)
+        // Pieces written but not handed here yet may lack blocks left out for the extraction:
+        // only bytes handled here count then.
+        let through = leaving == nil ? (writtenThrough ?? 0) - segments[index].start : 0
+        ahead[index] = max(ahead[index], written[index], through)
         rate.add(Int64(count))
         try advanceHash(minimum: Self.hashWindow)
     }
@@ -174,21 +188,46 @@ final class PartialArchive {
     }
 
     /// Hands hashed bytes to the extraction: one that fails has abandoned itself (the install then
-    /// reads the archive), and the transfer goes on.
-    private func extract(_ bytes: UnsafeRawBufferPointer, at offset: Int64) {
-        try? extraction?.consume(bytes, at: UInt64(offset))
+    /// reads the archive), and the transfer goes on. Returns whether the extraction took them.
+    @discardableResult
+    private func extract(_ bytes: UnsafeRawBufferPointer, at offset: Int64) -> Bool {
+        guard let extraction else { return false }
+        if (try? extraction.consume(bytes, at: UInt64(offset))) != nil, extraction.isActive { return true }
+        // Given up: from now on the writer writes every byte, and the file must hold those the
+        // extraction put back; if it could not put them all back, they are fetched again.
+        if let leaving, leaving.isOn {
+            leaving.stop()
+            if let lost = extraction.notCopiedBack { brokenFrom = min(brokenFrom ?? .max, Int64(lost)) }
+        }
+        return false
     }
 
     /// Hashes `bytes`, just written at `offset`, from the caller's buffer when they are where the
     /// hash stands (one connection, the prefix on disk hashed already); otherwise does nothing, and
     /// ``wrote(_:segment:writtenThrough:)`` reads them back from the file when their turn comes.
-    /// Called before `wrote` for the same bytes, which then finds them hashed.
-    func hash(_ bytes: UnsafeRawBufferPointer, at offset: Int64) {
-        guard !sparse, cursor < segments.count, hashed == offset, offset + Int64(bytes.count) <= segments[cursor].end else { return }
+    /// Called before `wrote` for the same bytes, which then finds them hashed. Returns whether the
+    /// extraction took them (the file may then leave them out).
+    @discardableResult
+    func hash(_ bytes: UnsafeRawBufferPointer, at offset: Int64) -> Bool {
+        guard !sparse, cursor < segments.count, hashed == offset, offset + Int64(bytes.count) <= segments[cursor].end else { return false }
         hasher.update(bufferPointer: bytes)
-        extract(bytes, at: offset)
+        let extracted = extract(bytes, at: offset)
         hashed += Int64(bytes.count)
         frontier.store(hashed)
+        return extracted
+    }
+
+    /// Writes bytes the body's writer left out, which the extraction did not take.
+    func write(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws(FetchError) {
+        var done = 0
+        while done < bytes.count {
+            let n = pwrite(fd.rawValue, bytes.baseAddress! + done, bytes.count - done, off_t(offset) + off_t(done))
+            if n < 0 && errno == EINTR { continue }
+            guard n > 0 else {
+                throw FetchError(.install, "cannot write \(path): \(String(cString: strerror(errno))); free disk space and run again")
+            }
+            done += n
+        }
     }
 
     /// Bytes mapped at a time to be hashed, and the least that wait before they are.
@@ -285,6 +324,9 @@ final class PartialArchive {
     /// The archive changed on the server (a 200 answered a ranged request): everything on disk
     /// is discarded and the body that came with the 200 is written from byte 0.
     func restart() throws(FetchError) {
+        // The new archive is not the one the extraction follows, nor are its ranges those left out.
+        extraction?.abandon(because: "the archive changed on the server", copyingBackBelow: 0)
+        leaving?.stop()
         // A delta's ranges belong to the archive that changed: the new one is fetched whole.
         sparse = false
         guard ftruncate(fd.rawValue, 0) == 0 else { throw FetchError(.install, "cannot truncate \(path): \(String(cString: strerror(errno)))") }
@@ -302,6 +344,25 @@ final class PartialArchive {
         syncedTotal = 0
         durableTotal = 0
         download.updateBytes { $0.discardBytes() }
+    }
+
+    /// Forgets the bytes from `offset` on (one segment: the file lacks them) and ends the attempt;
+    /// the next one hashes the file's prefix again and fetches the rest.
+    private func forget(from offset: Int64) throws(FetchError) {
+        brokenFrom = nil
+        for i in segments.indices where segments[i].start + written[i] > offset {
+            written[i] = max(0, offset - segments[i].start)
+            ahead[i] = written[i]
+            segments[i].done = min(segments[i].done, written[i])
+        }
+        hasher = SHA256()
+        hashed = 0
+        frontier.store(0)
+        cursor = 0
+        syncedTotal = min(syncedTotal, segments.reduce(0) { $0 + $1.done })
+        durableTotal = min(durableTotal, syncedTotal)
+        throw FetchError(
+            .install, "the extraction was given up and could not put back the archive's bytes from \(offset) into \(path): they are fetched again")
     }
 
     /// Forgets the bytes of the segments that overlap `spans` (damaged ranges of a delta update),

@@ -142,6 +142,7 @@ extension ContentFetcher {
             // so it can be hashed from the reader's buffer and written around the page cache. Not
             // under a rate limit, which paces reads in small steps that pieces would bunch up.
             let unbuffered = workers == 1 && whole && limiter == nil ? path : nil
+            let leaving = unbuffered == nil ? nil : try leaveOut(partial)
             do {
                 try await withThrowingTaskGroup(of: Void.self) { group in
                     for _ in 0..<workers {
@@ -153,7 +154,7 @@ extension ContentFetcher {
                                 try await self.fetch(
                                     id: id, segment: part.segment, from: part.from, to: part.to, length: length,
                                     whole: whole, url: url, etag: etag, fd: fd,
-                                    window: window, direct: direct, frontier: frontier, unbuffered: unbuffered)
+                                    window: window, direct: direct, frontier: frontier, unbuffered: unbuffered, leaving: leaving)
                             }
                         }
                     }
@@ -181,6 +182,8 @@ extension ContentFetcher {
             throw FetchError(.network, "the transfer ended at byte \(partial.hashed) of \(record.expectedLength)")
         }
         guard digest == partial.record.sha256 else {
+            // The chunks are checked below from the file: the bytes the extraction holds go back first.
+            partial.extraction?.abandon(because: "the archive's SHA-256 does not match the grant's")
             // Corrupt bytes: with the manifest's chunk hashes, only what follows the first damaged
             // chunk is fetched again; without (or when the damage is outside every entry), all of it.
             let wrong = "the downloaded archive's SHA-256 is \(digest), not the granted \(partial.record.sha256)"
@@ -224,7 +227,7 @@ extension ContentFetcher {
     nonisolated func fetch(
         id: String, segment: Int, from: Int64, to: Int64, length: Int64, whole: Bool,
         url: String, etag: String?, fd: SystemPackage.FileDescriptor,
-        window: Int, direct: Bool, frontier: HashFrontier?, unbuffered: String?
+        window: Int, direct: Bool, frontier: HashFrontier?, unbuffered: String?, leaving: LeftOutRanges? = nil
     ) async throws {
         let ranged = from > 0 || to < length
         var headers: [(String, String)] = [("User-Agent", configuration.userAgent)]
@@ -234,7 +237,8 @@ extension ContentFetcher {
         }
         if direct && DirectBodyReader.handles(url) {
             let reader = DirectBodyReader(
-                fd: fd, window: window, limiter: limiter, stallTimeout: configuration.stallTimeout, frontier: frontier, unbuffered: unbuffered)
+                fd: fd, window: window, limiter: limiter, stallTimeout: configuration.stallTimeout, frontier: frontier, unbuffered: unbuffered,
+                leaving: leaving)
             reader.start(url: url, headers: headers)
             defer { reader.close() }
             do {
@@ -253,7 +257,7 @@ extension ContentFetcher {
             throw FetchError(.refused, "the grant's URL \(url) is not usable: \(error)")
         }
         for (name, value) in headers { request.headers.add(name: name, value: value) }
-        let receiver = BodyReceiver(fd: fd, window: window, limiter: limiter, frontier: frontier, unbuffered: unbuffered)
+        let receiver = BodyReceiver(fd: fd, window: window, limiter: limiter, frontier: frontier, unbuffered: unbuffered, leaving: leaving)
         // One loop for the channel and the delegate: otherwise every part hops between two threads.
         let task = client.execute(request: request, delegate: receiver, eventLoop: .delegateAndChannel(on: client.eventLoopGroup.next()))
         defer {
@@ -436,10 +440,30 @@ extension ContentFetcher {
     /// Bytes were written: hash them, sync when due, apply pause or cancel, report progress.
     /// A piece written around the page cache: hashed from its buffer when it is next in line
     /// (otherwise read back from the file, as other bytes are), then recorded as other bytes are.
+    /// Blocks the writer left out are written here unless the extraction took them.
     func received(_ id: String, segment: Int, piece: UnbufferedWriter.Piece, writtenThrough: Int64) throws {
         guard let partial = transfers[id] else { throw CancellationError() }
-        partial.hash(piece.bytes, at: piece.offset)
+        let extracted = partial.hash(piece.bytes, at: piece.offset)
+        if !extracted {
+            for range in piece.leftOut { try partial.write(piece.bytes(of: range), at: range.lowerBound) }
+        }
         try received(id, segment: segment, count: piece.count, writtenThrough: writtenThrough)
+    }
+
+    /// With one connection and a streamed extraction, the stored files' blocks are left out of
+    /// the partial archive (``LeftOutRanges``): the journal first names the extraction's folder,
+    /// where a later run finds them after a kill.
+    private func leaveOut(_ partial: PartialArchive) throws -> LeftOutRanges? {
+        guard let extraction = partial.extraction, extraction.isActive, !extraction.storedRanges.isEmpty else { return nil }
+        let leaving = LeftOutRanges(extraction.storedRanges)
+        extraction.copyBack(into: partial.path)
+        partial.leaving = leaving
+        let folder = (extraction.folder as NSString).lastPathComponent
+        if partial.record.streamedInto != folder {
+            partial.download.updateBytes { $0.streamedInto = folder }
+            try journal.save(partial.record)
+        }
+        return leaving
     }
 
     func received(_ id: String, segment: Int, count: Int, writtenThrough: Int64) throws {
@@ -451,6 +475,10 @@ extension ContentFetcher {
         let (recorded, makeDurable) = try partial.recordIfDue()
         if let snapshot = makeDurable { syncInBackground(id, partial: partial, snapshot: snapshot) }
         if recorded, journal.takeCancelRequest(id) { throw Stop(control: .cancel) }
+        if Failpoint.isSet("half-recorded"), partial.bytesWritten * 2 >= partial.record.expectedLength {
+            try partial.recordProgress(durability: .processKill)
+            Failpoint.hit("half-recorded")
+        }
         // Checked before building the update: this runs for every batch received.
         if progressDue(id) { emit(partial.download.update(received: partial.bytesWritten, rate: partial.rate)) }
     }

@@ -1,5 +1,6 @@
 import CLinuxWriteback
 import Foundation
+import Synchronization
 import SystemPackage
 
 #if canImport(Glibc)
@@ -25,6 +26,45 @@ import SystemPackage
 /// first (a resumed download starts anywhere) and the last piece's tail go through the ordinary
 /// descriptor. Memory is at most ``pieces`` x ``pieceSize``, whatever the archive's size, from a
 /// ``PieceBufferPool`` that downloads running side by side share.
+/// Ranges of the archive whose bytes the download's extraction writes into the installed files
+/// as they arrive (``StreamingExtractor/storedRanges``): the writer leaves their whole blocks out
+/// of the partial archive until ``stop()``, and each piece says what it left out.
+///
+/// Why: the partial archive is deleted once the content is installed, and its copy of a large
+/// stored file was a second write of every byte: 1 GiB more written during a 1 GiB transfer.
+/// Left out, `get` took 0.941 s against 1.086 (docs/performance.md, "Each byte written once").
+/// Whatever needs the archive's bytes later gets them back from the extraction's files
+/// (``StreamingExtractor/copyBack(into:)``): an extraction given up, a pause, the next run after a kill.
+final class LeftOutRanges: Sendable {
+    /// The whole blocks inside each range, in order.
+    let blocks: [Range<Int64>]
+    private let on = Atomic<Bool>(true)
+
+    init(_ ranges: [Range<UInt64>], alignment: Int64 = Int64(UnbufferedWriter.alignment)) {
+        blocks = ranges.compactMap { range in
+            let start = (Int64(range.lowerBound) + alignment - 1) / alignment * alignment
+            let end = Int64(range.upperBound) / alignment * alignment
+            return start < end ? start..<end : nil
+        }
+    }
+
+    /// Whether bytes are still left out.
+    var isOn: Bool { on.load(ordering: .acquiring) }
+
+    /// From now on every byte is written: the extraction that holds them was given up.
+    func stop() { on.store(false, ordering: .releasing) }
+
+    /// The parts of `range` to leave out, in order (none once stopped).
+    func parts(of range: Range<Int64>) -> [Range<Int64>] {
+        guard isOn else { return [] }
+        var parts: [Range<Int64>] = []
+        for block in blocks where block.lowerBound < range.upperBound && block.upperBound > range.lowerBound {
+            parts.append(max(block.lowerBound, range.lowerBound)..<min(block.upperBound, range.upperBound))
+        }
+        return parts
+    }
+}
+
 final class UnbufferedWriter: @unchecked Sendable {
     static let pieceSize = 4 << 20
     static let pieces = 4
@@ -39,8 +79,15 @@ final class UnbufferedWriter: @unchecked Sendable {
         fileprivate let buffer: UnsafeMutableRawBufferPointer
         let offset: Int64
         let count: Int
+        /// The archive ranges of this piece that were not written (``LeftOutRanges``).
+        let leftOut: [Range<Int64>]
 
         var bytes: UnsafeRawBufferPointer { UnsafeRawBufferPointer(rebasing: buffer[0..<count]) }
+
+        /// The bytes of `range`, which must be within the piece.
+        func bytes(of range: Range<Int64>) -> UnsafeRawBufferPointer {
+            UnsafeRawBufferPointer(rebasing: buffer[Int(range.lowerBound - offset)..<Int(range.upperBound - offset)])
+        }
 
         /// The fetcher is done with the bytes: the reader may fill the buffer again.
         func release() { owner.release(slot) }
@@ -61,6 +108,7 @@ final class UnbufferedWriter: @unchecked Sendable {
     /// reused that number.
     private let plain: Int32
     private let written: @Sendable (Piece) -> Void
+    private let leaving: LeftOutRanges?
     /// Guards everything below.
     private let condition = NSCondition()
     /// The pool's buffer each slot holds while taken: being filled, queued, written or hashed.
@@ -81,7 +129,10 @@ final class UnbufferedWriter: @unchecked Sendable {
     /// `plain` (the caller's descriptor of the same file, duplicated) writes the unaligned edges.
     /// `written` is called on the writer's thread, in order, as each piece is on disk. The
     /// buffers come from `pool`.
-    init?(path: String, plain: SystemPackage.FileDescriptor, pool: PieceBufferPool = .shared, written: @escaping @Sendable (Piece) -> Void) {
+    init?(
+        path: String, plain: SystemPackage.FileDescriptor, pool: PieceBufferPool = .shared, leaving: LeftOutRanges? = nil,
+        written: @escaping @Sendable (Piece) -> Void
+    ) {
         #if os(Linux)
             guard cwriteback_o_direct != 0 else { return nil }
             let fd = open(path, O_WRONLY | cwriteback_o_direct | O_CLOEXEC)
@@ -97,6 +148,7 @@ final class UnbufferedWriter: @unchecked Sendable {
             return nil
         #endif
         self.written = written
+        self.leaving = leaving
         self.pool = pool
         // Weak: the pool outlives the writer, which leaves it in `deinit`.
         member = pool.join { [weak self] in self?.bufferFreed() }
@@ -259,10 +311,12 @@ final class UnbufferedWriter: @unchecked Sendable {
             }
             let job = jobs.removeFirst()
             condition.unlock()
-            let error = write(job)
+            let (error, leftOut) = write(job)
             // Handed over before the next piece is taken, and before the thread ends: the end of
             // the body, which `finish` lets the caller report, follows every piece.
-            if error == nil { written(Piece(owner: self, slot: job.slot, buffer: job.buffer, offset: job.offset, count: job.count)) }
+            if error == nil {
+                written(Piece(owner: self, slot: job.slot, buffer: job.buffer, offset: job.offset, count: job.count, leftOut: leftOut))
+            }
             if let error {
                 condition.lock()
                 failure = error
@@ -271,22 +325,38 @@ final class UnbufferedWriter: @unchecked Sendable {
         }
     }
 
-    /// Writes a piece: its aligned part unbuffered, the rest (an unaligned start or end) through
-    /// the page cache.
-    private func write(_ job: Job) -> FetchError? {
+    /// Writes a piece: its aligned part unbuffered, less the blocks left out, the rest (an
+    /// unaligned start or end) through the page cache. Returns the ranges left out.
+    private func write(_ job: Job) -> (FetchError?, [Range<Int64>]) {
         let bytes = UnsafeRawBufferPointer(rebasing: job.buffer[0..<job.count])
         let alignment = Int64(Self.alignment)
         var done = !directRefused && job.offset % alignment == 0 ? Int(Int64(job.count) / alignment * alignment) : 0
         let refused = job.offset > 0 && Failpoint.refuses("direct-write")
-        if done > 0, let code = refused ? EINVAL : writeAll(direct, UnsafeRawBufferPointer(rebasing: bytes[0..<done]), at: job.offset) {
+        let leftOut = done > 0 && !refused ? leaving?.parts(of: job.offset..<(job.offset + Int64(done))) ?? [] : []
+        if done > 0, let code = refused ? EINVAL : writeDirect(bytes, at: job.offset, count: done, leaving: leftOut) {
             // A file system that opens for direct I/O but refuses the write (its block size is
             // larger, or it only pretends): the rest goes through the page cache.
-            guard code == EINVAL else { return BodyPacing.cannotWrite(String(cString: strerror(code))) }
+            guard code == EINVAL else { return (BodyPacing.cannotWrite(String(cString: strerror(code))), []) }
             directRefused = true
             done = 0
         }
         if done < job.count, let code = writeAll(plain, UnsafeRawBufferPointer(rebasing: bytes[done...]), at: job.offset + Int64(done)) {
-            return BodyPacing.cannotWrite(String(cString: strerror(code)))
+            return (BodyPacing.cannotWrite(String(cString: strerror(code))), [])
+        }
+        return (nil, done > 0 ? leftOut : [])
+    }
+
+    /// Writes the first `count` bytes of a piece that starts at `offset` unbuffered, but for the
+    /// ranges `leaving` (whole blocks, in order).
+    private func writeDirect(_ bytes: UnsafeRawBufferPointer, at offset: Int64, count: Int, leaving: [Range<Int64>]) -> Int32? {
+        var from = offset
+        for gap in leaving + [(offset + Int64(count))..<(offset + Int64(count))] {
+            if gap.lowerBound > from,
+                let code = writeAll(direct, UnsafeRawBufferPointer(rebasing: bytes[Int(from - offset)..<Int(gap.lowerBound - offset)]), at: from)
+            {
+                return code
+            }
+            from = max(from, gap.upperBound)
         }
         return nil
     }

@@ -147,4 +147,66 @@ struct StreamingExtractionTests {
         let exists = try #require(throws: ArchiveError.self) { try StreamingExtractor(manifest: packed.manifest, destination: tmp.sub("installed/2.1")) }
         #expect(exists.message.contains("already exists"))
     }
+
+    @Test("bytes a partial archive left out go back into it when the extraction is given up (as received, damaged ones too), and from a killed run's folder as far as its files go")
+    func copiesBackLeftOutBytes() throws {
+        let tmp = try TemporaryFolder()
+        let packed = try packMixed(tmp)
+        let archive = [UInt8](try Data(contentsOf: URL(fileURLWithPath: packed.archivePath)))
+        /// A partial archive that left out `ranges`: zeros there.
+        func partial(_ name: String, leavingOut ranges: [Range<UInt64>]) throws -> String {
+            var bytes = archive
+            for range in ranges { bytes.replaceSubrange(Int(range.lowerBound)..<Int(range.upperBound), with: repeatElement(0, count: range.count)) }
+            try Data(bytes).write(to: URL(fileURLWithPath: tmp.sub(name)))
+            return tmp.sub(name)
+        }
+        func contents(_ path: String) throws -> [UInt8] { [UInt8](try Data(contentsOf: URL(fileURLWithPath: path))) }
+
+        // Given up part-way through the stored file: what it took is back, nothing past it.
+        let extractor = try StreamingExtractor(manifest: packed.manifest, destination: tmp.sub("installed/2.1"))
+        let payload = try #require(packed.manifest.entries.first { $0.path == "Contents/payload.bin" })
+        #expect(payload.method == .stored)
+        #expect(extractor.storedRanges == [payload.dataOffset..<(payload.dataOffset + payload.compressedSize)], "the stored file of 1 MiB and more only")
+        let first = try partial("first.partial", leavingOut: extractor.storedRanges)
+        extractor.copyBack(into: first)
+        let stop = Int(payload.dataOffset) + (2 << 20) + 12_345
+        try archive.withUnsafeBytes { try extractor.consume(UnsafeRawBufferPointer(rebasing: $0[0..<stop]), at: 0) }
+        extractor.abandon(because: "a test gives it up")
+        #expect(extractor.notCopiedBack == nil)
+        let back = try contents(first)
+        #expect(Array(back[0..<stop]) == Array(archive[0..<stop]))
+        #expect(back[stop..<Int(payload.dataOffset + payload.compressedSize)].allSatisfy { $0 == 0 })
+        #expect(siblings(tmp.sub("installed")).isEmpty, "its folder went after the copy")
+
+        // A damaged byte fails the file's CRC-32 at its last byte: the bytes go back as they came.
+        var damaged = archive
+        damaged[Int(payload.dataOffset) + 1_000_000] ^= 0x40
+        let second = try StreamingExtractor(manifest: packed.manifest, destination: tmp.sub("installed/2.1"))
+        let secondPartial = try partial("second.partial", leavingOut: second.storedRanges)
+        second.copyBack(into: secondPartial)
+        #expect(throws: ArchiveError.self) { try damaged.withUnsafeBytes { try second.consume($0, at: 0) } }
+        #expect(second.failure?.message.contains("CRC-32") == true, "\(String(describing: second.failure))")
+        #expect(second.notCopiedBack == nil)
+        #expect(try contents(secondPartial) == damaged)
+
+        // A killed run's folder: its finished file goes back whole; one still being written, as
+        // far as its writer got; a folder that is gone gives nothing back.
+        let third = try StreamingExtractor(manifest: packed.manifest, destination: tmp.sub("installed/2.1"))
+        let end = Int(payload.dataOffset + payload.compressedSize)
+        try archive.withUnsafeBytes { try third.consume(UnsafeRawBufferPointer(rebasing: $0[0..<(end + 10)]), at: 0) }
+        let whole = try partial("third.partial", leavingOut: third.storedRanges)
+        #expect(StreamingExtractor.copyBack(manifest: packed.manifest, folder: third.folder, into: whole, through: UInt64(end + 10)) == nil)
+        #expect(try contents(whole) == archive)
+        let fourth = try StreamingExtractor(manifest: packed.manifest, destination: tmp.sub("elsewhere/2.1"))
+        try archive.withUnsafeBytes { try fourth.consume(UnsafeRawBufferPointer(rebasing: $0[0..<stop]), at: 0) }
+        let torn = try partial("fourth.partial", leavingOut: fourth.storedRanges)
+        let lost = StreamingExtractor.copyBack(manifest: packed.manifest, folder: fourth.folder, into: torn, through: UInt64(stop))
+        let copied = Int(lost ?? UInt64(stop))
+        #expect(copied >= Int(payload.dataOffset) && copied <= stop)
+        #expect(Array(try contents(torn)[0..<copied]) == Array(archive[0..<copied]))
+        let none = try partial("none.partial", leavingOut: third.storedRanges)
+        #expect(StreamingExtractor.copyBack(manifest: packed.manifest, folder: tmp.sub("gone"), into: none, through: UInt64(end)) == payload.dataOffset)
+        third.abandon(because: "the test is over")
+        fourth.abandon(because: "the test is over")
+    }
 }

@@ -106,6 +106,38 @@ struct FetchTests {
         #expect(!FileManager.default.fileExists(atPath: journal.partialPath("\(id)-com.example.big")))
     }
 
+    @Test("killed while its partial archive leaves a stored file's bytes to the extraction, the next run copies them back from the folder and fetches only the rest")
+    func killedWhileLeavingOut() throws {
+        let tmp = try TemporaryFolder()
+        let payload = pseudoRandomBytes(24 << 20, seed: 44)
+        try tmp.write("big/payload.bin", payload)
+        let w = try world(products: ["com.example.big": tmp.sub("big")])
+        let purchase = try w.store.purchase(productId: "com.example.big")
+        let id = "\(purchase.transaction.transactionId!)-com.example.big"
+        let journal = try DownloadJournal(contentDirectory: w.content)
+        let (client, _) = try w.startClient([], environment: ["IAP_FETCH_KILL_AT": "half-recorded"])
+        defer { if client.isRunning { kill(client.processIdentifier, SIGKILL) } }
+        client.waitUntilExit()
+        #expect(client.terminationReason == .uncaughtSignal && client.terminationStatus == SIGKILL)
+        let record = try #require(journal.load(id))
+        let folder = try #require(record.streamedInto)
+        #expect(record.recordedLength >= 12 << 20 && record.recordedLength < 24 << 20)
+        let entry = try #require(w.manifests["com.example.big"]?.entries.first { $0.path == "Contents/payload.bin" })
+        let partial = try Data(contentsOf: URL(fileURLWithPath: journal.partialPath(id)))
+        let block = Int((entry.dataOffset + (4 << 20)) / 4096 * 4096)
+        #expect(partial.count > block + 4096 && partial[block..<(block + 4096)].allSatisfy { $0 == 0 }, "the bytes were left out")
+        #expect(FileManager.default.fileExists(atPath: w.content + "/com.example.big/" + folder + "/Contents/payload.bin"))
+        let result = try fetch(w)
+        #expect(result.status == 0, "\(result.stderr)")
+        #expect(!result.stdout.contains("\"integrity\""), "no byte had to be found wrong: \(result.stdout.suffix(600))")
+        // Resumed from what the folder held: at most what its writer had not written yet is fetched again.
+        let resumed = events(result.stdout).first { $0["state"] as? String == "active" }?["bytesReceived"] as? Int
+        #expect(resumed.map { Int64($0) >= record.recordedLength - (8 << 20) } == true, "resumed from \(String(describing: resumed)) of \(record.recordedLength)")
+        #expect(try Data(contentsOf: URL(fileURLWithPath: w.content + "/com.example.big/1.0/Contents/payload.bin")) == payload)
+        #expect(try FileManager.default.contentsOfDirectory(atPath: w.content + "/com.example.big") == ["1.0"])
+        #expect(try FileTransactionQueue(folder: w.queue).transaction(purchase.transaction.transactionId!)?.finishedAt != nil)
+    }
+
     @Test("killed while extracting, the next run cleans up, installs identical content and finishes once")
     func killedWhileExtracting() throws {
         let tmp = try TemporaryFolder()
@@ -174,6 +206,18 @@ struct FetchTests {
         }
         #expect(!FileManager.default.fileExists(atPath: product + "/" + hidden + "/Contents/levels/0/level-0.json"))
         #expect(!FileManager.default.fileExists(atPath: leftover))
+        // The partial archive left the stored file's whole blocks to the extraction (each byte
+        // written once), and its journal names the folder that holds them.
+        let payload = try #require(w.manifests["com.example.stream"]?.entries.first { $0.path == "Contents/payload.bin" })
+        #expect(payload.method == .stored)
+        let journal = try DownloadJournal(contentDirectory: w.content)
+        let id = "\(purchase.transaction.transactionId!)-com.example.stream"
+        #expect(journal.load(id)?.streamedInto == hidden)
+        let partial = try #require(FileHandle(forReadingAtPath: journal.partialPath(id)))
+        try partial.seek(toOffset: (payload.dataOffset + 4095) / 4096 * 4096)
+        let middle = try #require(try partial.read(upToCount: 4 << 20))
+        try partial.close()
+        #expect(middle.count == 4 << 20 && middle.allSatisfy { $0 == 0 }, "the stored file's bytes are in the partial archive too")
         // The live one is locked by its process: a sweep (another iap-fetch's) leaves it.
         #expect(UnfinishedFiles.removeLeftovers(in: product, minimumAge: 0) { $0.contains(".streaming-") }.isEmpty)
         let streamed = try #require(try FileManager.default.attributesOfItem(atPath: product + "/" + hidden + "/Contents/payload.bin")[.systemFileNumber] as? Int)
