@@ -192,6 +192,7 @@ final class PartialArchive {
     @discardableResult
     private func extract(_ bytes: UnsafeRawBufferPointer, at offset: Int64) -> Bool {
         guard let extraction else { return false }
+        if Failpoint.refuses("extraction"), offset * 2 >= record.expectedLength { extraction.abandon(because: "a test gave it up half-way") }
         if (try? extraction.consume(bytes, at: UInt64(offset))) != nil, extraction.isActive { return true }
         // Given up: from now on the writer writes every byte, and the file must hold those the
         // extraction put back; if it could not put them all back, they are fetched again.

@@ -133,7 +133,25 @@ struct FetchTests {
         // Resumed from what the folder held: at most what its writer had not written yet is fetched again.
         let resumed = events(result.stdout).first { $0["state"] as? String == "active" }?["bytesReceived"] as? Int
         #expect(resumed.map { Int64($0) >= record.recordedLength - (8 << 20) } == true, "resumed from \(String(describing: resumed)) of \(record.recordedLength)")
-        #expect(try Data(contentsOf: URL(fileURLWithPath: w.content + "/com.example.big/1.0/Contents/payload.bin")) == payload)
+        let installed = try Data(contentsOf: URL(fileURLWithPath: w.content + "/com.example.big/1.0/Contents/payload.bin"))
+        #expect(installed == payload ? true : false, "the installed file differs from the one packed")
+        #expect(try FileManager.default.contentsOfDirectory(atPath: w.content + "/com.example.big") == ["1.0"])
+        #expect(try FileTransactionQueue(folder: w.queue).transaction(purchase.transaction.transactionId!)?.finishedAt != nil)
+    }
+
+    @Test("an extraction given up half-way puts back into the partial archive the bytes it held, the rest is written there as it arrives, and the install extracts the archive")
+    func extractionGivenUpHalfWay() throws {
+        let tmp = try TemporaryFolder()
+        let payload = pseudoRandomBytes(24 << 20, seed: 45)
+        try tmp.write("big/payload.bin", payload)
+        try tmp.write("big/notes.txt", "small enough to be placed at the install\n")
+        let w = try world(products: ["com.example.big": tmp.sub("big")])
+        let purchase = try w.store.purchase(productId: "com.example.big")
+        let result = try w.fetch([], prefix: ["export IAP_FETCH_REFUSE=extraction"])
+        #expect(result.status == 0, "\(result.stderr)")
+        // Bytes left out and not put back would have failed the install's CRC-32 checks.
+        #expect(!result.stdout.contains("\"failed\"") && !result.stdout.contains("\"integrity\""), "\(result.stdout.suffix(600))")
+        #expect(try run("diff", ["-r", tmp.sub("big"), w.content + "/com.example.big/1.0/Contents"]).status == 0)
         #expect(try FileManager.default.contentsOfDirectory(atPath: w.content + "/com.example.big") == ["1.0"])
         #expect(try FileTransactionQueue(folder: w.queue).transaction(purchase.transaction.transactionId!)?.finishedAt != nil)
     }
