@@ -3,7 +3,8 @@
 # - transfer only: iap-fetch until every byte is on disk and its SHA-256 checked (the update it emits
 #   then, before installing) on 1 and 4 connections, against curl -o alone: the goal is >= 0.95x curl;
 #   since the forty-first stop the transfer also writes the install's files of 1 MiB and more as
-#   their bytes arrive (StreamingExtractor), which curl's does not;
+#   their bytes arrive (StreamingExtractor), which curl's does not; since the forty-second, the
+#   stored ones' bytes only there, not in the partial archive too (LeftOutRanges);
 # - iap-fetch end to end (grant, download, incremental SHA-256, safe install, finish) against what a
 #   user would script instead: curl -o, then sha256sum, then unzip; and curl -o alone;
 # - peak memory of each;
