@@ -117,6 +117,15 @@ enum FuzzTarget: String, CaseIterable {
             if extracted != nil { fatalError("the layout of an archive SafeExtractor installed was refused") }
             return
         }
+        // A partial archive that left out the stored files' bytes, as iap-fetch's does: an
+        // extraction that gives up must put back exactly the bytes it took.
+        let partial = "\(scratch)/left-out.zip"
+        var leftOut = [UInt8](bytes)
+        for range in extractor.storedRanges where range.upperBound <= UInt64(leftOut.count) {
+            leftOut.replaceSubrange(Int(range.lowerBound)..<Int(range.upperBound), with: repeatElement(0, count: range.count))
+        }
+        guard FileManager.default.createFile(atPath: partial, contents: Data(leftOut)) else { fatalError("cannot write \(partial)") }
+        extractor.copyBack(into: partial)
         var offset = 0
         var step = 1 + Int(bytes.first ?? 0) * 37
         while offset < bytes.count {
@@ -126,6 +135,13 @@ enum FuzzTarget: String, CaseIterable {
             step = 1 + (step * 7 + 13) % 4099
         }
         let finished = (try? extractor.finish(archive: path, expecting: info)) != nil
+        if !finished {
+            if let lost = extractor.notCopiedBack { fatalError("an abandoned extraction could not put back its bytes from \(lost)") }
+            let taken = Int(min(extractor.position, UInt64(bytes.count)))
+            guard let back = FileManager.default.contents(atPath: partial), back.count >= taken,
+                back.prefix(taken).elementsEqual(bytes[0..<taken])
+            else { fatalError("an abandoned extraction put back other bytes than it took (\(taken))") }
+        }
         switch (extracted, finished) {
         case (nil, true): fatalError("streamed extraction installed an archive SafeExtractor refused: \(destination)")
         case (.some, false): fatalError("streamed extraction refused an archive SafeExtractor installed: \(String(describing: extractor.failure))")
