@@ -247,6 +247,13 @@ import Testing
         // Kept alive: the client says it sends nothing more, which the fast path behind hears
         // while the rest of the answer is still on its way.
         if closing.isEmpty { shutdown(fd, Int32(SHUT_WR)) }
+        // Nothing is read until the channel for the rest is set up: a reader draining the socket
+        // while the answer is written can let the kernel take all of it at once (seen in CI).
+        var waited = 0
+        while server.tally.setUp.load(ordering: .relaxed) == 0, waited < 2_000 {
+            try await Task.sleep(for: .milliseconds(5))
+            waited += 1
+        }
         let (bytes, closed) = LoopbackSocket.readToClose(fd)
         let (head, body) = Self.body(of: bytes)
         #expect(head.hasPrefix("HTTP/1.1 206") && closed)
