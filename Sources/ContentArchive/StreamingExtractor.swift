@@ -172,9 +172,8 @@ public final class StreamingExtractor: @unchecked Sendable {
     private static func copyBack(_ files: [ArchiveEntry], from folder: String, into archive: String, through: UInt64) -> UInt64? {
         let stored = files.filter { $0.method == .stored && $0.dataOffset < through && $0.compressedSize > 0 }
         guard let first = stored.first else { return nil }
-        let out = openDescriptor(archive, O_WRONLY | O_CLOEXEC | O_NOFOLLOW)
-        guard out >= 0 else { return first.dataOffset }
-        defer { closeDescriptor(out) }
+        guard let out = try? FileDescriptor.open(archive, .writeOnly, options: [.noFollow]) else { return first.dataOffset }
+        defer { try? out.close() }
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 1 << 20, alignment: 16)
         defer { buffer.deallocate() }
         for entry in stored {
@@ -187,22 +186,15 @@ public final class StreamingExtractor: @unchecked Sendable {
 
     /// Copies up to `count` bytes from the start of the file at `path` to `offset` of `out`;
     /// returns how many it copied.
-    private static func copy(_ path: String, count: UInt64, into out: CInt, at offset: UInt64, buffer: UnsafeMutableRawBufferPointer) -> UInt64 {
-        let input = openDescriptor(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
-        guard input >= 0 else { return 0 }
-        defer { closeDescriptor(input) }
+    private static func copy(_ path: String, count: UInt64, into out: FileDescriptor, at offset: UInt64, buffer: UnsafeMutableRawBufferPointer) -> UInt64 {
+        guard let input = try? FileDescriptor.open(path, .readOnly, options: [.noFollow]) else { return 0 }
+        defer { try? input.close() }
         var done: UInt64 = 0
         while done < count {
-            let n = pread(input, buffer.baseAddress, Int(min(UInt64(buffer.count), count - done)), off_t(done))
-            if n < 0 && errno == EINTR { continue }
-            guard n > 0 else { break }
-            var written = 0
-            while written < n {
-                let w = pwrite(out, buffer.baseAddress! + written, n - written, off_t(offset + done) + off_t(written))
-                if w < 0 && errno == EINTR { continue }
-                guard w > 0 else { return done }
-                written += w
-            }
+            let part = UnsafeMutableRawBufferPointer(rebasing: buffer[0..<Int(min(UInt64(buffer.count), count - done))])
+            guard let n = try? input.read(fromAbsoluteOffset: Int64(done), into: part), n > 0,
+                (try? out.writeAll(toAbsoluteOffset: Int64(offset + done), UnsafeRawBufferPointer(rebasing: part[0..<n]))) != nil
+            else { break }
             done += UInt64(n)
         }
         return done
@@ -389,7 +381,3 @@ public final class StreamingExtractor: @unchecked Sendable {
         claim.release()
     }
 }
-
-// At file scope: inside the extractor, `open` and `close` name its own methods.
-private func openDescriptor(_ path: String, _ flags: CInt) -> CInt { open(path, flags) }
-private func closeDescriptor(_ fd: CInt) { _ = close(fd) }

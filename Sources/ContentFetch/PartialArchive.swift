@@ -220,14 +220,8 @@ final class PartialArchive {
 
     /// Writes bytes the body's writer left out, which the extraction did not take.
     func write(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws(FetchError) {
-        var done = 0
-        while done < bytes.count {
-            let n = pwrite(fd.rawValue, bytes.baseAddress! + done, bytes.count - done, off_t(offset) + off_t(done))
-            if n < 0 && errno == EINTR { continue }
-            guard n > 0 else {
-                throw FetchError(.install, "cannot write \(path): \(String(cString: strerror(errno))); free disk space and run again")
-            }
-            done += n
+        do { _ = try fd.writeAll(toAbsoluteOffset: offset, bytes) } catch {
+            throw FetchError(.install, "cannot write \(path): \(error); free disk space and run again")
         }
     }
 
