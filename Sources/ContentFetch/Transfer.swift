@@ -454,8 +454,10 @@ extension ContentFetcher {
     /// the partial archive (``LeftOutRanges``): the journal first names the extraction's folder,
     /// where a later run finds them after a kill.
     private func leaveOut(_ partial: PartialArchive) throws -> LeftOutRanges? {
-        guard let extraction = partial.extraction, extraction.isActive, !extraction.storedRanges.isEmpty else { return nil }
-        let leaving = LeftOutRanges(extraction.storedRanges)
+        guard let extraction = partial.extraction, extraction.isActive else { return nil }
+        let ranges = extraction.storedRanges
+        guard !ranges.isEmpty else { return nil }
+        let leaving = LeftOutRanges(ranges)
         extraction.copyBack(into: partial.path)
         partial.leaving = leaving
         let folder = (extraction.folder as NSString).lastPathComponent
