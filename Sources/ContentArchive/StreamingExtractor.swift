@@ -49,6 +49,12 @@ public final class StreamingExtractor: @unchecked Sendable {
     public private(set) var notCopiedBack: UInt64?
     /// The partial archive whose copy of the stored files' bytes this extraction holds instead.
     private var archiveLeavingOut: String?
+    private let written = Atomic<UInt64>(0)
+
+    /// The bytes written into the hidden folder's files so far while the extraction goes on; 0
+    /// once it has finished (they are the installed content) or was abandoned (they are gone).
+    /// Read from any thread: a download's space check counts them as taken already.
+    public var bytesInFolder: UInt64 { written.load(ordering: .relaxed) }
 
     private let limits: ExtractionLimits
     private let archiveSize: UInt64
@@ -278,6 +284,7 @@ public final class StreamingExtractor: @unchecked Sendable {
             }
             file.crc = crc32(file.crc, piece)
             try file.writer.write(piece)
+            written.add(UInt64(piece.count), ordering: .relaxed)
         }
         if let inflater = file.inflater {
             // Bytes after the end of the deflate stream are ignored, as ``ArchiveReader`` does.
@@ -337,6 +344,7 @@ public final class StreamingExtractor: @unchecked Sendable {
             try SafeExtractor.placeInLanes(smallFiles, cost: { $0.uncompressedSize }, place)
             try SafeExtractor.moveIntoPlace(folder, folders: folders, to: destination, syncs: syncs)
             done = true
+            written.store(0, ordering: .relaxed)
             claim.release()
         } catch {
             if !done { abandon(error) }
@@ -376,6 +384,7 @@ public final class StreamingExtractor: @unchecked Sendable {
         }
         current?.writer.abandon()
         current = nil
+        written.store(0, ordering: .relaxed)
         syncs?.waitForAll()
         try? FileManager.default.removeItem(atPath: folder)
         claim.release()

@@ -50,6 +50,10 @@ public actor ContentFetcher {
     /// waiting for some of it to be released.
     private var promisedSpace: [String: Int64] = [:]
     private var reservedSpace: Int64 { promisedSpace.values.reduce(0, +) }
+    /// The running downloads' extractions as their archives arrive, by download id: the bytes
+    /// they have written are on the disk already, though still part of what their downloads were
+    /// promised (``reserveSpace(_:manifest:)``).
+    private var extractions: [String: StreamingExtractor] = [:]
     private var spaceWaiters: [CheckedContinuation<Void, Never>] = []
     /// Products with a download being delivered, each with the downloads waiting for it.
     private var busyProducts: [String: [CheckedContinuation<Void, Never>]] = [:]
@@ -528,12 +532,16 @@ public actor ContentFetcher {
         }
         // Once its partial archive is gone (``removeInstalledBytes(_:)``) when installed: a
         // download waiting for space looks at the disk only then.
-        defer { if removals[id] == nil { releaseSpace(of: id) } }
+        defer {
+            extractions[id] = nil
+            if removals[id] == nil { releaseSpace(of: id) }
+        }
         // A delta update that cannot be installed (an installed file changed meanwhile, a fetched
         // entry that does not match) falls back once to the whole archive.
         for attempt in 0..<2 {
             // A whole archive (a delta that fell back too) is extracted as it arrives, following its manifest's layout.
             let extraction = manifest.flatMap { installer.streamingExtraction(of: $0, for: download.record) }
+            extractions[id] = extraction
             try await transferWithRetries(&download, granted: granted, transaction: transaction, extraction: extraction)
             do {
                 // Off this actor: extracting a large archive takes a second or more, and the
@@ -714,13 +722,16 @@ public actor ContentFetcher {
             var fs = statvfs()
             guard statvfs(configuration.contentDirectory, &fs) == 0 else { return }
             let free = Int64(fs.f_bavail) * Int64(fs.f_frsize)
-            if free >= needed, reservedSpace == 0 || free - reservedSpace >= needed {
+            // What running downloads' extractions wrote is taken from the disk and counted in their
+            // promise too; once they end it stays, and their archives go: as free as now, and that.
+            let written = extractions.values.reduce(0) { $0 + Int64($1.bytesInFolder) }
+            if free + written >= needed, reservedSpace == 0 || free + written - reservedSpace >= needed {
                 promisedSpace[record.id, default: 0] += needed
                 return
             }
             // The deletions under way free their bytes in a moment: a download waits for them
             // rather than being refused for space it will have.
-            guard free + removals.values.reduce(0, { $0 + $1.frees }) >= needed else {
+            guard free + written + removals.values.reduce(0, { $0 + $1.frees }) >= needed else {
                 throw FetchError(
                     .install,
                     "\(record.productId) \(record.contentVersion) needs \(needed) bytes free in \(configuration.contentDirectory) (\(toFetch) to fetch, \(toWrite) to install beside the current version); \(free) are free: free disk space and run again"
