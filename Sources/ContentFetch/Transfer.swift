@@ -463,7 +463,9 @@ extension ContentFetcher {
         let folder = (extraction.folder as NSString).lastPathComponent
         if partial.record.streamedInto != folder {
             partial.download.updateBytes { $0.streamedInto = folder }
-            try journal.save(partial.record)
+            // Without an fsync: a record that survives a power cut was synced after this one and
+            // names the folder too; one synced before counts only bytes the file holds.
+            try journal.save(partial.record, durability: .processKill)
         }
         return leaving
     }
