@@ -14,7 +14,7 @@
 # the twenty-third stop, and on the later one (kernel 6.18) it is slower and costs more in all
 # (docs/performance.md, twenty-third and thirty-fifth stops); a faster round is charged more
 # whatever sends it (twenty-fourth stop).
-# LOOPS: the C loops to run, each <corked|uncorked>[:<turn KiB>[:level|edge]] (sendloop.c), e.g.
+# LOOPS: the C loops to run, each <corked|uncorked>[:<turn KiB>[:level|edge|blocking]] (sendloop.c), e.g.
 #   LOOPS="corked corked:8192 corked:2048:edge"; default "corked uncorked"; LOOPS= runs none.
 # NGINXES=<n>: n nginx servers (default 1), each its own master and workers on the same file; the
 #   second and later, named nginx-2, ..., are read against the first like any other server: how far

@@ -5,11 +5,13 @@
 // `uncorked` the cork comes off after the first turn, so each turn's last segment leaves at once.
 // Two more choices, to see what moves a loopback download's CPU figures: the turn (KiB per
 // `sendfile`, 2048 by default) and the trigger: `level` (FileSender's) or `edge`, which sends turn
-// after turn until the socket is full (EAGAIN) and then waits for the edge, as nginx does.
+// after turn until the socket is full (EAGAIN) and then waits for the edge, as nginx does, or
+// `blocking`: no epoll and a blocking socket, one `sendfile` of the whole file that sleeps in the
+// kernel whenever the socket is full (no return to user space per turn; the turn is not used).
 // One connection at a time, every request answered with the whole file: a measuring peer, not a
 // server.
 //
-// Usage: sendloop <address> <port> <file> corked|uncorked [<turn KiB> [level|edge]]
+// Usage: sendloop <address> <port> <file> corked|uncorked [<turn KiB> [level|edge|blocking]]
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -29,12 +31,13 @@ static void set_cork(int fd, int on) { setsockopt(fd, IPPROTO_TCP, TCP_CORK, &on
 
 int main(int argc, char **argv) {
   if (argc < 5 || argc > 7 || (strcmp(argv[4], "corked") && strcmp(argv[4], "uncorked")) ||
-      (argc > 5 && atoi(argv[5]) <= 0) || (argc > 6 && strcmp(argv[6], "level") && strcmp(argv[6], "edge"))) {
-    fprintf(stderr, "usage: sendloop <address> <port> <file> corked|uncorked [<turn KiB> [level|edge]]\n");
+      (argc > 5 && atoi(argv[5]) <= 0) || (argc > 6 && strcmp(argv[6], "level") && strcmp(argv[6], "edge") && strcmp(argv[6], "blocking"))) {
+    fprintf(stderr, "usage: sendloop <address> <port> <file> corked|uncorked [<turn KiB> [level|edge|blocking]]\n");
     return 2;
   }
   int corked_through = strcmp(argv[4], "corked") == 0;
   int edge = argc > 6 && strcmp(argv[6], "edge") == 0;
+  int blocking = argc > 6 && strcmp(argv[6], "blocking") == 0;
   int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
   setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   struct sockaddr_in address = {.sin_family = AF_INET, .sin_port = htons(atoi(argv[2]))};
@@ -59,6 +62,18 @@ int main(int argc, char **argv) {
                           (long long)status.st_size);
     set_cork(connection, 1);
     if (write(connection, head, length) != length) { close(file); close(connection); continue; }
+    if (blocking) {
+      off_t offset = 0;
+      while (offset < status.st_size) {
+        ssize_t sent = sendfile(connection, file, &offset, status.st_size - offset);
+        if (sent < 0 && errno == EINTR) continue;
+        if (sent <= 0) break;
+      }
+      set_cork(connection, 0);
+      close(file);
+      close(connection);
+      continue;
+    }
     fcntl(connection, F_SETFL, O_NONBLOCK);
     struct epoll_event event = {.events = EPOLLOUT | (edge ? EPOLLET : 0), .data.fd = connection}, ready;
     epoll_ctl(set, EPOLL_CTL_ADD, connection, &event);
