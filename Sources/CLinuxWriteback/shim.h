@@ -52,6 +52,17 @@ static inline int cwriteback_reserve(int fd, long long offset, long long length)
     return -1;
 #endif
 }
+/* fallocate(2) with FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE: gives the blocks of
+   [offset, offset + length) back to the file system, the size unchanged (-1 and errno; EOPNOTSUPP
+   where the file system cannot). */
+static inline int cwriteback_release(int fd, long long offset, long long length) {
+#ifdef SYS_fallocate
+    return (int)syscall(SYS_fallocate, fd, 3 /* FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE */, offset, length);
+#else
+    errno = EOPNOTSUPP;
+    return -1;
+#endif
+}
 #if defined(__x86_64__) || defined(__i386__)
 static const int cwriteback_o_direct = 040000;
 static const int cwriteback_o_tmpfile = 020000000 | 0200000; /* __O_TMPFILE | O_DIRECTORY */

@@ -4,6 +4,7 @@ import Synchronization
 import SystemPackage
 
 #if canImport(Glibc)
+    import CLinuxWriteback
     import Glibc
 #elseif canImport(Darwin)
     import Darwin
@@ -142,7 +143,17 @@ public final class StreamingExtractor: @unchecked Sendable {
     /// The archive ranges whose bytes this extraction writes unchanged into its files (the data of
     /// the stored entries it writes as they arrive), in order. A download may leave them out of its
     /// partial archive once it has called ``copyBack(into:)``.
-    public var storedRanges: [Range<UInt64>] {
+    public var storedRanges: [Range<UInt64>] { Self.storedRanges(files) }
+
+    /// The ``storedRanges`` of an extraction of the archive `manifest` describes, before one is
+    /// started (none when the manifest gives no layout): what a download's space check leaves out
+    /// of the blocks its partial archive needs.
+    public static func storedRanges(of manifest: ArchiveManifest, streamingAtLeast: UInt64 = 1 << 20, limits: ExtractionLimits = .standard) -> [Range<UInt64>] {
+        guard let layout = try? ArchiveReader.layout(of: manifest, archive: manifest.archiveName, limits: limits) else { return [] }
+        return storedRanges(streamed(layout, atLeast: streamingAtLeast))
+    }
+
+    private static func storedRanges(_ files: [ArchiveEntry]) -> [Range<UInt64>] {
         files.filter { $0.method == .stored }.map { $0.dataOffset..<($0.dataOffset + $0.compressedSize) }
     }
 
@@ -191,9 +202,15 @@ public final class StreamingExtractor: @unchecked Sendable {
     }
 
     /// Copies up to `count` bytes from the start of the file at `path` to `offset` of `out`;
-    /// returns how many it copied.
+    /// returns how many it copied. Each part copied is given back to the file system in the
+    /// file, which goes with its folder after a copy back: the archive's blocks for it may not
+    /// have been reserved (a download short of space reserves only what its file does not leave
+    /// out), and so the copy needs at most one part more than the disk held.
     private static func copy(_ path: String, count: UInt64, into out: FileDescriptor, at offset: UInt64, buffer: UnsafeMutableRawBufferPointer) -> UInt64 {
-        guard let input = try? FileDescriptor.open(path, .readOnly, options: [.noFollow]) else { return 0 }
+        guard
+            let input = (try? FileDescriptor.open(path, .readWrite, options: [.noFollow]))
+                ?? (try? FileDescriptor.open(path, .readOnly, options: [.noFollow]))
+        else { return 0 }
         defer { try? input.close() }
         var done: UInt64 = 0
         while done < count {
@@ -201,6 +218,10 @@ public final class StreamingExtractor: @unchecked Sendable {
             guard let n = try? input.read(fromAbsoluteOffset: Int64(done), into: part), n > 0,
                 (try? out.writeAll(toAbsoluteOffset: Int64(offset + done), UnsafeRawBufferPointer(rebasing: part[0..<n]))) != nil
             else { break }
+            #if os(Linux)
+                // Where the file system cannot, the blocks go with the folder, as before.
+                _ = cwriteback_release(input.rawValue, Int64(done), Int64(n))
+            #endif
             done += UInt64(n)
         }
         return done

@@ -54,6 +54,9 @@ public actor ContentFetcher {
     /// they have written are on the disk already, though still part of what their downloads were
     /// promised (``reserveSpace(_:manifest:)``).
     private var extractions: [String: StreamingExtractor] = [:]
+    /// Downloads promised less space than their archive and content (``reserveSpace(_:manifest:)``):
+    /// their partial archives reserve no blocks for the bytes they leave to their extraction.
+    var leanDownloads: Set<String> = []
     private var spaceWaiters: [CheckedContinuation<Void, Never>] = []
     /// Products with a download being delivered, each with the downloads waiting for it.
     private var busyProducts: [String: [CheckedContinuation<Void, Never>]] = [:]
@@ -534,6 +537,7 @@ public actor ContentFetcher {
         // download waiting for space looks at the disk only then.
         defer {
             extractions[id] = nil
+            leanDownloads.remove(id)
             if removals[id] == nil { releaseSpace(of: id) }
         }
         // A delta update that cannot be installed (an installed file changed meanwhile, a fetched
@@ -708,6 +712,13 @@ public actor ContentFetcher {
     /// for meanwhile applies at once (``Stop``), not once space frees up. What it reserves stays
     /// until `releaseSpace(of:)`, less what the download takes on disk meanwhile
     /// (`spaceTaken(_:by:)`).
+    ///
+    /// A download whose partial archive will leave its large stored files to the extraction
+    /// (``LeftOutRanges``) needs no blocks for those bytes: where the disk cannot hold the whole
+    /// archive beside the content, it is let start if it can without them (a *lean* download,
+    /// ``leanDownloads``), so that a pack of large stored files installs with about its own size
+    /// free rather than twice it. Should its extraction be given up part-way, the archive needs
+    /// those blocks after all, and the download fails for space then, keeping what it fetched.
     private func reserveSpace(_ download: inout DownloadStateMachine, manifest: ArchiveManifest?) async throws {
         let record = download.record
         var toFetch = (record.delta?.bytesToFetch ?? record.expectedLength) - record.recordedLength
@@ -718,6 +729,7 @@ public actor ContentFetcher {
         }
         let toWrite = record.delta?.bytesToWrite ?? manifest.map { Int64($0.contentLength) } ?? 0
         let needed = toFetch + toWrite
+        let lean = needed - min(toFetch, leftOutBytes(record, manifest: manifest))
         while true {
             var fs = statvfs()
             guard statvfs(configuration.contentDirectory, &fs) == 0 else { return }
@@ -725,16 +737,23 @@ public actor ContentFetcher {
             // What running downloads' extractions wrote is taken from the disk and counted in their
             // promise too; once they end it stays, and their archives go: as free as now, and that.
             let written = extractions.values.reduce(0) { $0 + Int64($1.bytesInFolder) }
-            if free + written >= needed, reservedSpace == 0 || free + written - reservedSpace >= needed {
+            let fits = { (bytes: Int64) in free + written >= bytes && (self.reservedSpace == 0 || free + written - self.reservedSpace >= bytes) }
+            if fits(needed) {
                 promisedSpace[record.id, default: 0] += needed
+                return
+            }
+            if lean < needed, fits(lean) {
+                leanDownloads.insert(record.id)
+                promisedSpace[record.id, default: 0] += lean
                 return
             }
             // The deletions under way free their bytes in a moment: a download waits for them
             // rather than being refused for space it will have.
-            guard free + written + removals.values.reduce(0, { $0 + $1.frees }) >= needed else {
+            guard free + written + removals.values.reduce(0, { $0 + $1.frees }) >= lean else {
+                let least = lean < needed ? ", or \(lean) with its large stored files written once (one connection, no rate limit)" : ""
                 throw FetchError(
                     .install,
-                    "\(record.productId) \(record.contentVersion) needs \(needed) bytes free in \(configuration.contentDirectory) (\(toFetch) to fetch, \(toWrite) to install beside the current version); \(free) are free: free disk space and run again"
+                    "\(record.productId) \(record.contentVersion) needs \(needed) bytes free in \(configuration.contentDirectory) (\(toFetch) to fetch, \(toWrite) to install beside the current version\(least)); \(free) are free: free disk space and run again"
                 )
             }
             try checkControl(record.id)
@@ -745,6 +764,16 @@ public actor ContentFetcher {
             if download.record.error != reason { try? apply(.retrying(reason), to: &download) }
             await withCheckedContinuation { spaceWaiters.append($0) }
         }
+    }
+
+    /// The bytes of a whole archive's download that its partial archive will leave to the
+    /// extraction (``LeftOutRanges``) past those fetched already: the blocks of its large stored
+    /// files, when it is fetched on one connection without a rate limit (the only transfer that
+    /// leaves them out), and none otherwise.
+    private func leftOutBytes(_ record: DownloadRecord, manifest: ArchiveManifest?) -> Int64 {
+        guard record.delta == nil, configuration.connections == 1, limiter == nil, let manifest, !installer.isInstalled(record) else { return 0 }
+        let left = LeftOutRanges(StreamingExtractor.storedRanges(of: manifest))
+        return left.blocks.reduce(0) { $0 + max(0, $1.upperBound - max($1.lowerBound, record.recordedLength)) }
     }
 
     private func releaseSpace(of id: String) {

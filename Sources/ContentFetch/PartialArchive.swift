@@ -316,6 +316,20 @@ final class PartialArchive {
         #endif
     }
 
+    /// Reserves the blocks of `[from, to)` as ``reserve(_:path:from:to:)`` does, except those of
+    /// `left` (whole blocks, in order), which the file leaves out; returns the bytes newly taken.
+    static func reserve(
+        _ fd: SystemPackage.FileDescriptor, path: String, from: Int64, to end: Int64, leavingOut left: [Range<Int64>]
+    ) throws(FetchError) -> Int64 {
+        var taken: Int64 = 0
+        var start = from
+        for block in left where block.upperBound > start && block.lowerBound < end {
+            taken += try reserve(fd, path: path, from: start, to: block.lowerBound)
+            start = block.upperBound
+        }
+        return taken + (try reserve(fd, path: path, from: start, to: end))
+    }
+
     /// The archive changed on the server (a 200 answered a ranged request): everything on disk
     /// is discarded and the body that came with the 200 is written from byte 0.
     func restart() throws(FetchError) {

@@ -97,10 +97,15 @@ extension ContentFetcher {
                 }
             }
         }
+        // A lean download (``leanDownloads``) reserves no blocks for the bytes its file will leave
+        // out: the disk may not hold them beside the content.
+        let lean =
+            leanDownloads.contains(record.id) && record.delta == nil && segments.count == 1 && configuration.connections == 1 && limiter == nil
+            ? extraction.flatMap { $0.isActive ? LeftOutRanges($0.storedRanges) : nil } : nil
         if record.delta == nil {
             // What no segment has written yet: the blocks the rest of the archive will take.
             let from = segments.map { $0.start + $0.done }.min() ?? 0
-            spaceTaken(try PartialArchive.reserve(fd, path: path, from: from, to: record.expectedLength), by: record.id)
+            spaceTaken(try PartialArchive.reserve(fd, path: path, from: from, to: record.expectedLength, leavingOut: lean?.blocks ?? []), by: record.id)
         }
         let partial: PartialArchive
         do {
@@ -143,6 +148,11 @@ extension ContentFetcher {
             // under a rate limit, which paces reads in small steps that pieces would bunch up.
             let unbuffered = workers == 1 && whole && limiter == nil ? path : nil
             let leaving = unbuffered == nil ? nil : try leaveOut(partial)
+            if lean != nil, leaving == nil, let from = missing.first?.from {
+                // Nothing is left out after all (the extraction was given up as the file was opened):
+                // every block is needed, and a disk that cannot hold them is found now.
+                spaceTaken(try PartialArchive.reserve(fd, path: path, from: from, to: length), by: id)
+            }
             do {
                 try await withThrowingTaskGroup(of: Void.self) { group in
                     for _ in 0..<workers {

@@ -1,3 +1,4 @@
+import CLinuxWriteback
 import Foundation
 import IAPTestSupport
 import Testing
@@ -198,6 +199,11 @@ struct StreamingExtractionTests {
         let whole = try partial("third.partial", leavingOut: third.storedRanges)
         #expect(StreamingExtractor.copyBack(manifest: packed.manifest, folder: third.folder, into: whole, through: UInt64(end + 10)) == nil)
         #expect(try contents(whole).elementsEqual(archive))
+        // Each part copied is given back in the folder's file, so that a copy into blocks the
+        // partial archive never reserved needs no more room than the disk had.
+        var status = stat()
+        #expect(stat(third.folder + "/Contents/payload.bin", &status) == 0)
+        #expect(status.st_blocks == 0 || !punchesHoles(in: tmp.path), "\(status.st_blocks) blocks left in the copied file")
         let fourth = try StreamingExtractor(manifest: packed.manifest, destination: tmp.sub("elsewhere/2.1"))
         try archive.withUnsafeBytes { try fourth.consume(UnsafeRawBufferPointer(rebasing: $0[0..<stop]), at: 0) }
         let torn = try partial("fourth.partial", leavingOut: fourth.storedRanges)
@@ -209,5 +215,16 @@ struct StreamingExtractionTests {
         #expect(StreamingExtractor.copyBack(manifest: packed.manifest, folder: tmp.sub("gone"), into: none, through: UInt64(end)) == payload.dataOffset)
         third.abandon(because: "the test is over")
         fourth.abandon(because: "the test is over")
+    }
+
+    /// Whether the file system under `folder` gives a file's blocks back on request
+    /// (`FALLOC_FL_PUNCH_HOLE`; ext4, XFS, Btrfs and tmpfs do).
+    func punchesHoles(in folder: String) -> Bool {
+        let path = folder + "/punch-probe"
+        FileManager.default.createFile(atPath: path, contents: Data(repeating: 1, count: 1 << 16))
+        defer { unlink(path) }
+        let fd = open(path, O_RDWR)
+        defer { close(fd) }
+        return fd >= 0 && cwriteback_release(fd, 0, 1 << 16) == 0
     }
 }

@@ -188,6 +188,56 @@ struct QueueControlTests {
         #expect(InstalledContent.all(in: disk).count == 1)
     }
 
+    @Test(
+        "on a disk that holds a large stored file once but not twice, one connection installs it (the archive reserves no blocks for the bytes the extraction writes); given up half-way, it fails for space keeping what it fetched, and a larger disk then installs it without fetching it again"
+    )
+    func leanDownloadOnSmallDisk() throws {
+        let (shop, transactions) = try Shop.everyOneBought(["com.example.big"], size: 24 << 20)
+        let disk = shop.content
+        try FileManager.default.createDirectory(atPath: disk, withIntermediateDirectories: true)
+        // 36 MiB: the archive (24 MiB, one stored file) and its installed copy do not fit together.
+        let mounted = try run("/bin/mount", ["-t", "tmpfs", "-o", "size=36m", "tmpfs", disk])
+        try #require(mounted.status == 0, "this test mounts a 36 MiB tmpfs (as root): \(mounted.stderr)")
+        defer { _ = try? run("/bin/umount", [disk]) }
+        // Under a rate limit every byte goes to the archive: refused before anything is fetched,
+        // with what it needs.
+        let limited = try shop.fetch(["--limit-rate", "64M"])
+        #expect(limited.status == 1)
+        #expect(limited.stdout.contains("bytes free in \(disk)"), "\(limited.stdout.suffix(800)) \(limited.stderr)")
+        #expect(!limited.stdout.contains("written once"), "\(limited.stdout.suffix(800))")
+
+        // One connection: the stored file's bytes are written once, into the install.
+        let (bigger, _) = try Shop.everyOneBought(["com.example.big"], size: 24 << 20)
+        let lean = bigger.content
+        try FileManager.default.createDirectory(atPath: lean, withIntermediateDirectories: true)
+        let leanMount = try run("/bin/mount", ["-t", "tmpfs", "-o", "size=36m", "tmpfs", lean])
+        try #require(leanMount.status == 0, "\(leanMount.stderr)")
+        defer { _ = try? run("/bin/umount", [lean]) }
+        let installed = try bigger.fetch()
+        #expect(installed.status == 0, "\(installed.stdout.suffix(800)) \(installed.stderr)")
+        #expect(bigger.installed("com.example.big") == bigger.payloads["com.example.big"])
+
+        // Given up half-way, the archive needs the blocks it did not reserve: the extraction's
+        // bytes go back into it, the rest arrives there, and the install after the download finds
+        // no room for the copy. Nothing is installed, and nothing fetched is lost.
+        let givenUp = try shop.fetch([], prefix: ["export IAP_FETCH_REFUSE=extraction"])
+        #expect(givenUp.status == 1)
+        #expect(givenUp.stdout.contains("free disk space"), "\(givenUp.stdout.suffix(800)) \(givenUp.stderr)")
+        #expect(shop.installed("com.example.big") == nil)
+        #expect(try FileTransactionQueue(folder: shop.queue).transaction(transactions[0])?.finishedAt == nil)
+        let remounted = try run("/bin/mount", ["-o", "remount,size=64m", disk])
+        try #require(remounted.status == 0, "\(remounted.stderr)")
+        let resumed = try shop.fetch()
+        #expect(resumed.status == 0, "\(resumed.stdout.suffix(800)) \(resumed.stderr)")
+        #expect(shop.installed("com.example.big") == shop.payloads["com.example.big"])
+        #expect(try FileTransactionQueue(folder: shop.queue).transaction(transactions[0])?.finishedAt != nil)
+        // The verified archive was kept: nothing is fetched again.
+        let received = resumed.stdout.split(separator: "\n").compactMap {
+            (try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any])?["bytesReceived"] as? Int
+        }
+        #expect(received.allSatisfy { $0 == 0 || $0 >= 24 << 20 }, "\(received)")
+    }
+
     @Test("a download waiting for space beside the running ones is paused at once when asked, not once space frees up")
     func pauseWhileWaitingForSpace() async throws {
         let products = ["com.example.a", "com.example.b", "com.example.c"]
