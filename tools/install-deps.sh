@@ -4,7 +4,8 @@ set -euo pipefail
 # postgresql and nginx: the catalog, replica and edge tests start their own servers from their binaries.
 # systemd: its systemd-analyze checks the shipped unit (deploy/systemd); nothing is started with it.
 # sqlite3: tests write the catalog as an operator or an older server would, behind the server's back.
-packages=(libdeflate-dev zlib1g-dev libsqlite3-dev sqlite3 libssl-dev curl unzip zip python3 util-linux openssl postgresql nginx systemd)
+# iproute2: its ss reads the congestion control of the server's connections (and bench LINK= sets up its veth link with ip).
+packages=(libdeflate-dev zlib1g-dev libsqlite3-dev sqlite3 libssl-dev curl unzip zip python3 util-linux openssl postgresql nginx systemd iproute2)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

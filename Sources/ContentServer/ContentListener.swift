@@ -3,6 +3,7 @@ import Logging
 import NIOCore
 import NIOExtras
 import NIOPosix
+import ServerStartup
 import ServiceLifecycle
 import Synchronization
 
@@ -29,6 +30,10 @@ struct ContentListener: Service {
     let port: Int
     let group: MultiThreadedEventLoopGroup
     let connections: OpenConnections
+    /// Set on each listening socket, whose connections inherit it, when it listens on a loopback
+    /// address (see ``ServerConfiguration/loopbackCongestionControl``).
+    let loopbackCongestionControl: LoopbackCongestionControl?
+    let logger: Logger
     /// Sets up an accepted connection's pipeline, on its loop.
     let setUp: @Sendable (any Channel) throws -> Void
     /// Added first to each listening socket's pipeline, in this order; made anew for each.
@@ -61,6 +66,7 @@ struct ContentListener: Service {
 
     private func bind(_ quiescing: [ServerQuiescingHelper]) async throws -> [any Channel] {
         let free = try freePort()
+        let congestion = try congestionControl()
         var listeners: [any Channel] = []
         do {
             for (loop, quiescing) in zip(group.makeIterator(), quiescing) {
@@ -82,7 +88,8 @@ struct ContentListener: Service {
                     .serverChannelOption(ChannelOptions.socketOption(.init(rawValue: SO_REUSEPORT)), value: 1)
                     .childChannelOption(ChannelOptions.allowRemoteHalfClosure, value: true)
                     .serverChannelInitializer { channel in
-                        channel.eventLoop.makeCompletedFuture {
+                        // Before the bind: every connection accepted inherits it.
+                        Self.setCongestionControl(congestion, on: channel).flatMapThrowing {
                             let sync = channel.pipeline.syncOperations
                             for handler in listenerHandlers().reversed() { try sync.addHandler(handler, position: .first) }
                             try sync.addHandler(quiescing.makeServerChannelHandler(channel: channel))
@@ -102,6 +109,77 @@ struct ContentListener: Service {
             throw error
         }
         return listeners
+    }
+
+    /// The congestion control to set on the listening sockets: the configured one when `host` is
+    /// a loopback address (checked on a socket of the same family first, so that one the system
+    /// does not offer is found before anything listens), else none.
+    private func congestionControl() throws -> LoopbackCongestionControl? {
+        #if os(Linux)
+            guard let wanted = loopbackCongestionControl, let address = try? SocketAddress.makeAddressResolvingHost(host, port: 0),
+                Self.isLoopback(address)
+            else { return nil }
+            let probe = socket(CInt(address.protocol.rawValue), CInt(SOCK_STREAM.rawValue) | CInt(SOCK_CLOEXEC.rawValue), 0)
+            guard probe >= 0 else { return nil }
+            defer { close(probe) }
+            let code = Self.setCongestionControl(wanted.name, descriptor: probe)
+            guard code != 0 else { return wanted }
+            let allowed =
+                (try? String(contentsOfFile: "/proc/sys/net/ipv4/tcp_allowed_congestion_control", encoding: .utf8))?
+                .trimmingCharacters(in: .whitespacesAndNewlines) ?? "?"
+            let reason = "congestion control \(wanted.name) is not available to this process (\(String(cString: strerror(code))))"
+            if wanted.required {
+                throw ServerStartError(
+                    .congestionControl,
+                    "\(reason): give --loopback-congestion-control one of the allowed (\(allowed)), or 'system' to keep the system's")
+            }
+            logger.notice("\(reason): connections on \(host) keep the system's", metadata: ["allowed": "\(allowed)"])
+            return nil
+        #else
+            return nil
+        #endif
+    }
+
+    #if os(Linux)
+        /// `TCP_CONGESTION` (13 in <netinet/tcp.h>, not imported into Swift).
+        private static let tcpCongestion: CInt = 13
+
+        /// Sets the congestion control `name` on `descriptor`; 0, or the `errno`.
+        private static func setCongestionControl(_ name: String, descriptor: CInt) -> CInt {
+            let done = name.withCString { setsockopt(descriptor, CInt(IPPROTO_TCP), tcpCongestion, $0, socklen_t(strlen($0))) }
+            return done == 0 ? 0 : errno
+        }
+    #endif
+
+    /// Sets `congestion` on a listening channel's socket, before its bind.
+    private static func setCongestionControl(_ congestion: LoopbackCongestionControl?, on channel: any Channel) -> EventLoopFuture<Void> {
+        #if os(Linux)
+            // NIO's options take integers; its channels set any other value for a call of ours.
+            guard let congestion, let provider = channel as? any SocketOptionProvider else { return channel.eventLoop.makeSucceededVoidFuture() }
+            var name = [CChar](repeating: 0, count: 16)
+            for (index, byte) in congestion.name.utf8.prefix(15).enumerated() { name[index] = CChar(bitPattern: byte) }
+            let value = (
+                name[0], name[1], name[2], name[3], name[4], name[5], name[6], name[7], name[8], name[9], name[10], name[11], name[12], name[13],
+                name[14], name[15]
+            )
+            return provider.unsafeSetSocketOption(level: .tcp, name: .init(rawValue: tcpCongestion), value: value)
+        #else
+            return channel.eventLoop.makeSucceededVoidFuture()
+        #endif
+    }
+
+    /// Whether `address` is a loopback address: 127.0.0.0/8, ::1, or ::ffff:127.0.0.0/104.
+    static func isLoopback(_ address: SocketAddress) -> Bool {
+        switch address {
+        case .v4(let v4):
+            return UInt32(bigEndian: v4.address.sin_addr.s_addr) >> 24 == 127
+        case .v6(let v6):
+            let bytes = withUnsafeBytes(of: v6.address.sin6_addr) { Array($0) }
+            let mapped = bytes[0..<10].allSatisfy { $0 == 0 } && bytes[10] == 0xff && bytes[11] == 0xff
+            return bytes[0..<15].allSatisfy { $0 == 0 } && bytes[15] == 1 || mapped && bytes[12] == 127
+        default:
+            return false
+        }
     }
 
     /// Binds `port` (0: any) once without `SO_REUSEPORT`, on a socket that never listens, and

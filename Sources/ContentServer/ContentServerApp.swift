@@ -43,6 +43,7 @@ public enum ContentServerApp {
         let connections = OpenConnections()
         let listener = ContentListener(
             host: configuration.host, port: configuration.port, group: loops, connections: connections,
+            loopbackCongestionControl: configuration.loopbackCongestionControl, logger: logger,
             setUp: { try channel.configure($0, logger: logger) },
             // The failure logger first: NIO's accept back-off handler further on swallows the
             // error. Then new connections' first content requests are answered as accepted.
@@ -169,6 +170,8 @@ struct NotificationPruner: Service {
             logger.notice(
                 "deleted \(deleted) stored notification(s) received before \(cutoff.formatted(.iso8601)) (--notification-retention \(retention.components.seconds / 86_400) days; 0 keeps them)")
         } catch {
+            // A server stopping (one that could not listen, say) cancels the prune: nothing to say.
+            guard !Task.isCancelled else { return }
             logger.warning("could not delete old notifications, trying again in an hour: \(error.message)")
         }
     }

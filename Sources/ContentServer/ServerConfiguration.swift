@@ -74,6 +74,16 @@ public struct ServerConfiguration: Sendable {
     /// load generator, one loop cut the 4 KiB p99 to 0.40-0.47x for 0.90-0.93x of the rate, and
     /// 1 MiB and multi-range requests lost 5-25% (docs/performance.md).
     public var eventLoops: Int?
+    /// The TCP congestion control of the connections to a server listening on a loopback
+    /// address (127.0.0.1, ::1: behind a proxy on the same machine, as `deploy/` sets it up),
+    /// which is all the network they cross; nil keeps the system's.
+    ///
+    /// Why: with BBR as the system's choice and no `fq` queueing discipline (a common set-up),
+    /// the kernel paces every segment a BBR socket sends with timers, loopback too, where there
+    /// is no link to pace for: a 1 GiB download to curl ran at 3.2 GB/s for 0.33 s of the
+    /// server's CPU; with cubic, which does not pace, 7.2 GB/s for 0.055 (docs/performance.md,
+    /// forty-third stop). Addresses other than loopback keep the system's choice.
+    public var loopbackCongestionControl: LoopbackCongestionControl? = LoopbackCongestionControl()
 
     /// Where the grant key file is when `--grant-keys` does not say: in the data folder.
     public static func grantKeysPath(inDataDirectory dataDirectory: String) -> String { dataDirectory + "/grant-keys.json" }
@@ -103,8 +113,23 @@ public struct ServerConfiguration: Sendable {
         ("IAP_VERIFY_RECEIPT_SANDBOX_URL", "--verify-receipt-sandbox-url"), ("IAP_RECEIPT_SHARED_SECRET_FILE", "--receipt-shared-secret-file"),
         ("IAP_VERIFY_RECEIPT_TIMEOUT", "--verify-receipt-timeout"), ("IAP_REVOCATION_REFRESH", "--revocation-refresh"),
         ("IAP_NOTIFICATION_RETENTION", "--notification-retention"), ("IAP_ARCHIVE_CHECK_INTERVAL", "--archive-check-interval"),
-        ("IAP_EVENT_LOOPS", "--event-loops"),
+        ("IAP_EVENT_LOOPS", "--event-loops"), ("IAP_LOOPBACK_CONGESTION_CONTROL", "--loopback-congestion-control"),
     ]
+}
+
+/// The congestion control ``ServerConfiguration/loopbackCongestionControl`` names.
+public struct LoopbackCongestionControl: Sendable, Equatable {
+    /// The algorithm's name, as in `/proc/sys/net/ipv4/tcp_available_congestion_control`.
+    public var name: String
+    /// Whether the operator asked for it: a server that cannot use it then refuses to start,
+    /// where the default only says so and keeps the system's.
+    public var required: Bool
+
+    /// cubic, which every Linux kernel offers unprivileged processes, unless told otherwise.
+    public init(name: String = "cubic", required: Bool = false) {
+        self.name = name
+        self.required = required
+    }
 }
 
 /// How `POST /v1/downloads` verifies app receipts.

@@ -12,6 +12,8 @@ public enum ServerStartErrorCode: String, ErrorCode {
     case cannotListen = "cannot-listen"
     /// A `--ca-file` that cannot be read or holds no certificate.
     case caFile = "ca-file"
+    /// A `--loopback-congestion-control` the system does not offer.
+    case congestionControl = "congestion-control"
 }
 
 /// Why the server could not start, said so that the operator can act on it.
