@@ -32,8 +32,7 @@ struct ContentListener: Service {
     let connections: OpenConnections
     /// Set on each listening socket, whose connections inherit it, when it listens on a loopback
     /// address (see ``ServerConfiguration/loopbackCongestionControl``).
-    let loopbackCongestionControl: LoopbackCongestionControl?
-    let logger: Logger
+    let loopbackCongestionControl: String?
     /// Sets up an accepted connection's pipeline, on its loop.
     let setUp: @Sendable (any Channel) throws -> Void
     /// Added first to each listening socket's pipeline, in this order; made anew for each.
@@ -113,28 +112,24 @@ struct ContentListener: Service {
 
     /// The congestion control to set on the listening sockets: the configured one when `host` is
     /// a loopback address (checked on a socket of the same family first, so that one the system
-    /// does not offer is found before anything listens), else none.
-    private func congestionControl() throws -> LoopbackCongestionControl? {
+    /// does not offer is refused before anything listens), else none.
+    private func congestionControl() throws -> String? {
         #if os(Linux)
             guard let wanted = loopbackCongestionControl, let address = try? SocketAddress.makeAddressResolvingHost(host, port: 0),
                 Self.isLoopback(address)
             else { return nil }
             let probe = socket(CInt(address.protocol.rawValue), CInt(SOCK_STREAM.rawValue) | CInt(SOCK_CLOEXEC.rawValue), 0)
-            guard probe >= 0 else { return nil }
+            guard probe >= 0 else { throw IOError(errnoCode: errno, reason: "socket") }
             defer { close(probe) }
-            let code = Self.setCongestionControl(wanted.name, descriptor: probe)
+            let code = Self.setCongestionControl(wanted, descriptor: probe)
             guard code != 0 else { return wanted }
             let allowed =
                 (try? String(contentsOfFile: "/proc/sys/net/ipv4/tcp_allowed_congestion_control", encoding: .utf8))?
                 .trimmingCharacters(in: .whitespacesAndNewlines) ?? "?"
-            let reason = "congestion control \(wanted.name) is not available to this process (\(String(cString: strerror(code))))"
-            if wanted.required {
-                throw ServerStartError(
-                    .congestionControl,
-                    "\(reason): give --loopback-congestion-control one of the allowed (\(allowed)), or 'system' to keep the system's")
-            }
-            logger.notice("\(reason): connections on \(host) keep the system's", metadata: ["allowed": "\(allowed)"])
-            return nil
+            throw ServerStartError(
+                .congestionControl,
+                "congestion control \(wanted) is not available to this process (\(String(cString: strerror(code)))): give --loopback-congestion-control one of the allowed (\(allowed)), or 'system' to keep the system's"
+            )
         #else
             return nil
         #endif
@@ -152,12 +147,12 @@ struct ContentListener: Service {
     #endif
 
     /// Sets `congestion` on a listening channel's socket, before its bind.
-    private static func setCongestionControl(_ congestion: LoopbackCongestionControl?, on channel: any Channel) -> EventLoopFuture<Void> {
+    private static func setCongestionControl(_ congestion: String?, on channel: any Channel) -> EventLoopFuture<Void> {
         #if os(Linux)
             // NIO's options take integers; its channels set any other value for a call of ours.
             guard let congestion, let provider = channel as? any SocketOptionProvider else { return channel.eventLoop.makeSucceededVoidFuture() }
             var name = [CChar](repeating: 0, count: 16)
-            for (index, byte) in congestion.name.utf8.prefix(15).enumerated() { name[index] = CChar(bitPattern: byte) }
+            for (index, byte) in congestion.utf8.prefix(15).enumerated() { name[index] = CChar(bitPattern: byte) }
             let value = (
                 name[0], name[1], name[2], name[3], name[4], name[5], name[6], name[7], name[8], name[9], name[10], name[11], name[12], name[13],
                 name[14], name[15]

@@ -75,15 +75,17 @@ public struct ServerConfiguration: Sendable {
     /// 1 MiB and multi-range requests lost 5-25% (docs/performance.md).
     public var eventLoops: Int?
     /// The TCP congestion control of the connections to a server listening on a loopback
-    /// address (127.0.0.1, ::1: behind a proxy on the same machine, as `deploy/` sets it up),
-    /// which is all the network they cross; nil keeps the system's.
+    /// address (127.0.0.1, ::1: behind a proxy on the same machine, as `deploy/` sets it up, which
+    /// sets cubic), which is all the network they cross; nil (the default) keeps the system's.
     ///
     /// Why: with BBR as the system's choice and no `fq` queueing discipline (a common set-up),
     /// the kernel paces every segment a BBR socket sends with timers, loopback too, where there
-    /// is no link to pace for: a 1 GiB download to curl ran at 3.2 GB/s for 0.33 s of the
-    /// server's CPU; with cubic, which does not pace, 7.2 GB/s for 0.055 (docs/performance.md,
-    /// forty-third stop). Addresses other than loopback keep the system's choice.
-    public var loopbackCongestionControl: LoopbackCongestionControl? = LoopbackCongestionControl()
+    /// is no link to pace for: a 1 GiB download to curl ran at 3.1 GB/s for 0.34 s of the
+    /// server's CPU; with cubic, which does not pace, 7.3 GB/s for 0.055, and 1 MiB ranges (the
+    /// slices the edge fetches) at 1.6x the rate (docs/performance.md, forty-third stop). Not the
+    /// default: the operator chose the system's congestion control, and this overrides it.
+    /// Addresses other than loopback always keep the system's choice.
+    public var loopbackCongestionControl: String?
 
     /// Where the grant key file is when `--grant-keys` does not say: in the data folder.
     public static func grantKeysPath(inDataDirectory dataDirectory: String) -> String { dataDirectory + "/grant-keys.json" }
@@ -115,21 +117,6 @@ public struct ServerConfiguration: Sendable {
         ("IAP_NOTIFICATION_RETENTION", "--notification-retention"), ("IAP_ARCHIVE_CHECK_INTERVAL", "--archive-check-interval"),
         ("IAP_EVENT_LOOPS", "--event-loops"), ("IAP_LOOPBACK_CONGESTION_CONTROL", "--loopback-congestion-control"),
     ]
-}
-
-/// The congestion control ``ServerConfiguration/loopbackCongestionControl`` names.
-public struct LoopbackCongestionControl: Sendable, Equatable {
-    /// The algorithm's name, as in `/proc/sys/net/ipv4/tcp_available_congestion_control`.
-    public var name: String
-    /// Whether the operator asked for it: a server that cannot use it then refuses to start,
-    /// where the default only says so and keeps the system's.
-    public var required: Bool
-
-    /// cubic, which every Linux kernel offers unprivileged processes, unless told otherwise.
-    public init(name: String = "cubic", required: Bool = false) {
-        self.name = name
-        self.required = required
-    }
 }
 
 /// How `POST /v1/downloads` verifies app receipts.

@@ -51,12 +51,15 @@ struct CongestionControlTests {
         try ServerProcess(data: tmp.sub("data-\(UUID().uuidString)"), arguments: ["--bundle-id", "com.example.app"] + extra, folder: tmp)
     }
 
-    @Test("listening on 127.0.0.1 its connections use cubic (no pacing) unless told another or 'system', which keeps the system's choice")
+    @Test("listening on 127.0.0.1 its connections keep the system's congestion control unless told one (cubic, reno), and 'system' keeps it too")
     func loopbackConnections() throws {
         let tmp = try TemporaryFolder()
         let system = try String(contentsOfFile: "/proc/sys/net/ipv4/tcp_congestion_control", encoding: .utf8)
             .trimmingCharacters(in: .whitespacesAndNewlines)
-        for (flag, expected) in [([String](), "cubic"), (["--loopback-congestion-control", "reno"], "reno"), (["--loopback-congestion-control", "system"], system)] {
+        for (flag, expected) in [
+            ([String](), system), (["--loopback-congestion-control", "cubic"], "cubic"), (["--loopback-congestion-control", "reno"], "reno"),
+            (["--loopback-congestion-control", "system"], system),
+        ] {
             let server = try server(tmp, flag)
             defer { _ = server.stop() }
             let connection = try heldConnection(port: server.port)
