@@ -20,6 +20,11 @@
 # of it moves from round to round (docs/performance.md, ninth stop); across a link that the
 # servers can fill, each does its own sending and the link sets the speed, as in production,
 # where the client is another machine. Needs root (ip netns, tc).
+# Congestion control: on a machine whose choice is BBR without the fq qdisc, the kernel paces every
+# loopback segment with timers, and their work is most of a loopback download's CPU figure (both
+# servers alike). SERVER_ARGS="--loopback-congestion-control cubic" runs iap-server as the shipped
+# deployment does, nginx staying on the system's; `sysctl net.ipv4.tcp_congestion_control=cubic`
+# for the run puts both on cubic (docs/performance.md, forty-third stop).
 # MEASURES picks the range measures (default all four: "4k 1m multi fresh"); DOWNLOAD_ROUNDS=0 skips
 # the whole downloads: `DOWNLOAD_ROUNDS=0 MEASURES=4k tools/bench-serve.sh 3 21` looks at small
 # ranges alone over more rounds. CONNECTIONS picks the wrk connection counts (default "16 64"; 1 is
