@@ -221,7 +221,7 @@ struct StreamingExtractionTests {
     /// (`FALLOC_FL_PUNCH_HOLE`; ext4, XFS, Btrfs and tmpfs do).
     func punchesHoles(in folder: String) -> Bool {
         let path = folder + "/punch-probe"
-        FileManager.default.createFile(atPath: path, contents: Data(repeating: 1, count: 1 << 16))
+        _ = FileManager.default.createFile(atPath: path, contents: Data(repeating: 1, count: 1 << 16))
         defer { unlink(path) }
         let fd = open(path, O_RDWR)
         defer { close(fd) }
