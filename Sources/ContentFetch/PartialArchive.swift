@@ -176,8 +176,7 @@ final class PartialArchive {
                 let end = min(available, hashed + Self.hashWindow)
                 do throws(ArchiveError) {
                     let mapped = try MappedBytes(fd, range: UInt64(hashed)..<UInt64(end), path: path)
-                    hasher.update(bufferPointer: mapped.bytes)
-                    extract(mapped.bytes, at: hashed)
+                    _ = hashAndExtract(mapped.bytes, at: hashed)
                 } catch {
                     throw FetchError(.install, "cannot read back \(path): \(error.message)")
                 }
@@ -211,11 +210,50 @@ final class PartialArchive {
     @discardableResult
     func hash(_ bytes: UnsafeRawBufferPointer, at offset: Int64) -> Bool {
         guard !sparse, cursor < segments.count, hashed == offset, offset + Int64(bytes.count) <= segments[cursor].end else { return false }
-        hasher.update(bufferPointer: bytes)
-        let extracted = extract(bytes, at: offset)
+        let extracted = hashAndExtract(bytes, at: offset)
         hashed += Int64(bytes.count)
         frontier.store(hashed)
         return extracted
+    }
+
+    /// At least this many bytes are hashed and extracted side by side.
+    private static let sideBySide = 1 << 20
+
+    /// Hashes `bytes` and hands them to the extraction; returns whether it took them. With an
+    /// extraction and a megabyte or more, the two run side by side on two threads, both reading
+    /// the caller's buffer, and this returns once both are done.
+    ///
+    /// Why: SHA-256 cannot be split, and the extraction's CRC-32 and copy after it on the same
+    /// thread made that thread the transfer's bound once the server sends faster than the hash
+    /// (docs/performance.md, forty-third stop).
+    private func hashAndExtract(_ bytes: UnsafeRawBufferPointer, at offset: Int64) -> Bool {
+        guard let extraction, extraction.isActive, bytes.count >= Self.sideBySide else {
+            hasher.update(bufferPointer: bytes)
+            return extract(bytes, at: offset)
+        }
+        let lanes = SideBySide(archive: self, bytes: bytes, offset: offset)
+        DispatchQueue.concurrentPerform(iterations: 2) { lane in lanes.run(lane) }
+        hasher = lanes.hasher
+        return lanes.extracted
+    }
+
+    /// The two lanes of ``hashAndExtract(_:at:)``: the first updates a copy of the hash, the
+    /// second hands the bytes to the extraction (touching the archive's extraction state only);
+    /// each writes its own result, read once both have returned.
+    private final class SideBySide: @unchecked Sendable {
+        let archive: PartialArchive
+        let bytes: UnsafeRawBufferPointer
+        let offset: Int64
+        var hasher: SHA256
+        var extracted = false
+
+        init(archive: PartialArchive, bytes: UnsafeRawBufferPointer, offset: Int64) {
+            (self.archive, self.bytes, self.offset, hasher) = (archive, bytes, offset, archive.hasher)
+        }
+
+        func run(_ lane: Int) {
+            if lane == 0 { hasher.update(bufferPointer: bytes) } else { extracted = archive.extract(bytes, at: offset) }
+        }
     }
 
     /// Writes bytes the body's writer left out, which the extraction did not take.
