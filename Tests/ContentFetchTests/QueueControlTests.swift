@@ -117,14 +117,19 @@ struct QueueControlTests {
         for transaction in transactions { #expect(try queue.transaction(transaction)?.finishedAt != nil) }
     }
 
+    /// Mounts a tmpfs of `megabytes` MiB at `folder`, made if missing (as root: unmount it with `/bin/umount`).
+    func mountTmpfs(_ folder: String, megabytes: Int) throws {
+        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+        let mounted = try run("/bin/mount", ["-t", "tmpfs", "-o", "size=\(megabytes)m", "tmpfs", folder])
+        try #require(mounted.status == 0, "this test mounts a \(megabytes) MiB tmpfs (as root): \(mounted.stderr)")
+    }
+
     /// A tmpfs of `megabytes` MiB in the shop's folder (mounted as root: unmount it with
     /// `/bin/umount`), and a fetcher that runs three downloads at once into it at `rate` bytes a
     /// second in all.
     func smallDiskFetcher(_ shop: Shop, megabytes: Int, rate: Int) throws -> (fetcher: ContentFetcher, disk: String) {
         let disk = shop.tmp.sub("small-disk")
-        try FileManager.default.createDirectory(atPath: disk, withIntermediateDirectories: true)
-        let mounted = try run("/bin/mount", ["-t", "tmpfs", "-o", "size=\(megabytes)m", "tmpfs", disk])
-        try #require(mounted.status == 0, "this test mounts a \(megabytes) MiB tmpfs (as root): \(mounted.stderr)")
+        try mountTmpfs(disk, megabytes: megabytes)
         var configuration = FetchConfiguration(server: shop.server.base, contentDirectory: disk)
         configuration.parallelDownloads = 3
         configuration.rateLimit = rate
@@ -194,10 +199,8 @@ struct QueueControlTests {
     func leanDownloadOnSmallDisk() throws {
         let (shop, transactions) = try Shop.everyOneBought(["com.example.big"], size: 24 << 20)
         let disk = shop.content
-        try FileManager.default.createDirectory(atPath: disk, withIntermediateDirectories: true)
         // 36 MiB: the archive (24 MiB, one stored file) and its installed copy do not fit together.
-        let mounted = try run("/bin/mount", ["-t", "tmpfs", "-o", "size=36m", "tmpfs", disk])
-        try #require(mounted.status == 0, "this test mounts a 36 MiB tmpfs (as root): \(mounted.stderr)")
+        try mountTmpfs(disk, megabytes: 36)
         defer { _ = try? run("/bin/umount", [disk]) }
         // Under a rate limit every byte goes to the archive: refused before anything is fetched,
         // with what it needs.
@@ -209,9 +212,7 @@ struct QueueControlTests {
         // One connection: the stored file's bytes are written once, into the install.
         let (bigger, _) = try Shop.everyOneBought(["com.example.big"], size: 24 << 20)
         let lean = bigger.content
-        try FileManager.default.createDirectory(atPath: lean, withIntermediateDirectories: true)
-        let leanMount = try run("/bin/mount", ["-t", "tmpfs", "-o", "size=36m", "tmpfs", lean])
-        try #require(leanMount.status == 0, "\(leanMount.stderr)")
+        try mountTmpfs(lean, megabytes: 36)
         defer { _ = try? run("/bin/umount", [lean]) }
         let installed = try bigger.fetch()
         #expect(installed.status == 0, "\(installed.stdout.suffix(800)) \(installed.stderr)")
