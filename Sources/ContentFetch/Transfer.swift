@@ -97,10 +97,12 @@ extension ContentFetcher {
                 }
             }
         }
-        // A lean download (``leanDownloads``) reserves no blocks for the bytes its file will leave
-        // out: the disk may not hold them beside the content.
+        // A lean download (``leanDownloads``: a whole archive on one connection without a rate
+        // limit) reserves no blocks for the bytes its file will leave out: the disk may not hold
+        // them beside the content. Ranges an earlier run on several connections left go on as
+        // several, which leave nothing out.
         let lean =
-            leanDownloads.contains(record.id) && record.delta == nil && segments.count == 1 && configuration.connections == 1 && limiter == nil
+            leanDownloads.contains(record.id) && segments.count == 1
             ? extraction.flatMap { $0.isActive ? LeftOutRanges($0.storedRanges) : nil } : nil
         if record.delta == nil {
             // What no segment has written yet: the blocks the rest of the archive will take.

@@ -1,4 +1,5 @@
 import Foundation
+import IAPTestSupport
 import NIOCore
 import NIOHTTP1
 import NIOPosix

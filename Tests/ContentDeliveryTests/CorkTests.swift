@@ -1,4 +1,5 @@
 import Foundation
+import IAPTestSupport
 import NIOCore
 import NIOPosix
 import Synchronization

@@ -16,18 +16,8 @@ struct CongestionControlTests {
     /// A connection to `port` that has sent part of a request head, so that the server has
     /// accepted it (`TCP_DEFER_ACCEPT` holds back one that sent nothing) and waits for the rest.
     func heldConnection(port: Int) throws -> CInt {
-        let fd = socket(AF_INET, CInt(SOCK_STREAM.rawValue), 0)
-        try #require(fd >= 0)
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = in_port_t(UInt16(port).bigEndian)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        let connected = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        }
-        try #require(connected == 0, "connect: \(String(cString: strerror(errno)))")
-        let head = "GET /healthz HTTP/1.1\r\n"
-        try #require(send(fd, head, head.utf8.count, 0) == head.utf8.count)
+        let fd = try LoopbackSocket.connect(port)
+        LoopbackSocket.send(fd, "GET /healthz HTTP/1.1\r\n")
         return fd
     }
 

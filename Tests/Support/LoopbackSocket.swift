@@ -6,10 +6,10 @@ import Testing
 #endif
 
 /// A client's side of a real TCP connection to 127.0.0.1, for tests of what happens on a socket.
-enum LoopbackSocket {
+public enum LoopbackSocket {
     /// A client socket, connected; `receiveBuffer` set before connecting bounds what the
     /// server can send before the client reads.
-    static func connect(_ port: Int, receiveBuffer: Int? = nil) throws -> CInt {
+    public static func connect(_ port: Int, receiveBuffer: Int? = nil) throws -> CInt {
         let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         if var size = receiveBuffer.map(CInt.init) {
             setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, socklen_t(MemoryLayout<CInt>.size))
@@ -27,13 +27,13 @@ enum LoopbackSocket {
         return fd
     }
 
-    static func send(_ fd: CInt, _ text: String) {
+    public static func send(_ fd: CInt, _ text: String) {
         let bytes = Array(text.utf8)
         #expect(Glibc.send(fd, bytes, bytes.count, Int32(MSG_NOSIGNAL)) == bytes.count)
     }
 
     /// Reads until the server closes (or 20 s pass without a byte).
-    static func readToClose(_ fd: CInt) -> (bytes: [UInt8], closed: Bool) {
+    public static func readToClose(_ fd: CInt) -> (bytes: [UInt8], closed: Bool) {
         var received: [UInt8] = []
         var chunk = [UInt8](repeating: 0, count: 65536)
         while true {
