@@ -21,10 +21,11 @@
 # servers can fill, each does its own sending and the link sets the speed, as in production,
 # where the client is another machine. Needs root (ip netns, tc).
 # Congestion control: on a machine whose choice is BBR without the fq qdisc, the kernel paces every
-# loopback segment with timers, and their work is most of a loopback download's CPU figure (both
-# servers alike). SERVER_ARGS="--loopback-congestion-control cubic" runs iap-server as the shipped
-# deployment does, nginx staying on the system's; `sysctl net.ipv4.tcp_congestion_control=cubic`
-# for the run puts both on cubic (docs/performance.md, forty-third stop).
+# loopback segment with timers, and their work is most of a loopback download's CPU figure. Each
+# server runs on its defaults: iap-server gives the connections that cross no link cubic, nginx
+# keeps the system's (the header line says which). SERVER_ARGS="--loopback-congestion-control system"
+# puts iap-server on the system's too; `sysctl net.ipv4.tcp_congestion_control=cubic` for the run
+# puts both on cubic (docs/performance.md, forty-third and forty-fourth stops).
 # MEASURES picks the range measures (default all four: "4k 1m multi fresh"); DOWNLOAD_ROUNDS=0 skips
 # the whole downloads: `DOWNLOAD_ROUNDS=0 MEASURES=4k tools/bench-serve.sh 3 21` looks at small
 # ranges alone over more rounds. CONNECTIONS picks the wrk connection counts (default "16 64"; 1 is
@@ -71,6 +72,7 @@ for url in "$ours_url" "$nginx_url"; do
   [ "$code" = 206 ] || { echo "setup failed: $url answered $code to a range request" >&2; exit 1; }
 done
 echo "archive: $size bytes; $(nproc) cores; iap-server event loops: ${IAP_EVENT_LOOPS:-one per core}, nginx workers: 2; wrk ${secs}s per run, median of $rounds rounds; downloads: median of $download_rounds rounds${LINK:+, across a $LINK veth link from a network namespace}" >&2
+echo "congestion control: nginx the system's ($(cat /proc/sys/net/ipv4/tcp_congestion_control)); iap-server ${SERVER_ARGS:-on its defaults} (its default: cubic on loopback)" >&2
 # Runs two measures, the first one first in odd rounds: who goes first flips every round.
 in_turn() { # round first second
   if [ $(($1 % 2)) = 1 ]; then "$2"; "$3"; else "$3"; "$2"; fi

@@ -30,9 +30,11 @@ struct ContentListener: Service {
     let port: Int
     let group: MultiThreadedEventLoopGroup
     let connections: OpenConnections
-    /// Set on each listening socket, whose connections inherit it, when it listens on a loopback
-    /// address (see ``ServerConfiguration/loopbackCongestionControl``).
-    let loopbackCongestionControl: String?
+    /// The congestion control of the connections that cross no link (see
+    /// ``ServerConfiguration/loopbackCongestionControl``).
+    let loopbackCongestionControl: LoopbackCongestionControl
+    /// Told at start when the preferred congestion control is not available.
+    let logger: Logger
     /// Sets up an accepted connection's pipeline, on its loop.
     let setUp: @Sendable (any Channel) throws -> Void
     /// Added first to each listening socket's pipeline, in this order; made anew for each.
@@ -65,7 +67,8 @@ struct ContentListener: Service {
 
     private func bind(_ quiescing: [ServerQuiescingHelper]) async throws -> [any Channel] {
         let free = try freePort()
-        let congestion = try congestionControl()
+        let congestion = try Self.congestionPlan(loopbackCongestionControl, host: host)
+        if let note = congestion.note { logger.notice("\(note)") }
         var listeners: [any Channel] = []
         do {
             for (loop, quiescing) in zip(group.makeIterator(), quiescing) {
@@ -88,14 +91,19 @@ struct ContentListener: Service {
                     .childChannelOption(ChannelOptions.allowRemoteHalfClosure, value: true)
                     .serverChannelInitializer { channel in
                         // Before the bind: every connection accepted inherits it.
-                        Self.setCongestionControl(congestion, on: channel).flatMapThrowing {
+                        Self.setCongestionControl(congestion.listener, on: channel).flatMapThrowing {
                             let sync = channel.pipeline.syncOperations
                             for handler in listenerHandlers().reversed() { try sync.addHandler(handler, position: .first) }
                             try sync.addHandler(quiescing.makeServerChannelHandler(channel: channel))
                         }
                     }
                     .childChannelInitializer { channel in
-                        channel.eventLoop.makeCompletedFuture {
+                        if let name = congestion.connections, Self.crossesNoLink(local: channel.localAddress, remote: channel.remoteAddress) {
+                            // On the channel's loop, so set before the first response; one that
+                            // fails leaves the connection the system's choice.
+                            Self.setCongestionControl(name, on: channel).whenFailure { _ in }
+                        }
+                        return channel.eventLoop.makeCompletedFuture {
                             connections.add(channel)
                             try setUp(channel)
                         }
@@ -110,28 +118,46 @@ struct ContentListener: Service {
         return listeners
     }
 
-    /// The congestion control to set on the listening sockets: the configured one when `host` is
-    /// a loopback address (checked on a socket of the same family first, so that one the system
-    /// does not offer is refused before anything listens), else none.
-    private func congestionControl() throws -> String? {
+    /// Where the congestion control is set: on the listening sockets, whose connections inherit
+    /// it (a loopback address: no call per connection), or on each accepted connection that
+    /// crosses no link (any other address); and what to tell the operator at start.
+    struct CongestionPlan: Equatable {
+        var listener: String?
+        var connections: String?
+        var note: String?
+    }
+
+    /// The plan for `setting` on a server listening on `host`. The algorithm is first set on a
+    /// socket of the same family, so that one the system does not let this process set is found
+    /// before anything listens: refused for ``LoopbackCongestionControl/required(_:)``, the
+    /// system's kept (and said) for ``LoopbackCongestionControl/preferred(_:)``.
+    static func congestionPlan(_ setting: LoopbackCongestionControl, host: String) throws -> CongestionPlan {
         #if os(Linux)
-            guard let wanted = loopbackCongestionControl, let address = try? SocketAddress.makeAddressResolvingHost(host, port: 0),
-                Self.isLoopback(address)
-            else { return nil }
+            let (wanted, required): (String, Bool)
+            switch setting {
+            case .system: return CongestionPlan()
+            case .preferred(let name): (wanted, required) = (name, false)
+            case .required(let name): (wanted, required) = (name, true)
+            }
+            let address = try SocketAddress.makeAddressResolvingHost(host, port: 0)
             let probe = socket(CInt(address.protocol.rawValue), CInt(SOCK_STREAM.rawValue) | CInt(SOCK_CLOEXEC.rawValue), 0)
             guard probe >= 0 else { throw IOError(errnoCode: errno, reason: "socket") }
             defer { close(probe) }
-            let code = Self.setCongestionControl(wanted, descriptor: probe)
-            guard code != 0 else { return wanted }
+            let code = setCongestionControl(wanted, descriptor: probe)
+            guard code != 0 else {
+                return isLoopback(address) ? CongestionPlan(listener: wanted) : CongestionPlan(connections: wanted)
+            }
             let allowed =
                 (try? String(contentsOfFile: "/proc/sys/net/ipv4/tcp_allowed_congestion_control", encoding: .utf8))?
                 .trimmingCharacters(in: .whitespacesAndNewlines) ?? "?"
-            throw ServerStartError(
-                .congestionControl,
-                "congestion control \(wanted) is not available to this process (\(String(cString: strerror(code)))): give --loopback-congestion-control one of the allowed (\(allowed)), or 'system' to keep the system's"
-            )
+            let why = "congestion control \(wanted) is not available to this process (\(String(cString: strerror(code))))"
+            guard required else {
+                return CongestionPlan(
+                    note: "\(why): connections from this machine keep the system's; give --loopback-congestion-control one of the allowed (\(allowed)), or 'system' to say so")
+            }
+            throw ServerStartError(.congestionControl, "\(why): give --loopback-congestion-control one of the allowed (\(allowed)), or 'system' to keep the system's")
         #else
-            return nil
+            return CongestionPlan()
         #endif
     }
 
@@ -165,15 +191,29 @@ struct ContentListener: Service {
 
     /// Whether `address` is a loopback address: 127.0.0.0/8, ::1, or ::ffff:127.0.0.0/104.
     static func isLoopback(_ address: SocketAddress) -> Bool {
+        guard let bytes = ipBytes(address) else { return false }
+        let mapped = bytes[0..<10].allSatisfy { $0 == 0 } && bytes[10] == 0xff && bytes[11] == 0xff
+        return bytes[0..<15].allSatisfy { $0 == 0 } && bytes[15] == 1 || mapped && bytes[12] == 127
+    }
+
+    /// Whether a connection between `local` and `remote` stays on this machine: the peer is at a
+    /// loopback address, or at the connection's own address (a client here that connected to
+    /// the machine's address, which the kernel routes over loopback too).
+    static func crossesNoLink(local: SocketAddress?, remote: SocketAddress?) -> Bool {
+        guard let remote, let peer = ipBytes(remote) else { return false }
+        return isLoopback(remote) || local.flatMap(ipBytes) == peer
+    }
+
+    /// The 16 bytes of an IP address, an IPv4 one as IPv6 maps it (::ffff:a.b.c.d); nil for a
+    /// Unix socket's.
+    private static func ipBytes(_ address: SocketAddress) -> [UInt8]? {
         switch address {
         case .v4(let v4):
-            return UInt32(bigEndian: v4.address.sin_addr.s_addr) >> 24 == 127
+            return [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff] + withUnsafeBytes(of: v4.address.sin_addr.s_addr) { Array($0) }
         case .v6(let v6):
-            let bytes = withUnsafeBytes(of: v6.address.sin6_addr) { Array($0) }
-            let mapped = bytes[0..<10].allSatisfy { $0 == 0 } && bytes[10] == 0xff && bytes[11] == 0xff
-            return bytes[0..<15].allSatisfy { $0 == 0 } && bytes[15] == 1 || mapped && bytes[12] == 127
+            return withUnsafeBytes(of: v6.address.sin6_addr) { Array($0) }
         default:
-            return false
+            return nil
         }
     }
 

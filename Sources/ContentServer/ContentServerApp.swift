@@ -43,7 +43,7 @@ public enum ContentServerApp {
         let connections = OpenConnections()
         let listener = ContentListener(
             host: configuration.host, port: configuration.port, group: loops, connections: connections,
-            loopbackCongestionControl: configuration.loopbackCongestionControl,
+            loopbackCongestionControl: configuration.loopbackCongestionControl, logger: logger,
             setUp: { try channel.configure($0, logger: logger) },
             // The failure logger first: NIO's accept back-off handler further on swallows the
             // error. Then new connections' first content requests are answered as accepted.

@@ -74,18 +74,20 @@ public struct ServerConfiguration: Sendable {
     /// load generator, one loop cut the 4 KiB p99 to 0.40-0.47x for 0.90-0.93x of the rate, and
     /// 1 MiB and multi-range requests lost 5-25% (docs/performance.md).
     public var eventLoops: Int?
-    /// The TCP congestion control of the connections to a server listening on a loopback
-    /// address (127.0.0.1, ::1: behind a proxy on the same machine, as `deploy/` sets it up, which
-    /// sets cubic), which is all the network they cross; nil (the default) keeps the system's.
+    /// The TCP congestion control of the connections that cross no link: every connection to a
+    /// server listening on a loopback address (127.0.0.1, ::1: behind a proxy on the same
+    /// machine, as `deploy/` sets it up), and on other addresses those from this machine (a
+    /// loopback peer, or a peer at the connection's own address). Other connections keep the
+    /// system's choice. The default prefers cubic (``LoopbackCongestionControl/preferred(_:)``).
     ///
     /// Why: with BBR as the system's choice and no `fq` queueing discipline (a common set-up),
     /// the kernel paces every segment a BBR socket sends with timers, loopback too, where there
-    /// is no link to pace for: a 1 GiB download to curl ran at 3.1 GB/s for 0.34 s of the
-    /// server's CPU; with cubic, which does not pace, 7.3 GB/s for 0.055, and 1 MiB ranges (the
-    /// slices the edge fetches) at 1.6x the rate (docs/performance.md, forty-third stop). Not the
-    /// default: the operator chose the system's congestion control, and this overrides it.
-    /// Addresses other than loopback always keep the system's choice.
-    public var loopbackCongestionControl: String?
+    /// is no link to pace for and no queue to keep short: a 1 GiB download to curl ran at 3.1
+    /// GB/s for 0.34 s of the server's CPU; with cubic, which does not pace, 7.3 GB/s for 0.055,
+    /// and 1 MiB ranges (the slices the edge fetches) at 1.6x the rate (docs/performance.md,
+    /// forty-third stop). The default, not an option to find: what the system's choice is for (a
+    /// path through links) is not on these connections, and they lose nothing without it.
+    public var loopbackCongestionControl: LoopbackCongestionControl = .preferred("cubic")
 
     /// Where the grant key file is when `--grant-keys` does not say: in the data folder.
     public static func grantKeysPath(inDataDirectory dataDirectory: String) -> String { dataDirectory + "/grant-keys.json" }
@@ -127,4 +129,16 @@ public enum ReceiptVerificationMode: String, Sendable, CaseIterable {
     case apple
     /// Both, and they must agree on the app and every purchase.
     case both
+}
+
+/// How ``ServerConfiguration/loopbackCongestionControl`` is chosen (`--loopback-congestion-control`).
+public enum LoopbackCongestionControl: Sendable, Equatable {
+    /// The system's (`net.ipv4.tcp_congestion_control`), as on every other connection.
+    case system
+    /// This algorithm where the system lets this process set it, else the system's (logged at
+    /// start): the default, with cubic, which every Linux kernel has.
+    case preferred(String)
+    /// This algorithm; a server the system does not let set it refuses to start, naming those
+    /// it allows (the operator asked for it by name).
+    case required(String)
 }

@@ -77,7 +77,7 @@ struct Serve: AsyncParsableCommand {
     @Option(
         name: .customLong("loopback-congestion-control"),
         help:
-            "TCP congestion control for the connections when listening on a loopback address (127.0.0.1, ::1), as behind a proxy on the same machine: cubic does not pace (default 'system': net.ipv4.tcp_congestion_control). With BBR and no fq queueing the kernel paces loopback segments with timers: a 1 GiB download took 6x the server's CPU at under half the speed; see docs/performance.md."
+            "TCP congestion control for the connections that cross no link: all of them when listening on a loopback address (127.0.0.1, ::1), as behind a proxy on the same machine, else those from this machine. Default: cubic, which does not pace, where the system lets this process set it; 'system' keeps net.ipv4.tcp_congestion_control. With BBR and no fq queueing the kernel paces loopback segments with timers: a 1 GiB download took 6x the server's CPU at under half the speed; see docs/performance.md."
     )
     var loopbackCongestionControl: String?
     @Option(name: .customLong("port-file"), help: "Write the bound port to this file once listening (for scripts).") var portFile: String?
@@ -205,7 +205,7 @@ struct Serve: AsyncParsableCommand {
                 throw ValidationError(
                     "--loopback-congestion-control (IAP_LOOPBACK_CONGESTION_CONTROL) must be 'system' or an algorithm's name such as cubic or reno, not '\(name)'")
             }
-            configuration.loopbackCongestionControl = name == "system" ? nil : name
+            configuration.loopbackCongestionControl = name == "system" ? .system : .required(name)
         }
         var logger = Logger(label: "iap-server")
         logger.logLevel = env("LOG_LEVEL").flatMap(Logger.Level.init(rawValue:)) ?? .info
