@@ -192,8 +192,8 @@ struct ContentListener: Service {
     /// Whether `address` is a loopback address: 127.0.0.0/8, ::1, or ::ffff:127.0.0.0/104.
     static func isLoopback(_ address: SocketAddress) -> Bool {
         guard let bytes = ipBytes(address) else { return false }
-        let mapped = bytes[0..<10].allSatisfy { $0 == 0 } && bytes[10] == 0xff && bytes[11] == 0xff
-        return bytes[0..<15].allSatisfy { $0 == 0 } && bytes[15] == 1 || mapped && bytes[12] == 127
+        let mapped = (0..<10).allSatisfy { bytes[$0] == 0 } && bytes[10] == 0xff && bytes[11] == 0xff
+        return (0..<15).allSatisfy { bytes[$0] == 0 } && bytes[15] == 1 || mapped && bytes[12] == 127
     }
 
     /// Whether a connection between `local` and `remote` stays on this machine: the peer is at a
@@ -205,13 +205,17 @@ struct ContentListener: Service {
     }
 
     /// The 16 bytes of an IP address, an IPv4 one as IPv6 maps it (::ffff:a.b.c.d); nil for a
-    /// Unix socket's.
-    private static func ipBytes(_ address: SocketAddress) -> [UInt8]? {
+    /// Unix socket's. A vector, not an array: asked for each connection accepted, it allocates nothing.
+    private static func ipBytes(_ address: SocketAddress) -> SIMD16<UInt8>? {
         switch address {
         case .v4(let v4):
-            return [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff] + withUnsafeBytes(of: v4.address.sin_addr.s_addr) { Array($0) }
+            var bytes = SIMD16<UInt8>()
+            bytes[10] = 0xff
+            bytes[11] = 0xff
+            withUnsafeBytes(of: v4.address.sin_addr.s_addr) { for index in 0..<4 { bytes[12 + index] = $0[index] } }
+            return bytes
         case .v6(let v6):
-            return withUnsafeBytes(of: v6.address.sin6_addr) { Array($0) }
+            return withUnsafeBytes(of: v6.address.sin6_addr) { $0.loadUnaligned(as: SIMD16<UInt8>.self) }
         default:
             return nil
         }
