@@ -152,7 +152,7 @@ final class BufferedFileWriter {
                 next.copyMemory(from: buffer + aligned, byteCount: filled - aligned)
                 spare = buffer
                 buffer = next
-                startDirectWrite(count: aligned)
+                try startDirectWrite(count: aligned)
                 bufferStart += UInt64(aligned)
                 filled -= aligned
             }
@@ -178,8 +178,13 @@ final class BufferedFileWriter {
     /// `bufferStart` with O_DIRECT, on the writer's thread. Whatever direct I/O will not take (a
     /// short write at a size limit, a file system that refuses it) goes through the ordinary
     /// descriptor, which reports the real error, and direct writing stops (at the next wait).
-    private func startDirectWrite(count: Int) {
-        guard let direct = directFD, let bytes = spare else { return }
+    private func startDirectWrite(count: Int) throws(ArchiveError) {
+        guard let bytes = spare else { return }
+        guard let direct = directFD else {
+            // Refused by the write just waited for: these go the ordinary way, as all later ones.
+            try writeBuffered(UnsafeRawBufferPointer(start: bytes, count: count), at: bufferStart)
+            return
+        }
         let write = DirectWrite(
             direct: direct.rawValue, ordinary: fd.rawValue, bytes: bytes, count: count, offset: bufferStart, path: path, alignment: Self.alignment)
         pending = write
@@ -280,11 +285,16 @@ private final class DirectWrite: @unchecked Sendable {
         self.alignment = alignment
     }
 
+    /// For tests, as iap-fetch's `IAP_FETCH_REFUSE=direct-write` (its `Failpoint`): every direct
+    /// write but one at the file's start refused, as by a file system that opens files for direct
+    /// I/O but takes no writes of 4096-byte blocks (`EINVAL`).
+    private static let refused = getenv("IAP_FETCH_REFUSE").map { String(cString: $0) } == "direct-write"
+
     func run() {
         defer { done.signal() }
         var written = 0
         while written < count {
-            let n = pwrite(direct, bytes + written, count - written, off_t(offset) + off_t(written))
+            let n = offset > 0 && Self.refused ? -1 : pwrite(direct, bytes + written, count - written, off_t(offset) + off_t(written))
             if n > 0 && n % alignment == 0 {
                 written += n
                 continue

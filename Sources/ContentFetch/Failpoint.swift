@@ -12,7 +12,8 @@ import Foundation
 /// files a delta update reuses chosen, none linked yet). With `IAP_FETCH_REFUSE=<name>` an
 /// operation fails there as a kernel this machine does not run could make it fail
 /// (`direct-write`: every write around the page cache but one at the file's start refused with `EINVAL`, as
-/// by a file system that opens files for direct I/O but takes no writes of 4096-byte blocks;
+/// by a file system that opens files for direct I/O but takes no writes of 4096-byte blocks, the
+/// partial archive's and the installed files' (ContentArchive's `BufferedFileWriter` reads it too);
 /// `extraction`: the extraction as the archive arrives given up half-way, as a file it cannot
 /// write would).
 /// Without the variables this does nothing.

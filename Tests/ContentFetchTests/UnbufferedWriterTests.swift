@@ -8,7 +8,9 @@ import TransactionQueue
 
 @Suite("UnbufferedWriter against a file system that refuses direct writes", .onTestThreads)
 struct UnbufferedWriterTests {
-    @Test("direct writes refused part-way (EINVAL): the rest of the body goes through the page cache, and the same bytes are verified, installed and finished")
+    @Test(
+        "direct writes refused part-way (EINVAL): the rest of the body and of the installed file written as it arrives go through the page cache, and the same bytes are verified, installed and finished"
+    )
     func refusedPartWay() throws {
         let size = 3 * UnbufferedWriter.pieceSize + 5_000
         let shop = try Shop(products: ["com.example.refused": .random(size)])
