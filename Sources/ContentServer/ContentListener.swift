@@ -151,11 +151,18 @@ struct ContentListener: Service {
                 (try? String(contentsOfFile: "/proc/sys/net/ipv4/tcp_allowed_congestion_control", encoding: .utf8))?
                 .trimmingCharacters(in: .whitespacesAndNewlines) ?? "?"
             let why = "congestion control \(wanted) is not available to this process (\(String(cString: strerror(code))))"
+            // Not allowed (EPERM) is fixed by the system's list; one the kernel lacks, by another name.
+            let fix =
+                code == EPERM
+                ? "add it to net.ipv4.tcp_allowed_congestion_control (now: \(allowed))" : "this process may set one of the allowed (\(allowed))"
             guard required else {
                 return CongestionPlan(
-                    note: "\(why): connections from this machine keep the system's; give --loopback-congestion-control one of the allowed (\(allowed)), or 'system' to say so")
+                    note: "\(why): connections from this machine keep the system's; \(fix), or give --loopback-congestion-control system to keep it without this notice")
             }
-            throw ServerStartError(.congestionControl, "\(why): give --loopback-congestion-control one of the allowed (\(allowed)), or 'system' to keep the system's")
+            throw ServerStartError(
+                .congestionControl,
+                "\(why): give --loopback-congestion-control one of the allowed (\(allowed)), or 'system' to keep the system's\(code == EPERM ? "; or add it to net.ipv4.tcp_allowed_congestion_control" : "")"
+            )
         #else
             return CongestionPlan()
         #endif
