@@ -33,7 +33,7 @@ struct ContentListener: Service {
     /// The congestion control of the connections that cross no link (see
     /// ``ServerConfiguration/loopbackCongestionControl``).
     let loopbackCongestionControl: LoopbackCongestionControl
-    /// Told at start when the preferred congestion control is not available.
+    /// Told at start the congestion control the connections from this machine get, or why not.
     let logger: Logger
     /// Sets up an accepted connection's pipeline, on its loop.
     let setUp: @Sendable (any Channel) throws -> Void
@@ -69,6 +69,16 @@ struct ContentListener: Service {
         let free = try freePort()
         let congestion = try Self.congestionPlan(loopbackCongestionControl, host: host)
         if let note = congestion.note { logger.notice("\(note)") }
+        #if os(Linux)
+            // Said when it changes anything: the operator chose the system's for a reason.
+            let system = (try? String(contentsOfFile: "/proc/sys/net/ipv4/tcp_congestion_control", encoding: .utf8))?
+                .trimmingCharacters(in: .whitespacesAndNewlines)
+            if let name = congestion.listener ?? congestion.connections, name != system {
+                logger.info(
+                    "congestion control \(name) for the connections from this machine, which cross no link (the system's: \(system ?? "?"); --loopback-congestion-control system keeps it)"
+                )
+            }
+        #endif
         var listeners: [any Channel] = []
         do {
             for (loop, quiescing) in zip(group.makeIterator(), quiescing) {

@@ -57,6 +57,9 @@ struct CongestionControlTests {
             let connection = try heldConnection(port: server.port)
             defer { close(connection) }
             #expect(try serverSideCongestionControl(port: server.port) == expected, "\(flag)")
+            // The start says so when it changes anything.
+            let log = try String(contentsOfFile: server.log, encoding: .utf8)
+            #expect(log.contains("congestion control \(expected) for the connections from this machine") == (expected != system), "\(log)")
         }
     }
 
