@@ -157,22 +157,30 @@ struct ContentListener: Service {
             guard code != 0 else {
                 return isLoopback(address) ? CongestionPlan(listener: wanted) : CongestionPlan(connections: wanted)
             }
-            let allowed =
-                (try? String(contentsOfFile: "/proc/sys/net/ipv4/tcp_allowed_congestion_control", encoding: .utf8))?
-                .trimmingCharacters(in: .whitespacesAndNewlines) ?? "?"
-            let why = "congestion control \(wanted) is not available to this process (\(String(cString: strerror(code))))"
-            // Not allowed (EPERM) is fixed by the system's list; one the kernel lacks, by another name.
-            let fix =
-                code == EPERM
-                ? "add it to net.ipv4.tcp_allowed_congestion_control (now: \(allowed))" : "this process may set one of the allowed (\(allowed))"
+            func list(_ name: String) -> String {
+                (try? String(contentsOfFile: "/proc/sys/net/ipv4/" + name, encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines) ?? "?"
+            }
+            let allowed = list("tcp_allowed_congestion_control")
+            // Not allowed (EPERM) is fixed by the system's list; one the kernel lacks (ENOENT), by another name.
+            let (why, fix) =
+                switch code {
+                case EPERM:
+                    (
+                        "congestion control \(wanted) is not allowed for this process",
+                        "add it to net.ipv4.tcp_allowed_congestion_control (now: \(allowed))"
+                    )
+                case ENOENT:
+                    (
+                        "congestion control \(wanted) is not one this kernel offers (available: \(list("tcp_available_congestion_control")))",
+                        "this process may set \(allowed)"
+                    )
+                default: ("congestion control \(wanted) cannot be set (\(String(cString: strerror(code))))", "this process may set \(allowed)")
+                }
             guard required else {
                 return CongestionPlan(
                     note: "\(why): connections from this machine keep the system's; \(fix), or give --loopback-congestion-control system to keep it without this notice")
             }
-            throw ServerStartError(
-                .congestionControl,
-                "\(why): give --loopback-congestion-control one of the allowed (\(allowed)), or 'system' to keep the system's\(code == EPERM ? "; or add it to net.ipv4.tcp_allowed_congestion_control" : "")"
-            )
+            throw ServerStartError(.congestionControl, "\(why): \(fix); give --loopback-congestion-control one of those, or 'system' to keep the system's")
         #else
             return CongestionPlan()
         #endif

@@ -89,7 +89,7 @@ struct CongestionControlTests {
         #expect(try ContentListener.congestionPlan(.system, host: "127.0.0.1") == .init())
         let skipped = try ContentListener.congestionPlan(.preferred("nosuchalgorithm"), host: "127.0.0.1")
         #expect(skipped.listener == nil && skipped.connections == nil)
-        #expect(skipped.note?.contains("congestion control nosuchalgorithm is not available to this process") == true, "\(skipped)")
+        #expect(skipped.note?.contains("congestion control nosuchalgorithm is not one this kernel offers") == true, "\(skipped)")
         #expect(skipped.note?.contains("connections from this machine keep the system's") == true, "\(skipped)")
         #expect(throws: (any Error).self) { try ContentListener.congestionPlan(.required("nosuchalgorithm"), host: "127.0.0.1") }
     }
@@ -101,7 +101,8 @@ struct CongestionControlTests {
             _ = try server(tmp, ["--loopback-congestion-control", "nosuchalgorithm"])
         } throws: { error in
             let said = "\(error)"
-            return said.contains("congestion control nosuchalgorithm is not available") && said.contains("one of the allowed (")
+            return said.contains("congestion control nosuchalgorithm is not one this kernel offers (available: ") && said.contains("this process may set ")
+                && said.contains("give --loopback-congestion-control one of those, or 'system'")
         }
         let malformed = try run(productsDirectory() + "/iap-server", ["serve", "--data", tmp.sub("data"), "--bundle-id", "com.example.app", "--loopback-congestion-control", "BBR;"])
         #expect(malformed.status != 0)
