@@ -106,40 +106,6 @@ import Testing
         }
     }
 
-    /// Reads responses with a `Content-Length` off one connection, keeping what arrived past one
-    /// for the next.
-    final class Responses {
-        let fd: CInt
-        var received: [UInt8] = []
-        private let owning: Bool
-        /// `owning`: the connection is closed with this reader.
-        init(_ fd: CInt, owning: Bool = false) {
-            self.fd = fd
-            self.owning = owning
-        }
-        deinit { if owning { close(fd) } }
-
-        func next() -> (head: String, body: [UInt8]) {
-            var chunk = [UInt8](repeating: 0, count: 65536)
-            while true {
-                if let split = received.firstRange(of: Array("\r\n\r\n".utf8)) {
-                    let head = String(decoding: received[..<split.lowerBound], as: UTF8.self)
-                    let length =
-                        head.split(separator: "\r\n").first { $0.lowercased().hasPrefix("content-length:") }
-                        .flatMap { Int($0.split(separator: ":")[1].trimmingCharacters(in: .whitespaces)) } ?? 0
-                    if received.count - split.upperBound >= length {
-                        let body = Array(received[split.upperBound..<(split.upperBound + length)])
-                        received.removeFirst(split.upperBound + length)
-                        return (head, body)
-                    }
-                }
-                let count = recv(fd, &chunk, chunk.count, 0)
-                guard count > 0 else { return (String(decoding: received, as: UTF8.self), []) }
-                received += chunk[..<count]
-            }
-        }
-    }
-
     static func body(of response: [UInt8]) -> (head: String, body: [UInt8]) {
         guard let split = response.firstRange(of: Array("\r\n\r\n".utf8)) else { return (String(decoding: response, as: UTF8.self), []) }
         return (String(decoding: response[..<split.lowerBound], as: UTF8.self), Array(response[split.upperBound...]))

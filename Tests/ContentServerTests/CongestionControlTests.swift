@@ -19,13 +19,8 @@ struct CongestionControlTests {
     func heldConnection(port: Int) throws -> CInt {
         let fd = try LoopbackSocket.connect(port)
         LoopbackSocket.send(fd, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-        var received: [UInt8] = []
-        var chunk = [UInt8](repeating: 0, count: 4096)
-        while !received.starts(with: Array("HTTP/1.1 ".utf8)) || !String(decoding: received, as: UTF8.self).contains("\r\n\r\n") {
-            let count = recv(fd, &chunk, chunk.count, 0)
-            try #require(count > 0, "the server answered /healthz")
-            received += chunk[..<count]
-        }
+        let answer = Responses(fd).next()
+        try #require(answer.head.hasPrefix("HTTP/1.1 200"), "the server answered /healthz: \(answer.head)")
         return fd
     }
 
