@@ -66,8 +66,9 @@ struct ContentListener: Service {
     }
 
     private func bind(_ quiescing: [ServerQuiescingHelper]) async throws -> [any Channel] {
-        let free = try freePort()
-        let congestion = try Self.congestionPlan(loopbackCongestionControl, host: host)
+        let address = try SocketAddress.makeAddressResolvingHost(host, port: port)
+        let free = try freePort(address)
+        let congestion = try Self.congestionPlan(loopbackCongestionControl, address: address)
         if let note = congestion.note { logger.notice("\(note)") }
         #if os(Linux)
             // Said when it changes anything: the operator chose the system's for a reason.
@@ -79,6 +80,9 @@ struct ContentListener: Service {
                 )
             }
         #endif
+        // The option's value, made once for every listener and connection it is set on.
+        let listenerValue = congestion.listener.map(Self.optionValue)
+        let connectionValue = congestion.connections.map(Self.optionValue)
         var listeners: [any Channel] = []
         do {
             for (loop, quiescing) in zip(group.makeIterator(), quiescing) {
@@ -101,17 +105,17 @@ struct ContentListener: Service {
                     .childChannelOption(ChannelOptions.allowRemoteHalfClosure, value: true)
                     .serverChannelInitializer { channel in
                         // Before the bind: every connection accepted inherits it.
-                        Self.setCongestionControl(congestion.listener, on: channel).flatMapThrowing {
+                        Self.setCongestionControl(listenerValue, on: channel).flatMapThrowing {
                             let sync = channel.pipeline.syncOperations
                             for handler in listenerHandlers().reversed() { try sync.addHandler(handler, position: .first) }
                             try sync.addHandler(quiescing.makeServerChannelHandler(channel: channel))
                         }
                     }
                     .childChannelInitializer { channel in
-                        if let name = congestion.connections, Self.crossesNoLink(local: channel.localAddress, remote: channel.remoteAddress) {
+                        if let connectionValue, Self.crossesNoLink(local: channel.localAddress, remote: channel.remoteAddress) {
                             // On the channel's loop, so set before the first response; one that
                             // fails leaves the connection the system's choice.
-                            Self.setCongestionControl(name, on: channel).whenFailure { _ in }
+                            Self.setCongestionControl(connectionValue, on: channel).whenFailure { _ in }
                         }
                         return channel.eventLoop.makeCompletedFuture {
                             connections.add(channel)
@@ -137,11 +141,11 @@ struct ContentListener: Service {
         var note: String?
     }
 
-    /// The plan for `setting` on a server listening on `host`. The algorithm is first set on a
+    /// The plan for `setting` on a server listening on `address`. The algorithm is first set on a
     /// socket of the same family, so that one the system does not let this process set is found
     /// before anything listens: refused for ``LoopbackCongestionControl/required(_:)``, the
     /// system's kept (and said) for ``LoopbackCongestionControl/preferred(_:)``.
-    static func congestionPlan(_ setting: LoopbackCongestionControl, host: String) throws -> CongestionPlan {
+    static func congestionPlan(_ setting: LoopbackCongestionControl, address: SocketAddress) throws -> CongestionPlan {
         #if os(Linux)
             let (wanted, required): (String, Bool)
             switch setting {
@@ -149,7 +153,6 @@ struct ContentListener: Service {
             case .preferred(let name): (wanted, required) = (name, false)
             case .required(let name): (wanted, required) = (name, true)
             }
-            let address = try SocketAddress.makeAddressResolvingHost(host, port: 0)
             let probe = socket(CInt(address.protocol.rawValue), CInt(SOCK_STREAM.rawValue) | CInt(SOCK_CLOEXEC.rawValue), 0)
             guard probe >= 0 else { throw IOError(errnoCode: errno, reason: "socket") }
             defer { close(probe) }
@@ -197,17 +200,24 @@ struct ContentListener: Service {
         }
     #endif
 
-    /// Sets `congestion` on a listening channel's socket, before its bind.
-    private static func setCongestionControl(_ congestion: String?, on channel: any Channel) -> EventLoopFuture<Void> {
+    /// `TCP_CONGESTION`'s value for `name`: the name, NUL-padded to the kernel's 16 bytes. A tuple
+    /// because NIO's `SocketOptionProvider` takes a value of fixed layout, not a buffer.
+    typealias OptionValue = (CChar, CChar, CChar, CChar, CChar, CChar, CChar, CChar, CChar, CChar, CChar, CChar, CChar, CChar, CChar, CChar)
+
+    static func optionValue(_ name: String) -> OptionValue {
+        var value: OptionValue = (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+        withUnsafeMutableBytes(of: &value) { bytes in
+            for (index, byte) in name.utf8.prefix(15).enumerated() { bytes[index] = byte }
+        }
+        return value
+    }
+
+    /// Sets the congestion control `value` names on a channel's socket: a listener's before its
+    /// bind, or an accepted connection's as it is set up.
+    private static func setCongestionControl(_ value: OptionValue?, on channel: any Channel) -> EventLoopFuture<Void> {
         #if os(Linux)
             // NIO's options take integers; its channels set any other value for a call of ours.
-            guard let congestion, let provider = channel as? any SocketOptionProvider else { return channel.eventLoop.makeSucceededVoidFuture() }
-            var name = [CChar](repeating: 0, count: 16)
-            for (index, byte) in congestion.utf8.prefix(15).enumerated() { name[index] = CChar(bitPattern: byte) }
-            let value = (
-                name[0], name[1], name[2], name[3], name[4], name[5], name[6], name[7], name[8], name[9], name[10], name[11], name[12], name[13],
-                name[14], name[15]
-            )
+            guard let value, let provider = channel as? any SocketOptionProvider else { return channel.eventLoop.makeSucceededVoidFuture() }
             return provider.unsafeSetSocketOption(level: .tcp, name: .init(rawValue: tcpCongestion), value: value)
         #else
             return channel.eventLoop.makeSucceededVoidFuture()
@@ -249,8 +259,7 @@ struct ContentListener: Service {
     /// Binds `port` (0: any) once without `SO_REUSEPORT`, on a socket that never listens, and
     /// returns the port it got: fails as a plain bind would, with the same error, when anything
     /// listens there.
-    private func freePort() throws -> Int {
-        let address = try SocketAddress.makeAddressResolvingHost(host, port: port)
+    private func freePort(_ address: SocketAddress) throws -> Int {
         let probe = socket(CInt(address.protocol.rawValue), CInt(SOCK_STREAM.rawValue) | CInt(SOCK_CLOEXEC.rawValue), 0)
         guard probe >= 0 else { throw IOError(errnoCode: errno, reason: "socket") }
         defer { close(probe) }

@@ -78,15 +78,15 @@ struct CongestionControlTests {
 
     @Test("where it is set: on the listener for a loopback address, on each connection for others; one not available is said and skipped by default, refused when asked for by name")
     func plans() throws {
-        #expect(try ContentListener.congestionPlan(.preferred("cubic"), host: "127.0.0.1") == .init(listener: "cubic"))
-        #expect(try ContentListener.congestionPlan(.required("reno"), host: "::1") == .init(listener: "reno"))
-        #expect(try ContentListener.congestionPlan(.preferred("cubic"), host: "0.0.0.0") == .init(connections: "cubic"))
-        #expect(try ContentListener.congestionPlan(.system, host: "127.0.0.1") == .init())
-        let skipped = try ContentListener.congestionPlan(.preferred("nosuchalgorithm"), host: "127.0.0.1")
+        #expect(try ContentListener.congestionPlan(.preferred("cubic"), address: try SocketAddress(ipAddress: "127.0.0.1", port: 0)) == .init(listener: "cubic"))
+        #expect(try ContentListener.congestionPlan(.required("reno"), address: try SocketAddress(ipAddress: "::1", port: 0)) == .init(listener: "reno"))
+        #expect(try ContentListener.congestionPlan(.preferred("cubic"), address: try SocketAddress(ipAddress: "0.0.0.0", port: 0)) == .init(connections: "cubic"))
+        #expect(try ContentListener.congestionPlan(.system, address: try SocketAddress(ipAddress: "127.0.0.1", port: 0)) == .init())
+        let skipped = try ContentListener.congestionPlan(.preferred("nosuchalgorithm"), address: try SocketAddress(ipAddress: "127.0.0.1", port: 0))
         #expect(skipped.listener == nil && skipped.connections == nil)
         #expect(skipped.note?.contains("congestion control nosuchalgorithm is not one this kernel offers") == true, "\(skipped)")
         #expect(skipped.note?.contains("connections from this machine keep the system's") == true, "\(skipped)")
-        #expect(throws: (any Error).self) { try ContentListener.congestionPlan(.required("nosuchalgorithm"), host: "127.0.0.1") }
+        #expect(throws: (any Error).self) { try ContentListener.congestionPlan(.required("nosuchalgorithm"), address: try SocketAddress(ipAddress: "127.0.0.1", port: 0)) }
     }
 
     @Test("one the system does not offer is refused at start, naming those allowed; a malformed name is refused before")
