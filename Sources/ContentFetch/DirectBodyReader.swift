@@ -37,6 +37,8 @@ final class DirectBodyReader: Sendable {
         var cancelled = false
         var socket: Int32 = -1
         var writer: UnbufferedWriter?
+        /// The body's end, told once the thread has closed its descriptors.
+        var end: Event?
     }
 
     let events: AsyncThrowingStream<Event, Error>
@@ -101,17 +103,20 @@ final class DirectBodyReader: Sendable {
             return
         }
         Thread.detachNewThread { [self] in
-            do {
-                try run(url: url, headers: headers, fd: own)
-                continuation.finish()
-            } catch {
-                continuation.finish(throwing: error)
-            }
-            state.withLock { state in
+            var failure: Error?
+            do { try run(url: url, headers: headers, fd: own) } catch { failure = error }
+            // Closed before the end is told: a fetcher that then deletes the partial file frees
+            // its blocks only once no descriptor holds it, and a download waiting for that space
+            // looked at the disk too early (refused with the file's size missing from it).
+            let end = state.withLock { state in
                 if state.socket >= 0 { Glibc.close(state.socket) }
                 state.socket = -1
+                defer { state.end = nil }
+                return state.end
             }
             try? own.close()
+            if let end { continuation.yield(end) }
+            if let failure { continuation.finish(throwing: failure) } else { continuation.finish() }
         }
     }
 
@@ -200,7 +205,7 @@ final class DirectBodyReader: Sendable {
                 remaining -= take
                 leftover = 0
             }
-            continuation.yield(.end(collected: collected))
+            state.withLock { $0.end = .end(collected: collected) }
         case .write(let from, let to):
             if let path = unbuffered, let writer = unbufferedWriter(path: path, fd: fd) {
                 try receiveUnbuffered(from: socket, into: writer, leftover: UnsafeRawBufferPointer(rebasing: buffer[0..<leftover]), from: from, to: to)
@@ -253,7 +258,7 @@ final class DirectBodyReader: Sendable {
                 if let due = next.due, !sleep(until: due) { return }
             }
             handOver()
-            continuation.yield(.end(collected: nil))
+            state.withLock { $0.end = .end(collected: nil) }
         }
     }
 
@@ -316,7 +321,7 @@ final class DirectBodyReader: Sendable {
         }
         if let error = writer.finish() { throw error }
         if let failure { throw failure }
-        if position == to { continuation.yield(.end(collected: nil)) }
+        if position == to { state.withLock { $0.end = .end(collected: nil) } }
     }
 
     private func waitForDisposition() -> BodyReceiver.Disposition? {
